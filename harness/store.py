@@ -1,0 +1,93 @@
+"""The run store: DIR/results.sqlite (table `trials`, one row per trial; table `cells`, one
+row per finished cell) and DIR/manifest.json (configuration and provenance).
+
+A cell's rows and its `cells` entry are written in one transaction, so an interrupted run
+keeps every finished cell and no partial one; `--resume` skips the cells already present.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from stats.metrics import METRIC_NAMES
+
+RESULTS_FILE = "results.sqlite"
+MANIFEST_FILE = "manifest.json"
+
+CELL_COLUMNS = ("scenario", "scheme", "budget", "dim", "seq_len", "queries")
+CONFIG_COLUMNS = CELL_COLUMNS + ("trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
+TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES
+_TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
+_INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
+
+
+def _sql_type(column: str) -> str:
+    return "TEXT" if column in _TEXT else "INTEGER" if column in _INT else "REAL"
+
+
+class RunStore:
+    """Single writer of one run directory."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.path = self.directory / RESULTS_FILE
+
+    # --- manifest ---------------------------------------------------------------------------
+    def read_manifest(self) -> dict | None:
+        path = self.directory / MANIFEST_FILE
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def write_manifest(self, manifest: dict) -> None:
+        """Atomic replace, so a crash never leaves half a manifest."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / (MANIFEST_FILE + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.directory / MANIFEST_FILE)
+
+    # --- results ----------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        con = sqlite3.connect(self.path)
+        cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" if c in CONFIG_COLUMNS else f"{c} {_sql_type(c)}"
+                         for c in TRIAL_COLUMNS)
+        con.execute(f"CREATE TABLE IF NOT EXISTS trials ({cols})")
+        cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
+        con.execute(f"CREATE TABLE IF NOT EXISTS cells ({cell_cols}, n_trials INTEGER NOT NULL, "
+                    f"wall_s REAL NOT NULL, finished_at TEXT NOT NULL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
+        return con
+
+    def finished_cells(self) -> set[tuple]:
+        if not self.path.exists():
+            return set()
+        with self._connect() as con:
+            return {tuple(row) for row in con.execute(f"SELECT {', '.join(CELL_COLUMNS)} FROM cells")}
+
+    def write_cell(self, cell: tuple, rows: Iterable[dict], *, wall_s: float, finished_at: str) -> None:
+        """All rows of one cell and its `cells` entry, in one transaction."""
+        rows = list(rows)
+        con = self._connect()
+        try:
+            with con:  # commits on success, rolls back on any exception
+                con.executemany(
+                    f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
+                    [tuple(row[c] for c in TRIAL_COLUMNS) for row in rows])
+                con.execute(f"INSERT INTO cells VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 3))})",
+                            (*cell, len(rows), wall_s, finished_at))
+        finally:
+            con.close()
+
+    def trials(self) -> pd.DataFrame:
+        """Every stored trial as a frame, in a stable order."""
+        if not self.path.exists():
+            raise FileNotFoundError(f"{self.path} does not exist: not a kvharness run directory")
+        con = sqlite3.connect(self.path)
+        try:
+            order = ", ".join(CELL_COLUMNS + ("trial",))
+            return pd.read_sql_query(f"SELECT * FROM trials ORDER BY {order}", con)
+        finally:
+            con.close()

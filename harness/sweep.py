@@ -1,0 +1,99 @@
+"""The sweep: a configuration whose cross product of flags gives the cells.
+
+A cell is one (scenario, scheme, budget, dim, seq_len, queries); cells that share
+(scenario, dim, seq_len, queries) share their data, trial by trial, so every scheme and
+budget is compared on the same draws.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, field
+
+import scenarios
+import schemes
+from schemes.rng import RNG_FAMILIES
+
+from .devices import DEVICES, DTYPES
+
+IMPLS = ("torch",)
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: str
+    scheme: str
+    budget: int
+    dim: int
+    seq_len: int
+    queries: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.scenario, self.scheme, self.budget, self.dim, self.seq_len, self.queries)
+
+    @property
+    def data_key(self) -> tuple:
+        return (self.scenario, self.dim, self.seq_len, self.queries)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    scenarios: tuple[str, ...]
+    schemes: tuple[str, ...]
+    budgets: tuple[int, ...] = (2, 3, 4)
+    dims: tuple[int, ...] = (128,)
+    seq_lens: tuple[int, ...] = (1024,)
+    queries: tuple[int, ...] = (64,)
+    trials: int = 200
+    seed: int = 0
+    heads: int = 1
+    calib_tokens: int = 512
+    device: str = "auto"
+    dtype: str = "float32"
+    rng: str = "pcg64"
+    impl: str = "torch"
+    scenario_params: dict = field(default_factory=dict, hash=False, compare=True)
+
+    def validate(self) -> None:
+        """ValueError naming the first bad value and what is valid; builds every scheme once."""
+        def positive(name, values):
+            for x in values:
+                if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                    raise ValueError(f"{name} {x!r} must be a positive integer")
+        positive("--dim", self.dims)
+        positive("--seq-len", self.seq_lens)
+        positive("--queries", self.queries)
+        positive("--trials", (self.trials,))
+        positive("--heads", (self.heads,))
+        positive("--calib-tokens", (self.calib_tokens,))
+        if not self.scenarios or not self.schemes or not self.budgets:
+            raise ValueError("the sweep is empty: give at least one scenario, scheme and budget")
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
+        if self.rng not in RNG_FAMILIES:
+            raise ValueError(f"unknown RNG family {self.rng!r}; valid: {', '.join(RNG_FAMILIES)}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"unknown implementation {self.impl!r}; valid: {', '.join(IMPLS)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"--seed {self.seed!r} must be a non-negative integer")
+        for name in self.scenarios:
+            scenarios.create(name, **self.scenario_params.get(name, {}))
+        for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
+            try:
+                schemes.create(name, budget=budget, dim=dim, rng=self.rng)
+            except ValueError as exc:
+                raise ValueError(f"scheme {name} (budget {budget}, dim {dim}): {exc}") from None
+
+    def cells(self) -> list[Cell]:
+        """Every cell, grouped so that cells sharing data are adjacent."""
+        return [Cell(sc, sch, b, d, s, nq) for sc, d, s, nq, sch, b in itertools.product(
+            self.scenarios, self.dims, self.seq_lens, self.queries, self.schemes, self.budgets)]
+
+    def to_json(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SweepConfig":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})

@@ -1,0 +1,42 @@
+"""Per-cell summary of a run: means with 95% confidence intervals, from the stored rows alone."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+
+SUMMARY_METRICS = ("d2_t", "rel_mse_k", "rel_mse_v", "kl_attn", "logit_slope")
+
+
+def mean_ci(values: pd.Series, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and Student-t confidence interval of the mean."""
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, float("nan"), float("nan")
+    half = float(sps.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return mean, mean - half, mean + half
+
+
+def summary_table(trials: pd.DataFrame, metrics=SUMMARY_METRICS) -> pd.DataFrame:
+    """One row per cell: n_trials, bits_per_element and, per metric, mean, ci_low, ci_high."""
+    keys = ["scenario", "scheme", "budget", "dim", "seq_len", "queries"]
+    records = []
+    for cell, group in trials.groupby(keys, sort=True):
+        rec = dict(zip(keys, cell), n_trials=len(group), bits_per_element=group["bits_per_element"].mean())
+        for m in metrics:
+            rec[m], rec[f"{m}_ci_low"], rec[f"{m}_ci_high"] = mean_ci(group[m])
+        records.append(rec)
+    return pd.DataFrame.from_records(records)
+
+
+def format_summary(table: pd.DataFrame, metric: str = "d2_t") -> str:
+    """A plain-text table: one line per cell with the metric's mean and 95% CI."""
+    lines = [f"{'scenario':<20} {'scheme':<10} {'b':>2} {'d':>4} {'S':>5} {'Nq':>4} {'bits/el':>8} "
+             f"{metric + ' mean [95% CI]':>34}"]
+    for r in table.itertuples(index=False):
+        mean, lo, hi = getattr(r, metric), getattr(r, f"{metric}_ci_low"), getattr(r, f"{metric}_ci_high")
+        lines.append(f"{r.scenario:<20} {r.scheme:<10} {r.budget:>2} {r.dim:>4} {r.seq_len:>5} {r.queries:>4} "
+                     f"{r.bits_per_element:>8.3f} {mean:>12.5f} [{lo:.5f}, {hi:.5f}]")
+    return "\n".join(lines)

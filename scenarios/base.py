@@ -1,0 +1,100 @@
+"""The Scenario protocol: a seeded generator of one trial's K, V, Q and calibration draw.
+
+A scenario draws each trial from NumPy generators handed to it by label (`streams(label)`),
+so a tensor's values depend only on (root seed, cell, trial, label): every scheme sees the
+same data (paired comparisons), and changing the calibration size never changes K.
+Shapes of one trial: k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d); positions (S,).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, ClassVar
+
+import numpy as np
+
+Streams = Callable[..., np.random.Generator]
+
+
+@dataclass(frozen=True)
+class TrialShape:
+    n_heads: int
+    seq_len: int
+    n_queries: int
+    dim: int
+    n_calib: int
+
+
+@dataclass(frozen=True)
+class Population:
+    """X = mix_X @ z per token, z with i.i.d. unit-variance entries of the scenario's law.
+
+    mix_k, mix_v: (d, m) mixing matrices, so the population covariance is mix @ mixᵀ.
+    """
+    mix_k: np.ndarray
+    mix_v: np.ndarray
+
+    @property
+    def cov_k(self) -> np.ndarray:
+        return self.mix_k @ self.mix_k.T
+
+    @property
+    def cov_v(self) -> np.ndarray:
+        return self.mix_v @ self.mix_v.T
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Base of the synthetic generators. Subclasses define `population` and may change the law.
+
+    temperature: queries are q ~ N(0, I/temperature²), independent of the keys; with the
+        keys scaled so that E‖k‖² = d, the logits q·k/√d have standard deviation
+        ≈ 1/temperature (0.5 → 2: attention neither uniform nor one-hot).
+    """
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    temperature: float = 0.5
+
+    def validate(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+                raise ValueError(f"scenario {self.name}: parameter {f.name}={value} must be positive")
+
+    def population(self, gen: np.random.Generator, dim: int) -> Population:
+        raise NotImplementedError
+
+    def latent(self, gen: np.random.Generator, shape) -> np.ndarray:
+        """i.i.d. unit-variance entries of the scenario's law (standard normal by default)."""
+        return gen.standard_normal(shape)
+
+    def draw(self, streams: Streams, shape: TrialShape) -> dict[str, np.ndarray]:
+        """One trial, float64 arrays: k, v, q, k_cal, v_cal, positions."""
+        h, s, d = shape.n_heads, shape.seq_len, shape.dim
+        out = {name: np.empty((h, n, d)) for name, n in
+               (("k", s), ("v", s), ("q", shape.n_queries), ("k_cal", shape.n_calib), ("v_cal", shape.n_calib))}
+        for head in range(h):
+            pop = self.population(streams("population", head), d)
+            for name, mix in (("k", pop.mix_k), ("v", pop.mix_v), ("k_cal", pop.mix_k), ("v_cal", pop.mix_v)):
+                n = out[name].shape[1]
+                out[name][head] = self.latent(streams(name, head), (n, mix.shape[1])) @ mix.T
+            out["q"][head] = streams("q", head).standard_normal((shape.n_queries, d)) / self.temperature
+        out["positions"] = np.arange(s)
+        return out
+
+
+def random_orthonormal(gen: np.random.Generator, dim: int, n_columns: int) -> np.ndarray:
+    """A Haar-random (dim, n_columns) matrix with orthonormal columns (QR with sign fix)."""
+    q, r = np.linalg.qr(gen.standard_normal((dim, n_columns)))
+    return q * np.sign(np.diag(r))
+
+
+def power_law(dim: int, alpha: float) -> np.ndarray:
+    """Eigenvalues λ_i ∝ i^−α scaled to sum to dim (so E‖x‖² = d)."""
+    lam = np.arange(1, dim + 1, dtype=float) ** -alpha
+    return lam * dim / lam.sum()
+
+
+def participation_ratio(eigenvalues: np.ndarray) -> float:
+    """(Σλ)²/Σλ² — the effective dimension d_eff before rounding."""
+    lam = np.asarray(eigenvalues, dtype=float)
+    return float(lam.sum() ** 2 / np.square(lam).sum())

@@ -1,0 +1,191 @@
+"""The TurboQuant family (arXiv 2504.19874) and its QJL variants, from one grammar.
+
+Each tensor X ∈ {K, V} of shape (B, H, S, d) is coded per token vector x:
+  1. store ‖x‖ (float32) and work on u = x/‖x‖;
+  2. rotate y = H(s ⊙ u)/√d with per-head random signs s (skipped for plain-kv);
+  3. quantise every coordinate of y with the Lloyd–Max codebook of the exact Beta marginal
+     of a rotated unit vector in R^d (b bits, or b−1 when X is sketched);
+  4. optionally sketch the residual e = y − ŷ with 1-bit QJL (an RHT or a dense Rademacher
+     projection, m = d) and store ‖e‖ (float32).
+Decode adds the QJL correction √(π/2)/m·‖e‖·Pᵀsign(Pe) (arXiv 2406.03482); a QJL-sketched K
+scores with the asymmetric estimator ⟨q, k̂_mse⟩ + √(π/2)/m·‖e‖·⟨Pq, sign(Pe)⟩ on the codes,
+which equals ⟨q, decode(K)⟩ (the tests check it). Budget 1 on a sketched tensor is a pure
+sketch. Names: prefix `tq-` (rotated) or `plain-` (no rotation); before `k`/`v`, `q` marks an
+RHT sketch of that tensor, `f` a FULL Rademacher sketch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import qjl
+from .base import Encoded, Scheme
+from .hadamard import check_power_of_two, rht, rht_inverse
+from .lloyd_max import beta_codebook, dequantize, quantize
+from .packing import pack_bits, unpack_bits
+from .registry import register
+from .rng import generator, rademacher
+
+_SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
+
+
+@dataclass
+class TurboQuant(Scheme):
+    """Norm + (optional) randomized Hadamard rotation + Beta Lloyd–Max, with optional QJL sketches."""
+    rotate: bool = True
+    sketch_k: str | None = None
+    sketch_v: str | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.dim < 2:
+            raise ValueError(f"head dimension {self.dim} is too small; TurboQuant needs d >= 2")
+        if self.rotate or "rht" in (self.sketch_k, self.sketch_v):
+            check_power_of_two(self.dim)
+
+    # --- randomness owned by the scheme: a function of (seed, tensor, head) only -------------
+    def _signs(self, tensor: str, purpose: str, n_heads: int) -> np.ndarray:
+        return np.stack([rademacher(generator(self.rng, self.seed, tensor, purpose, h), self.dim)
+                         for h in range(n_heads)])
+
+    def _side_for(self, tensor: str, n_heads: int) -> dict[str, torch.Tensor]:
+        """Packed ±1 rotation signs and sketch projection for one tensor, as stored side data."""
+        side = {}
+        if self.rotate:
+            side["rotation_signs"] = self._signs(tensor, "rotation", n_heads)
+        kind = self.sketch_k if tensor == "k" else self.sketch_v
+        if kind == "rht":
+            side["sketch_signs"] = self._signs(tensor, "sketch", n_heads)
+        elif kind == "full":
+            side["sketch_matrix"] = np.stack([
+                rademacher(generator(self.rng, self.seed, tensor, "sketch-matrix", h), (self.dim, self.dim))
+                for h in range(n_heads)])
+        return {name: pack_bits(torch.from_numpy(a > 0).to(torch.uint8), 1) for name, a in side.items()}
+
+    def _mse_bits(self, kind: str | None) -> int:
+        return self.budget - 1 if kind else self.budget
+
+    @staticmethod
+    def _unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return unpack_bits(packed, 1, n).to(dtype) * 2 - 1
+
+    def _projection(self, side: dict, prefix: str, kind: str, dtype) -> torch.Tensor:
+        if kind == "rht":
+            return self._unpack_signs(side[f"{prefix}.sketch_signs"], self.dim, dtype)
+        return self._unpack_signs(side[f"{prefix}.sketch_matrix"], self.dim, dtype)
+
+    # --- one tensor -----------------------------------------------------------------------
+    def _encode_tensor(self, x: torch.Tensor, prefix: str, kind: str | None, enc: Encoded) -> None:
+        _, n_heads, _, d = x.shape
+        for name, packed in self._side_for(prefix, n_heads).items():
+            enc.side[f"{prefix}.{name}"] = packed.to(x.device)
+        # Scale by the largest entry first so ‖x‖² cannot overflow (|x| ~ 1e30 in float32).
+        peak = x.abs().amax(dim=-1, keepdim=True)
+        peak = torch.where(peak > 0, peak, torch.ones_like(peak))
+        scaled_norms = torch.linalg.vector_norm(x / peak, dim=-1, keepdim=True)
+        norms = peak * scaled_norms
+        u = (x / peak) / torch.where(scaled_norms > 0, scaled_norms, torch.ones_like(scaled_norms))
+        y = rht(u, self._rotation(enc, prefix, x.dtype)) if self.rotate else u
+        enc.codes[f"{prefix}.norm"] = norms.squeeze(-1).to(torch.float32)
+        bits = self._mse_bits(kind)
+        y_hat = torch.zeros_like(y)
+        if bits >= 1:
+            book = beta_codebook(d, bits)
+            idx = quantize(y, book)
+            enc.codes[f"{prefix}.codes"] = pack_bits(idx, bits)
+            enc.side[f"{prefix}.codebook"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
+            y_hat = dequantize(idx, book, x.dtype)
+        if kind:
+            residual = y - y_hat
+            enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
+            proj = self._projection(enc.side, prefix, kind, x.dtype)
+            enc.codes[f"{prefix}.sketch"] = pack_bits((qjl.project(residual, kind, proj) >= 0).to(torch.uint8), 1)
+
+    def _rotation(self, enc: Encoded, prefix: str, dtype) -> torch.Tensor:
+        return self._unpack_signs(enc.side[f"{prefix}.rotation_signs"], self.dim, dtype)[:, None, :]
+
+    def _mse_part(self, enc: Encoded, prefix: str, kind: str | None) -> torch.Tensor:
+        """ŷ, the rotated-domain MSE reconstruction of the unit vectors (B, H, S, d)."""
+        bits = self._mse_bits(kind)
+        b, h, s, d = enc.shape
+        if bits < 1:
+            return torch.zeros(enc.shape, dtype=enc.dtype, device=enc.codes[f"{prefix}.norm"].device)
+        idx = unpack_bits(enc.codes[f"{prefix}.codes"], bits, d)
+        return enc.side[f"{prefix}.codebook"].to(enc.dtype)[idx]
+
+    def _sketch_signs(self, enc: Encoded, prefix: str) -> torch.Tensor:
+        return self._unpack_signs(enc.codes[f"{prefix}.sketch"], self.dim, enc.dtype)
+
+    def _decode_tensor(self, enc: Encoded, prefix: str, kind: str | None) -> torch.Tensor:
+        y_hat = self._mse_part(enc, prefix, kind)
+        if kind:
+            proj = self._projection(enc.side, prefix, kind, enc.dtype)
+            r = enc.codes[f"{prefix}.residual_norm"].to(enc.dtype).unsqueeze(-1)
+            y_hat = y_hat + qjl.sketch_scale(self.dim) * r * qjl.project_transpose(
+                self._sketch_signs(enc, prefix), kind, proj)
+        u_hat = rht_inverse(y_hat, self._rotation(enc, prefix, enc.dtype)) if self.rotate else y_hat
+        return u_hat * enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1)
+
+    # --- protocol --------------------------------------------------------------------------
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
+        enc = Encoded(tuple(k.shape), k.dtype)
+        self._encode_tensor(k, "k", self.sketch_k, enc)
+        self._encode_tensor(v, "v", self.sketch_v, enc)
+        return enc
+
+    def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._decode_tensor(enc, "k", self.sketch_k), self._decode_tensor(enc, "v", self.sketch_v)
+
+    @property
+    def scores_on_codes(self) -> bool:
+        return self.sketch_k is not None
+
+    def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
+        if not self.sketch_k:
+            return super().score(q, enc)
+        # Asymmetric QJL estimator on the codes: q is rotated like the keys, never quantised.
+        q_rot = rht(q, self._rotation(enc, "k", q.dtype)) if self.rotate else q
+        mse = q_rot @ self._mse_part(enc, "k", self.sketch_k).transpose(-1, -2)
+        proj = self._projection(enc.side, "k", self.sketch_k, q.dtype)
+        q_proj = qjl.project(q_rot, self.sketch_k, proj)                                  # (B,H,Nq,m)
+        r = enc.codes["k.residual_norm"].to(q.dtype).unsqueeze(-2)                         # (B,H,1,S)
+        correction = qjl.sketch_scale(self.dim) * r * (q_proj @ self._sketch_signs(enc, "k").transpose(-1, -2))
+        norms = enc.codes["k.norm"].to(q.dtype).unsqueeze(-2)
+        return (mse + correction) * norms / math.sqrt(self.dim)
+
+
+_VARIANTS = {
+    "plain-kv": "per-coordinate Beta Lloyd–Max on the raw normalised coordinates, norm stored, no rotation",
+    "tq-kv": "RHT rotation + Beta Lloyd–Max codebook on K and V, norm stored",
+    "tq-qkv": "tq-kv with a 1-bit QJL residual sketch (RHT projection) on K; b−1 MSE bits on K",
+    "tq-fkv": "tq-kv with a 1-bit QJL residual sketch (dense Rademacher projection) on K",
+    "tq-kqv": "tq-kv with a 1-bit QJL residual sketch (RHT projection) on V",
+    "tq-qkqv": "tq-kv with 1-bit QJL residual sketches (RHT projection) on K and V",
+    "tq-kfv": "tq-kv with a 1-bit QJL residual sketch (dense Rademacher projection) on V",
+    "tq-fkfv": "tq-kv with 1-bit QJL residual sketches (dense Rademacher projection) on K and V",
+}
+
+
+def _parse(name: str) -> dict:
+    """plain-kv / tq-[q|f]k[q|f]v -> constructor options."""
+    prefix, body = name.split("-")
+    k_mark, v_mark = body.split("k")[0], body.split("k")[1][:-1]
+    return {"rotate": prefix == "tq", "sketch_k": _SKETCH_OF_MARK[k_mark], "sketch_v": _SKETCH_OF_MARK[v_mark]}
+
+
+def _factory(name: str):
+    grammar = _parse(name)
+
+    def make(*, budget: int, dim: int, seed: int = 0, **options) -> TurboQuant:
+        scheme = TurboQuant(budget=budget, dim=dim, seed=seed, **grammar, **options)
+        scheme.name = name
+        return scheme
+    make.__doc__ = _VARIANTS[name]
+    return make
+
+
+for _name, _description in _VARIANTS.items():
+    register(_name, _factory(_name), _description)

@@ -1,0 +1,143 @@
+"""Conformance checks every registered scheme passes with no test code of its own.
+
+Each `check_<property>(name)` builds the scheme through the registry and raises
+AssertionError when the property fails. tests/test_conformance.py applies every check to
+every name in `schemes.available()`; EXPECTED_FAILURES lists exceptions with their reason.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+import schemes
+from schemes.base import BitLedger, stored_bits
+
+DIM = 64
+SHAPE = (3, 2, 48, DIM)  # B, H, S, d — small enough for every scheme, two heads
+N_QUERIES = 5
+
+# (check name, scheme name) -> reason; a pair listed here is expected to fail.
+EXPECTED_FAILURES: dict[tuple[str, str], str] = {}
+
+
+def _make(name: str, budget: int = 3, seed: int = 0, dim: int = DIM):
+    return schemes.create(name, budget=budget, dim=dim, seed=seed)
+
+
+def _data(seed: int = 0, shape=SHAPE, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(shape, generator=g, dtype=dtype)
+    v = torch.randn(shape, generator=g, dtype=dtype)
+    q = torch.randn(shape[:2] + (N_QUERIES, shape[3]), generator=g, dtype=dtype)
+    return k, v, q
+
+
+def _roundtrip(scheme, k, v):
+    scheme.fit(k, v)
+    enc = scheme.encode(k, v)
+    return enc, scheme.decode(enc)
+
+
+def check_roundtrip_keeps_shape_dtype_device(name):
+    for dtype in (torch.float32, torch.float64):
+        k, v, _ = _data(dtype=dtype)
+        _, (k_hat, v_hat) = _roundtrip(_make(name), k, v)
+        for x, x_hat in ((k, k_hat), (v, v_hat)):
+            assert x_hat.shape == x.shape, (x_hat.shape, x.shape)
+            assert x_hat.dtype == x.dtype, (x_hat.dtype, x.dtype)
+            assert x_hat.device == x.device
+
+
+def check_same_seed_same_codes(name):
+    k, v, _ = _data()
+    enc_a, _ = _roundtrip(_make(name, seed=7), k, v)
+    enc_b, _ = _roundtrip(_make(name, seed=7), k, v)
+    for part in ("codes", "side"):
+        a, b = getattr(enc_a, part), getattr(enc_b, part)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), f"{part}.{key} differs between two runs with one seed"
+
+
+def check_input_not_mutated(name):
+    k, v, q = _data()
+    k0, v0, q0 = k.clone(), v.clone(), q.clone()
+    scheme = _make(name)
+    enc, _ = _roundtrip(scheme, k, v)
+    scheme.score(q, enc)
+    assert torch.equal(k, k0) and torch.equal(v, v0) and torch.equal(q, q0)
+
+
+def check_ledger_matches_storage(name):
+    """The ledger is the stored bits, and no per-trial tensor stores values at full width."""
+    k, v, _ = _data()
+    scheme = _make(name)
+    enc, _ = _roundtrip(scheme, k, v)
+    ledger = scheme.bits(enc)
+    b, h, s, d = SHAPE
+    expected = sum(stored_bits(t) for t in enc.codes.values()) // b + sum(stored_bits(t) for t in enc.side.values())
+    assert ledger.total == expected
+    assert ledger == BitLedger.of(enc)
+    assert ledger.n_elements == 2 * h * s * d
+    for key, t in enc.codes.items():
+        assert t.shape[0] == b, f"codes.{key} lacks the leading trial dimension"
+        if t.is_floating_point():
+            assert t[0].numel() < h * s * d, f"codes.{key} stores a full-size float tensor"
+    assert 0 < ledger.bits_per_element < 32
+
+
+def check_score_matches_decode(name):
+    """score(q) equals q·k̂ᵀ/√d with k̂ = decode (also for QJL: the correction is linear in q)."""
+    k, v, q = _data(dtype=torch.float64)
+    scheme = _make(name)
+    enc, (k_hat, _) = _roundtrip(scheme, k, v)
+    logits = scheme.score(q, enc)
+    expected = q @ k_hat.transpose(-1, -2) / math.sqrt(DIM)
+    assert logits.shape == (SHAPE[0], SHAPE[1], N_QUERIES, SHAPE[2])
+    assert torch.allclose(logits, expected, rtol=1e-9, atol=1e-9), (logits - expected).abs().max()
+
+
+def check_error_not_growing_with_budget(name):
+    k, v, _ = _data(shape=(4, 1, 256, DIM))
+    errors = []
+    for budget in range(1, 9):
+        _, (k_hat, v_hat) = _roundtrip(_make(name, budget=budget), k, v)
+        errors.append(float(((k - k_hat) ** 2).sum() + ((v - v_hat) ** 2).sum()))
+    for b, (lo, hi) in enumerate(zip(errors, errors[1:]), start=1):
+        assert hi <= lo * 1.02, f"error grows from budget {b} ({lo:.4g}) to {b + 1} ({hi:.4g})"
+
+
+def check_edge_inputs_stay_finite(name):
+    b, h, s, d = SHAPE
+    cases = {
+        "zeros": torch.zeros(SHAPE),
+        "constant rows": torch.full(SHAPE, 0.3),
+        "one token": torch.randn(b, h, 1, d),
+        "huge magnitudes": torch.randn(SHAPE) * 1e30,
+        "tiny magnitudes": torch.randn(SHAPE) * 1e-30,
+    }
+    for case, x in cases.items():
+        scheme = _make(name)
+        enc, (k_hat, v_hat) = _roundtrip(scheme, x, x.clone())
+        q = torch.randn(x.shape[0], x.shape[1], N_QUERIES, d)
+        assert torch.isfinite(k_hat).all() and torch.isfinite(v_hat).all(), f"{case}: decode not finite"
+        if case != "huge magnitudes":  # logits of 1e30-sized keys overflow float32 by construction
+            assert torch.isfinite(scheme.score(q, enc)).all(), f"{case}: score not finite"
+        if case == "zeros":
+            assert torch.equal(k_hat, x), "zeros must decode to zeros"
+
+
+def check_trial_order_invariant(name):
+    """Permuting the trials permutes the output: a scheme never mixes trials."""
+    k, v, q = _data()
+    perm = torch.tensor([2, 0, 1])
+    scheme = _make(name)
+    enc, (k_hat, v_hat) = _roundtrip(scheme, k, v)
+    enc_p, (k_hat_p, v_hat_p) = _roundtrip(_make(name), k[perm], v[perm])
+    assert torch.allclose(k_hat_p, k_hat[perm], atol=1e-6) and torch.allclose(v_hat_p, v_hat[perm], atol=1e-6)
+    single_enc, (k_one, _) = _roundtrip(_make(name), k[1:2], v[1:2])
+    assert torch.allclose(k_one, k_hat[1:2], atol=1e-6), "a trial's result depends on the batch"
+
+
+CHECKS = [obj for key, obj in dict(globals()).items() if key.startswith("check_")]

@@ -1,0 +1,154 @@
+"""The sweep runner, run store and CLI: determinism, chunking, resume, export, error paths."""
+import json
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from harness import runner
+from harness.cli import main
+from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
+from harness.sweep import SweepConfig
+from stats.metrics import METRIC_NAMES
+
+SMALL = ["--budget", "2,3", "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "6", "--quiet"]
+
+
+def run(tmp_path, name, *extra):
+    out = tmp_path / name
+    code = main(["run", "--scenario", "gaussian,lowrank_aligned", "--scheme", "tq-kv,tq-qkv",
+                 "--out", str(out), *SMALL, *extra])
+    return code, out
+
+
+def rows(out):
+    return RunStore(out).trials()
+
+
+def test_run_writes_every_cell_and_column(tmp_path, capsys):
+    code, out = run(tmp_path, "a")
+    assert code == 0
+    frame = rows(out)
+    assert len(frame) == 2 * 2 * 2 * 6
+    assert set(TRIAL_COLUMNS) <= set(frame.columns)
+    assert frame[list(METRIC_NAMES)].notna().all().all()
+    assert set(frame["impl"]) == {"torch"} and set(frame["device"]) == {"cpu"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["finished_at"] and manifest["config"]["trials"] == 6
+    assert {"torch", "numpy", "git_sha", "device"} <= set(manifest["provenance"])
+    with sqlite3.connect(out / RESULTS_FILE) as con:
+        assert con.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 8
+    # measured bits, counted by hand: b code bits per element, a float32 norm per 16-element
+    # vector, and per tensor a float32 codebook of 2^b entries and 16 packed rotation signs
+    tq = frame[(frame.scheme == "tq-kv") & (frame.budget == 2)]
+    side = 2 * (4 * 32 + 16) / (2 * 32 * 16)
+    assert tq["bits_per_element"].iloc[0] == pytest.approx(2 + 32 / 16 + side, rel=1e-12)
+
+
+def test_same_command_same_rows_and_paired_data(tmp_path):
+    _, a = run(tmp_path, "a")
+    _, b = run(tmp_path, "b")
+    pd.testing.assert_frame_equal(rows(a), rows(b))
+    _, c = run(tmp_path, "c", "--seed", "1")
+    assert not rows(a)["rel_mse_k"].equals(rows(c)["rel_mse_k"])
+
+
+def test_rows_do_not_depend_on_chunking(tmp_path):
+    config = SweepConfig(scenarios=("gaussian",), schemes=("tq-kv", "tq-fkv"), budgets=(3,), dims=(16,),
+                         seq_lens=(32,), queries=(4,), trials=7, device="cpu")
+    one, many = RunStore(tmp_path / "one"), RunStore(tmp_path / "many")
+    runner.run_sweep(config, one, progress=False)
+    runner.run_sweep(config, many, progress=False, memory_budget=1)   # one trial per chunk
+    a, b = one.trials(), many.trials()
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-5, atol=1e-7)
+
+
+def test_interrupted_run_keeps_finished_cells_and_resume_completes(tmp_path, monkeypatch):
+    _, clean = run(tmp_path, "clean")
+    calls = {"n": 0}
+    real = runner.run_cell_chunk
+
+    def flaky(scheme, data):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(scheme, data)
+
+    monkeypatch.setattr(runner, "run_cell_chunk", flaky)
+    code, out = run(tmp_path, "resumed")
+    assert code == 130
+    assert len(RunStore(out).finished_cells()) == 2           # the two cells before the interrupt
+    assert len(rows(out)) == 2 * 6                             # and no partial cell
+    monkeypatch.setattr(runner, "run_cell_chunk", real)
+    code, out = run(tmp_path, "resumed", "--resume")
+    assert code == 0
+    pd.testing.assert_frame_equal(rows(out), rows(clean))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--scheme", "nope"], "unknown name 'nope'; available: all, plain-kv"),
+    (["--scenario", "nope"], "unknown name 'nope'; available: all, gaussian"),
+    (["--budget", "9"], "budget 9 is outside 1..8"),
+    (["--budget", "0"], "budget 0 is outside 1..8"),
+    (["--dim", "100"], "100 is not a power of two"),
+    (["--trials", "0"], "--trials 0 must be a positive integer"),
+    (["--seq-len", "-4"], "--seq-len -4 must be a positive integer"),
+    (["--budget", "two"], "is not a comma-separated list of integers"),
+    (["--device", "tpu"], "invalid choice: 'tpu'"),
+    (["--rng", "xorshift"], "invalid choice: 'xorshift'"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, args, message):
+    out = tmp_path / "never"
+    base = {"--scenario": "gaussian", "--scheme": "tq-kv", "--budget": "2", "--dim": "16"}
+    for flag, value in zip(args[::2], args[1::2]):
+        base[flag] = value
+    argv = ["run", "--out", str(out), "--trials", "2", "--seq-len", "8", "--queries", "2"]
+    for flag, value in base.items():
+        argv += [flag, value]
+    argv += [a for a in args if a not in base and a not in base.values()]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_output_directory_holding_another_run(tmp_path, capsys):
+    _, out = run(tmp_path, "a")
+    before = (out / RESULTS_FILE).read_bytes()
+    code, _ = run(tmp_path, "a")                                    # same run, no --resume
+    assert code == 2 and "already holds a run; pass --resume" in capsys.readouterr().err
+    code, _ = run(tmp_path, "a", "--resume", "--seed", "5")        # a different run
+    err = capsys.readouterr().err
+    assert code == 2 and "holds a different run (differs in: seed)" in err
+    assert (out / RESULTS_FILE).read_bytes() == before
+    assert run(tmp_path, "a", "--resume")[0] == 0                   # same run resumes: nothing to do
+
+
+def test_export_csv_and_parquet(tmp_path):
+    _, out = run(tmp_path, "a")
+    assert main(["export", str(out), "--format", "csv"]) == 0
+    assert main(["export", str(out), "--format", "parquet"]) == 0
+    frame = rows(out)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "results.csv"), frame, check_dtype=False)
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), frame)
+    assert main(["export", str(tmp_path / "missing")]) == 2
+
+
+def test_list_json_reads_the_registry(capsys):
+    import scenarios
+    import schemes
+    assert main(["list", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in listing["schemes"]] == schemes.available()
+    assert [s["name"] for s in listing["scenarios"]] == scenarios.available()
+    assert all(s["description"] for s in listing["schemes"] + listing["scenarios"])
+
+
+def test_module_entry_point_help_and_error(tmp_path):
+    import subprocess
+    import sys
+    ok = subprocess.run([sys.executable, "-m", "harness", "run", "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "--scenario" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "gaussian", "--scheme", "x"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
