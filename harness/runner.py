@@ -23,7 +23,7 @@ from stats.metrics import exact_logits, trial_metrics
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .provenance import now, provenance
 from .store import RunStore
-from .sweep import Cell, SweepConfig
+from .sweep import Cell, SweepConfig, implementation
 
 DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
 
@@ -84,8 +84,9 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
 
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
-    return schemes.create(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.rng,
-                          seed=scheme_seed(config.seed, cell.scheme, cell.budget, cell.dim))
+    """The cell's scheme from the chosen implementation (torch, or the independent reference)."""
+    seed = scheme_seed(config.seed, cell.scheme, cell.budget, cell.dim)
+    return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.rng, seed=seed)
 
 
 def _rows(config: SweepConfig, cell: Cell, device: torch.device, trials: range,

@@ -15,7 +15,21 @@ from schemes.rng import RNG_FAMILIES
 
 from .devices import DEVICES, DTYPES
 
-IMPLS = ("torch",)
+IMPLS = ("torch", "reference")
+
+
+def implementation(impl: str):
+    """The `create` function of an implementation: schemes.create (torch) or the independent
+    NumPy reference, schemes.reference.create, whose objects follow the same protocol."""
+    if impl == "torch":
+        return schemes.create
+    if impl == "reference":
+        try:
+            from schemes import reference
+        except ImportError as exc:
+            raise ValueError(f"the reference implementation is unavailable here ({exc}); valid: torch") from None
+        return reference.create
+    raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
 
 
 @dataclass(frozen=True)
@@ -74,15 +88,14 @@ class SweepConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
         if self.rng not in RNG_FAMILIES:
             raise ValueError(f"unknown RNG family {self.rng!r}; valid: {', '.join(RNG_FAMILIES)}")
-        if self.impl not in IMPLS:
-            raise ValueError(f"unknown implementation {self.impl!r}; valid: {', '.join(IMPLS)}")
+        create = implementation(self.impl)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"--seed {self.seed!r} must be a non-negative integer")
         for name in self.scenarios:
             scenarios.create(name, **self.scenario_params.get(name, {}))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
-                schemes.create(name, budget=budget, dim=dim, rng=self.rng)
+                create(name, budget=budget, dim=dim, rng=self.rng)
             except ValueError as exc:
                 raise ValueError(f"scheme {name} (budget {budget}, dim {dim}): {exc}") from None
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import register
 from .base import Population, Scenario, power_law, random_orthonormal
 
 
+@register
 @dataclass(frozen=True)
 class Gaussian(Scenario):
     """Isotropic N(0, I_d) keys and values: every assumption holds trivially."""
@@ -24,11 +26,9 @@ class Gaussian(Scenario):
 
 
 @dataclass(frozen=True)
-class SpectralDecay(Scenario):
+class _PowerLaw(Scenario):
     """Covariance U diag(λ) Uᵀ with λ_i ∝ i^−alpha (sum d) and a Haar-random basis U per head,
-    drawn independently for K and V. alpha sweeps A3: d_eff = (Σλ)²/Σλ² falls as alpha grows."""
-    name = "spectral_decay"
-    description = "power-law eigenvalues λ_i ∝ i^-α in a random basis: sweeps A3"
+    drawn independently for K and V."""
     alpha: float = 1.0
 
     def population(self, gen, dim):
@@ -36,9 +36,10 @@ class SpectralDecay(Scenario):
         return Population(random_orthonormal(gen, dim, dim) * root, random_orthonormal(gen, dim, dim) * root)
 
 
+@register
 @dataclass(frozen=True)
-class HeavyTail(SpectralDecay):
-    """As spectral_decay, but the latent coordinates are Student-t with `dof` degrees of freedom
+class HeavyTail(_PowerLaw):
+    """As spectral_decay (same alpha), but the latent coordinates are Student-t with `dof` degrees of freedom
     (scaled to unit variance). With dof ≤ 4 the fourth moment is infinite, so the 512-token
     calibration covariance is dominated by a few outlier tokens and its eigenvectors stray
     from the population ones: breaks A1."""
@@ -55,6 +56,7 @@ class HeavyTail(SpectralDecay):
         return gen.standard_t(self.dof, shape) * np.sqrt((self.dof - 2) / self.dof)
 
 
+@register
 @dataclass(frozen=True)
 class LowRankAligned(Scenario):
     """K and V in one shared rank-r subspace plus isotropic noise: x = √(d/r)·U z + noise·ε.
@@ -93,6 +95,7 @@ class LowRankAligned(Scenario):
         return Population(mix, mix)
 
 
+@register
 @dataclass(frozen=True)
 class LowRankMisaligned(LowRankAligned):
     """K and V each in a rank-r subspace plus noise, the two subspaces mutually orthogonal
@@ -106,6 +109,16 @@ class LowRankMisaligned(LowRankAligned):
         return Population(self._mix(frame[:, :r], dim), self._mix(frame[:, r:], dim))
 
 
+@register
+@dataclass(frozen=True)
+class SpectralDecay(_PowerLaw):
+    """Power-law spectrum with Gaussian latents: alpha sweeps A3, d_eff = (Σλ)²/Σλ² falls as
+    alpha grows."""
+    name = "spectral_decay"
+    description = "power-law eigenvalues λ_i ∝ i^-α in a random basis: sweeps A3"
+
+
+@register
 @dataclass(frozen=True)
 class OutlierChannels(Scenario):
     """Gaussian keys whose `n_outliers` channels (random per head) have `outlier_scale` times
@@ -123,5 +136,3 @@ class OutlierChannels(Scenario):
         scales *= np.sqrt(dim / np.square(scales).sum())
         return Population(np.diag(scales), np.eye(dim))
 
-
-SCENARIOS = (Gaussian, HeavyTail, LowRankAligned, LowRankMisaligned, SpectralDecay, OutlierChannels)

@@ -87,7 +87,7 @@ def test_interrupted_run_keeps_finished_cells_and_resume_completes(tmp_path, mon
 
 @pytest.mark.parametrize("args,message", [
     (["--scheme", "nope"], "unknown name 'nope'; available: all, plain-kv"),
-    (["--scenario", "nope"], "unknown name 'nope'; available: all, gaussian"),
+    (["--scenario", "nope"], "unknown scenario 'nope'; available: gaussian"),
     (["--budget", "9"], "budget 9 is outside 1..8"),
     (["--budget", "0"], "budget 0 is outside 1..8"),
     (["--dim", "100"], "100 is not a power of two"),
