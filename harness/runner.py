@@ -21,6 +21,7 @@ from schemes.rng import generator, seed_sequence
 from stats.metrics import exact_logits, trial_metrics
 
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
+from .memory import peak_bytes, reset_peak
 from .provenance import now, provenance
 from .store import RunStore
 from .sweep import Cell, SweepConfig, implementation
@@ -141,20 +142,25 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
         cell_schemes = {cell: create_scheme(config, cell) for cell in group}
         rows = {cell: [] for cell in group}
         wall = dict.fromkeys(group, 0.0)
+        peak = dict.fromkeys(group, 0)
         for n_chunk, trials in enumerate(chunks):
             data = draw_trials(config, group[0], trials, device, dtype)
             for cell in group:
                 t0 = time.perf_counter()
+                reset_peak(device)
                 metrics, bits = run_cell_chunk(cell_schemes[cell], data)
+                peak[cell] = max(peak[cell], peak_bytes(device) or 0)
                 rows[cell].extend(_rows(config, cell, device, trials, metrics, bits))
                 wall[cell] += time.perf_counter() - t0
                 if n_chunk == len(chunks) - 1:
-                    store.write_cell(cell.key, rows.pop(cell), wall_s=wall[cell], finished_at=now())
+                    store.write_cell(cell.key, rows.pop(cell), wall_s=wall[cell], finished_at=now(),
+                                     peak_mem_mb=peak[cell] / 2 ** 20)
                     if bar:
                         bar.update(1)
     if bar:
         bar.close()
     manifest = store.read_manifest()
     manifest["finished_at"] = now()
+    manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
     store.write_manifest(manifest)
     return RunResult(len(todo), len(done), time.perf_counter() - start)

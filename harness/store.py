@@ -58,7 +58,7 @@ class RunStore:
         con.execute(f"CREATE TABLE IF NOT EXISTS trials ({cols})")
         cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS cells ({cell_cols}, n_trials INTEGER NOT NULL, "
-                    f"wall_s REAL NOT NULL, finished_at TEXT NOT NULL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
+                    f"wall_s REAL NOT NULL, finished_at TEXT NOT NULL, peak_mem_mb REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
         return con
 
     def finished_cells(self) -> set[tuple]:
@@ -67,7 +67,8 @@ class RunStore:
         with self._connect() as con:
             return {tuple(row) for row in con.execute(f"SELECT {', '.join(CELL_COLUMNS)} FROM cells")}
 
-    def write_cell(self, cell: tuple, rows: Iterable[dict], *, wall_s: float, finished_at: str) -> None:
+    def write_cell(self, cell: tuple, rows: Iterable[dict], *, wall_s: float, finished_at: str,
+                   peak_mem_mb: float | None = None) -> None:
         """All rows of one cell and its `cells` entry, in one transaction."""
         rows = list(rows)
         con = self._connect()
@@ -76,10 +77,23 @@ class RunStore:
                 con.executemany(
                     f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
                     [tuple(row[c] for c in TRIAL_COLUMNS) for row in rows])
-                con.execute(f"INSERT INTO cells VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 3))})",
-                            (*cell, len(rows), wall_s, finished_at))
+                con.execute(f"INSERT INTO cells VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 4))})",
+                            (*cell, len(rows), wall_s, finished_at, peak_mem_mb))
         finally:
             con.close()
+
+    def cells(self) -> pd.DataFrame:
+        """The finished cells with their trial count, wall time and peak memory."""
+        con = self._connect()
+        try:
+            return pd.read_sql_query(f"SELECT * FROM cells ORDER BY {', '.join(CELL_COLUMNS)}", con)
+        finally:
+            con.close()
+
+    def peak_memory_mb(self) -> dict[str, float]:
+        """Peak memory (MiB) per finished cell, keyed 'scenario/scheme/b/d/S/Nq', for the manifest."""
+        return {"/".join(str(x) for x in row[: len(CELL_COLUMNS)]): row[-1]
+                for row in self.cells()[list(CELL_COLUMNS) + ["peak_mem_mb"]].itertuples(index=False)}
 
     def trials(self) -> pd.DataFrame:
         """Every stored trial as a frame, in a stable order."""

@@ -38,6 +38,8 @@ def test_run_writes_every_cell_and_column(tmp_path, capsys):
     assert {"torch", "numpy", "git_sha", "device"} <= set(manifest["provenance"])
     with sqlite3.connect(out / RESULTS_FILE) as con:
         assert con.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 8
+    peaks = manifest["peak_mem_mb_per_cell"]
+    assert len(peaks) == 8 and all(p > 10 for p in peaks.values())   # a Python + torch process
     # measured bits, counted by hand: b code bits per element, a float32 norm per 16-element
     # vector, and per tensor a float32 codebook of 2^b entries and 16 packed rotation signs
     tq = frame[(frame.scheme == "tq-kv") & (frame.budget == 2)]

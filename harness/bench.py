@@ -1,0 +1,110 @@
+"""Throughput measured in one run, reported as figures and ratios (never asserted as times).
+
+- runner: trials/s of the batched cell runner vs a per-trial loop (same cells, same data)
+  vs the independent reference implementation;
+- schemes: encode+decode vectors/s per scheme;
+- attention: achieved fraction of the machine's measured matmul throughput in the metrics'
+  attention step (q kᵀ and softmax · v as batched matmuls).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+import schemes
+
+from .runner import create_scheme, draw_trials, run_cell_chunk
+from .sweep import Cell, SweepConfig, implementation
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    scenario: str = "gaussian"
+    scheme: str = "tq-kv"
+    budget: int = 3
+    dim: int = 128
+    seq_len: int = 1024
+    queries: int = 64
+    trials: int = 32
+    repeats: int = 3
+
+
+def _best_time(fn, repeats: int) -> float:
+    """Minimum wall time over repeats (after one warm-up): the least disturbed measurement."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
+    config = SweepConfig(scenarios=(shape.scenario,), schemes=(shape.scheme,), budgets=(shape.budget,),
+                         dims=(shape.dim,), seq_lens=(shape.seq_len,), queries=(shape.queries,),
+                         trials=shape.trials, device=device.type)
+    cell = Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries)
+    data = draw_trials(config, cell, range(shape.trials), device, torch.float32)
+    scheme = create_scheme(config, cell)
+
+    def one(i):
+        return {k: (v[i:i + 1] if k != "positions" else v) for k, v in data.items()}
+    batched = _best_time(lambda: run_cell_chunk(scheme, data), shape.repeats)
+    loop = _best_time(lambda: [run_cell_chunk(scheme, one(i)) for i in range(shape.trials)], shape.repeats)
+    out = {"cell": cell.key, "trials": shape.trials,
+           "batched_trials_per_s": shape.trials / batched, "loop_trials_per_s": shape.trials / loop,
+           "batched_over_loop": loop / batched}
+    try:
+        ref_scheme = implementation("reference")(shape.scheme, budget=shape.budget, dim=shape.dim,
+                                                 seed=scheme.seed, rng=config.rng)
+    except ValueError:
+        out["reference_trials_per_s"] = None
+        return out
+    ref = _best_time(lambda: run_cell_chunk(ref_scheme, data), 1)
+    out["reference_trials_per_s"] = shape.trials / ref
+    out["batched_over_reference"] = ref / batched
+    return out
+
+
+def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] | None = None) -> dict:
+    """Encode+decode vectors/s per scheme on (8, 1, S, d) Gaussian K and V (a vector is one token of K or V)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    k = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
+    v = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
+    result = {}
+    for name in names or schemes.available():
+        try:
+            s = schemes.create(name, budget=shape.budget, dim=shape.dim)
+        except ValueError:
+            continue  # e.g. a scheme whose constraints this shape breaks
+        s.fit(k, v)
+        t = _best_time(lambda: s.decode(s.encode(k, v)), shape.repeats)
+        result[name] = 2 * k.shape[0] * shape.seq_len / t
+    return result
+
+
+def attention_efficiency(shape: BenchShape, device: torch.device) -> dict:
+    """GFLOP/s of the attention step vs a large square matmul on the same device."""
+    n = 2048
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    peak = 2 * n ** 3 / _best_time(lambda: a @ b, shape.repeats) / 1e9
+    bsz = shape.trials
+    q = torch.randn(bsz, 1, shape.queries, shape.dim, device=device)
+    k = torch.randn(bsz, 1, shape.seq_len, shape.dim, device=device)
+    v = torch.randn(bsz, 1, shape.seq_len, shape.dim, device=device)
+
+    def attention():
+        return torch.softmax(q @ k.transpose(-1, -2) / shape.dim ** 0.5, dim=-1) @ v
+    flops = 2 * 2 * bsz * shape.queries * shape.seq_len * shape.dim
+    achieved = flops / _best_time(attention, shape.repeats) / 1e9
+    return {"matmul_gflops": peak, "attention_gflops": achieved, "attention_fraction_of_matmul": achieved / peak}
+
+
+def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] | None = None) -> dict:
+    return {"device": str(device), "threads": torch.get_num_threads(), "shape": shape.__dict__,
+            "runner": runner_throughput(shape, device),
+            "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names),
+            "attention": attention_efficiency(shape, device)}

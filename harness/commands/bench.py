@@ -1,0 +1,61 @@
+"""harness bench: throughput figures measured in one run (batched vs loop vs reference, per scheme)."""
+from __future__ import annotations
+
+import json
+
+from ..bench import BenchShape, run_bench
+from ..devices import DEVICES, resolve_device
+from ..errors import UsageError
+from ._args import comma_list
+
+NAME = "bench"
+HELP = "measure throughput: batched runner vs per-trial loop vs reference, vectors/s per scheme"
+
+
+def add_arguments(p):
+    d = BenchShape()
+    p.add_argument("--scheme", default=d.scheme, help=f"scheme of the runner comparison (default {d.scheme})")
+    p.add_argument("--schemes", type=comma_list(str), default=None, help="schemes to time (default all)")
+    p.add_argument("--budget", type=int, default=d.budget)
+    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--queries", type=int, default=d.queries)
+    p.add_argument("--trials", type=int, default=d.trials)
+    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    for flag in ("budget", "dim", "seq_len", "queries", "trials", "repeats"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"harness bench: --{flag.replace('_', '-')} must be a positive integer")
+    try:
+        device = resolve_device(args.device)
+        import schemes
+        schemes.create(args.scheme, budget=args.budget, dim=args.dim)
+        for name in args.schemes or ():
+            schemes.create(name, budget=args.budget, dim=args.dim)
+    except ValueError as exc:
+        raise UsageError(f"harness bench: {exc}") from None
+    shape = BenchShape(scheme=args.scheme, budget=args.budget, dim=args.dim, seq_len=args.seq_len,
+                       queries=args.queries, trials=args.trials, repeats=args.repeats)
+    result = run_bench(shape, device, list(args.schemes) if args.schemes else None)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    r = result["runner"]
+    print(f"device {result['device']}, {result['threads']} threads, cell {'/'.join(map(str, r['cell']))}, "
+          f"{r['trials']} trials")
+    print(f"  batched runner   {r['batched_trials_per_s']:10.1f} trials/s")
+    print(f"  per-trial loop   {r['loop_trials_per_s']:10.1f} trials/s   (batched = {r['batched_over_loop']:.1f}x)")
+    if r.get("reference_trials_per_s"):
+        print(f"  reference (NumPy){r['reference_trials_per_s']:10.1f} trials/s   "
+              f"(batched = {r['batched_over_reference']:.1f}x)")
+    print("  encode+decode vectors/s:")
+    for name, rate in result["schemes_vectors_per_s"].items():
+        print(f"    {name:<20} {rate:14,.0f}")
+    a = result["attention"]
+    print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
+          f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
+    return 0
