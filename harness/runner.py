@@ -121,20 +121,27 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
                           "started_at": now(), "finished_at": None})
 
 
-def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
-              memory_budget: int | None = None) -> RunResult:
-    """Run every cell of the sweep not yet in the store; each finished cell is committed at once."""
-    start = time.perf_counter()
+def compute_cell(config: SweepConfig, cell: Cell, memory_budget: int | None = None):
+    """One cell on its own (the distributed path): (rows, wall_s, peak_mem_mb)."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-    prepare_store(config, store, resume=resume)
-    done = store.finished_cells()
-    todo = [c for c in config.cells() if c.key not in done]
-    if progress is None:
-        progress = sys.stderr.isatty()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(todo), unit="cell", file=sys.stderr)
+    size = chunk_size(config, cell, device, memory_budget)
+    scheme = create_scheme(config, cell)
+    rows, wall, peak = [], 0.0, 0
+    for start in range(0, config.trials, size):
+        trials = range(start, min(start + size, config.trials))
+        data = draw_trials(config, cell, trials, device, dtype)
+        t0 = time.perf_counter()
+        reset_peak(device)
+        metrics, bits = run_cell_chunk(scheme, data)
+        peak = max(peak, peak_bytes(device) or 0)
+        rows.extend(_rows(config, cell, device, trials, metrics, bits))
+        wall += time.perf_counter() - t0
+    return rows, wall, peak / 2 ** 20
+
+
+def _run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell) -> None:
+    """Cells that share data are run together on each chunk of drawn trials; a cell is handed to
+    on_cell as soon as its last chunk is done."""
     for _, group in itertools.groupby(todo, key=lambda c: c.data_key):
         group = list(group)
         size = chunk_size(config, group[0], device, memory_budget)
@@ -153,12 +160,41 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
                 rows[cell].extend(_rows(config, cell, device, trials, metrics, bits))
                 wall[cell] += time.perf_counter() - t0
                 if n_chunk == len(chunks) - 1:
-                    store.write_cell(cell.key, rows.pop(cell), wall_s=wall[cell], finished_at=now(),
-                                     peak_mem_mb=peak[cell] / 2 ** 20)
-                    if bar:
-                        bar.update(1)
-    if bar:
-        bar.close()
+                    on_cell(cell, rows.pop(cell), wall[cell], peak[cell] / 2 ** 20)
+
+
+def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
+              memory_budget: int | None = None, workers: int | None = None,
+              scheduler: str | None = None) -> RunResult:
+    """Run every cell of the sweep not yet in the store; each finished cell is committed at once.
+    With workers (a local Dask cluster) or scheduler (an existing one) cells run as Dask tasks."""
+    start = time.perf_counter()
+    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    prepare_store(config, store, resume=resume)
+    done = store.finished_cells()
+    todo = [c for c in config.cells() if c.key not in done]
+    if progress is None:
+        progress = sys.stderr.isatty()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), unit="cell", file=sys.stderr)
+
+    def on_cell(cell: Cell, rows: list, wall: float, peak_mb: float) -> None:
+        store.write_cell(cell.key, rows, wall_s=wall, finished_at=now(), peak_mem_mb=peak_mb)
+        if bar:
+            bar.update(1)
+
+    try:
+        if workers or scheduler:
+            from .distributed import run_distributed
+            run_distributed(config, todo, workers=workers, scheduler=scheduler, memory_budget=memory_budget,
+                            on_cell=on_cell)
+        else:
+            _run_serial(config, todo, device, dtype, memory_budget, on_cell)
+    finally:
+        if bar:
+            bar.close()
     manifest = store.read_manifest()
     manifest["finished_at"] = now()
     manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()

@@ -1,6 +1,7 @@
 """harness run: a sweep (the cross product of the flags) into a run directory."""
 from __future__ import annotations
 
+import importlib.util
 from datetime import datetime
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def add_arguments(p):
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/<scenario>-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary table")
+    p.add_argument("--workers", type=int, default=None, help="run cells on a local Dask cluster of N workers")
+    p.add_argument("--scheduler", default=None, help="run cells on an existing Dask cluster at ADDRESS")
 
 
 def config_from_args(args) -> SweepConfig:
@@ -47,6 +50,12 @@ def config_from_args(args) -> SweepConfig:
         seq_lens=args.seq_len, queries=args.queries, trials=args.trials, seed=args.seed,
         heads=args.heads, calib_tokens=args.calib_tokens, device=args.device, dtype=args.dtype,
         rng=args.rng, impl=args.impl)
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"harness run: --workers {args.workers} must be a positive integer")
+    if args.workers and args.scheduler:
+        raise UsageError("harness run: give --workers (a local cluster) or --scheduler (an existing one), not both")
+    if (args.workers or args.scheduler) and importlib.util.find_spec("distributed") is None:
+        raise UsageError("harness run: --workers/--scheduler need dask: pip install 'kvharness[distributed]'")
     try:
         config.validate()
         resolve_device(args.device)
@@ -64,7 +73,8 @@ def run(args) -> int:
     out = args.out or Path("runs") / f"{'-'.join(args.scenario)[:40]}-{datetime.now():%Y%m%d-%H%M%S}"
     store = RunStore(out)
     try:
-        result = run_sweep(config, store, resume=args.resume, progress=None if not args.quiet else False)
+        result = run_sweep(config, store, resume=args.resume, progress=None if not args.quiet else False,
+                           workers=args.workers, scheduler=args.scheduler)
     except RunConflict as exc:
         raise UsageError(f"harness run: {exc}") from None
     if not args.quiet:
