@@ -32,6 +32,30 @@ def implementation(impl: str):
     raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
 
 
+def paper_schemes() -> tuple[str, ...]:
+    """The AMD paper's sixteen TQ/SQ schemes, as far as they are registered."""
+    return tuple(n for n in schemes.available() if n.split("-")[0] in ("plain", "tq", "sq", "squ"))
+
+
+# Named presets of `run --grid` / `bench --grid`: values of SweepConfig fields (callables are
+# evaluated when used, so plug-ins registered later are included).
+GRIDS = {
+    "paper": {  # AMD paper §3: six scenarios, 16 schemes, b = 2..7, d ∈ {64, 128, 256}, 200 trials
+        "scenarios": lambda: ("gaussian", "heavy_tail", "lowrank_aligned", "lowrank_misaligned",
+                              "spectral_decay", "outlier_channels"),
+        "schemes": paper_schemes,
+        "budgets": (2, 3, 4, 5, 6, 7), "dims": (64, 128, 256), "seq_lens": (1024,), "queries": (64,),
+        "trials": 200, "calib_tokens": 512,
+    },
+}
+
+
+def grid(name: str) -> dict:
+    if name not in GRIDS:
+        raise ValueError(f"unknown grid {name!r}; valid: {', '.join(GRIDS)}")
+    return {k: v() if callable(v) else v for k, v in GRIDS[name].items()}
+
+
 @dataclass(frozen=True)
 class Cell:
     scenario: str

@@ -10,8 +10,10 @@ import pkgutil
 from .base import BitLedger, Encoded, Scheme
 from .registry import available, create, register, specs
 
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.ispkg:
-        importlib.import_module(f"{__name__}.{_module.name}")
+# The codec families in DESIGN.md's order (this fixes the order of `available()`), then the rest.
+_FIRST = ("turboquant", "spectralquant", "shard", "baselines")
+_modules = [m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg]
+for _name in sorted(_modules, key=lambda n: (_FIRST.index(n) if n in _FIRST else len(_FIRST), n)):
+    importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = ["BitLedger", "Encoded", "Scheme", "available", "create", "register", "specs"]

@@ -154,3 +154,16 @@ def test_module_entry_point_help_and_error(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "gaussian", "--scheme", "x"],
                          capture_output=True, text=True, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_paper_grid_preset_and_explicit_override():
+    from harness.cli import build_parser
+    from harness.commands.run import config_from_args
+    import schemes
+    parser, _ = build_parser()
+    config = config_from_args(parser.parse_args(["run", "--grid", "paper", "--trials", "7", "--dim", "64"]))
+    assert config.budgets == (2, 3, 4, 5, 6, 7) and config.seq_lens == (1024,) and config.queries == (64,)
+    assert config.trials == 7 and config.dims == (64,)                     # explicit flags win
+    assert len(config.scenarios) == 6 and "tq-kv" in config.schemes and "plain-kv" in config.schemes
+    assert all(n.split("-")[0] in ("plain", "tq", "sq", "squ") for n in config.schemes)
+    assert set(config.schemes) <= set(schemes.available())

@@ -11,31 +11,41 @@ import schemes
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
-from ..sweep import IMPLS, SweepConfig
+from ..sweep import GRIDS, IMPLS, SweepConfig, grid
 from ._args import comma_list
 
 NAME = "run"
 HELP = "run a sweep (the cross product of the flags) into a run directory"
 
 
+# Flag -> (SweepConfig field, built-in default). Flags default to None so that an explicit
+# flag overrides a --grid preset, which overrides the built-in default.
+FIELDS = {"scenario": ("scenarios", None), "scheme": ("schemes", None), "budget": ("budgets", (2, 3, 4)),
+          "dim": ("dims", (128,)), "seq_len": ("seq_lens", (1024,)), "queries": ("queries", (64,)),
+          "trials": ("trials", 200), "heads": ("heads", 1), "calib_tokens": ("calib_tokens", 512),
+          "seed": ("seed", 0), "device": ("device", "auto"), "dtype": ("dtype", "float32"),
+          "rng": ("rng", "pcg64"), "impl": ("impl", "torch")}
+
+
 def add_arguments(p):
-    p.add_argument("--scenario", type=comma_list(str, scenarios.available, scenarios.create), required=True,
+    p.add_argument("--scenario", type=comma_list(str, scenarios.available, scenarios.create),
                    help="NAME[,NAME...] or all (or a parametric one such as replay:FILE)")
-    p.add_argument("--scheme", type=comma_list(str, schemes.available), required=True,
-                   help="NAME[,NAME...] or all")
-    p.add_argument("--budget", type=comma_list(int), default=(2, 3, 4), help="bits per element, 1..8 (default 2,3,4)")
-    p.add_argument("--dim", type=comma_list(int), default=(128,), help="head dimensions (default 128)")
-    p.add_argument("--seq-len", type=comma_list(int), default=(1024,), help="cached tokens S (default 1024)")
-    p.add_argument("--queries", type=comma_list(int), default=(64,), help="queries Nq (default 64)")
-    p.add_argument("--trials", type=int, default=200, help="trials per cell (default 200)")
-    p.add_argument("--heads", type=int, default=1, help="heads H per trial (default 1)")
-    p.add_argument("--calib-tokens", type=int, default=512, help="calibration tokens per head (default 512)")
-    p.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
-    p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
-    p.add_argument("--rng", choices=("pcg64", "mt19937", "philox"), default="pcg64",
+    p.add_argument("--scheme", type=comma_list(str, schemes.available), help="NAME[,NAME...] or all")
+    p.add_argument("--grid", choices=tuple(GRIDS), help="a named preset (paper: the AMD paper's grid); "
+                   "explicit flags override it")
+    p.add_argument("--budget", type=comma_list(int), help="bits per element, 1..8 (default 2,3,4)")
+    p.add_argument("--dim", type=comma_list(int), help="head dimensions (default 128)")
+    p.add_argument("--seq-len", type=comma_list(int), help="cached tokens S (default 1024)")
+    p.add_argument("--queries", type=comma_list(int), help="queries Nq (default 64)")
+    p.add_argument("--trials", type=int, help="trials per cell (default 200)")
+    p.add_argument("--heads", type=int, help="heads H per trial (default 1)")
+    p.add_argument("--calib-tokens", type=int, help="calibration tokens per head (default 512)")
+    p.add_argument("--seed", type=int, help="root seed (default 0)")
+    p.add_argument("--device", choices=DEVICES, help="auto (default), cpu or cuda")
+    p.add_argument("--dtype", choices=tuple(DTYPES), help="float32 (default) or float64")
+    p.add_argument("--rng", choices=("pcg64", "mt19937", "philox"),
                    help="bit-generator family of every random stream (default pcg64)")
-    p.add_argument("--impl", choices=IMPLS, default="torch")
+    p.add_argument("--impl", choices=IMPLS, help="torch (default) or reference (independent NumPy)")
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/<scenario>-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary table")
@@ -45,11 +55,14 @@ def add_arguments(p):
 
 def config_from_args(args) -> SweepConfig:
     """The sweep the flags describe, validated (UsageError naming the first bad value)."""
-    config = SweepConfig(
-        scenarios=args.scenario, schemes=args.scheme, budgets=args.budget, dims=args.dim,
-        seq_lens=args.seq_len, queries=args.queries, trials=args.trials, seed=args.seed,
-        heads=args.heads, calib_tokens=args.calib_tokens, device=args.device, dtype=args.dtype,
-        rng=args.rng, impl=args.impl)
+    preset = grid(args.grid) if getattr(args, "grid", None) else {}
+    values = {}
+    for flag, (field, default) in FIELDS.items():
+        given = getattr(args, flag, None)
+        values[field] = given if given is not None else preset.get(field, default)
+        if values[field] is None:
+            raise UsageError(f"harness run: --{flag} is required (or give --grid {'|'.join(GRIDS)})")
+    config = SweepConfig(**values)
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"harness run: --workers {args.workers} must be a positive integer")
     if args.workers and args.scheduler:
@@ -58,7 +71,7 @@ def config_from_args(args) -> SweepConfig:
         raise UsageError("harness run: --workers/--scheduler need dask: pip install 'kvharness[distributed]'")
     try:
         config.validate()
-        resolve_device(args.device)
+        resolve_device(config.device)
     except ValueError as exc:
         raise UsageError(f"harness run: {exc}") from None
     return config
@@ -70,7 +83,7 @@ def run(args) -> int:
     from ..runner import RunConflict, run_sweep
 
     config = config_from_args(args)
-    out = args.out or Path("runs") / f"{'-'.join(args.scenario)[:40]}-{datetime.now():%Y%m%d-%H%M%S}"
+    out = args.out or Path("runs") / f"{'-'.join(config.scenarios)[:40]}-{datetime.now():%Y%m%d-%H%M%S}"
     store = RunStore(out)
     try:
         result = run_sweep(config, store, resume=args.resume, progress=None if not args.quiet else False,
