@@ -51,9 +51,10 @@ def create(name: str, **params) -> Scenario:
     return scenario
 
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in ("base",):
-        importlib.import_module(f"{__name__}.{_module.name}")
+# DESIGN.md's six synthetic scenarios first (this fixes the order of `available()`), then the rest.
+for _name in sorted((m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"),
+                    key=lambda n: (n != "synthetic", n)):
+    importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = ["Population", "Scenario", "TrialShape", "available", "create", "describe", "parametric",
            "participation_ratio", "register"]
