@@ -23,8 +23,8 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 
 def _sum_sq(x: torch.Tensor) -> torch.Tensor:
-    """Σx² per trial, reduced in the tensor's dtype (cascade summation), returned as float64."""
-    return torch.sum(torch.square(_flat(x)), dim=1).double()
+    """Σx² per trial in one fused pass (cascade summation in the tensor's dtype), as float64."""
+    return torch.square(torch.linalg.vector_norm(_flat(x), dim=1)).double()
 
 
 def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> torch.Tensor:
@@ -33,19 +33,32 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> 
     return torch.where(den > 0, ratio, torch.where(num > 0, math.inf, zero_over_zero))
 
 
+def _energies(x: torch.Tensor, x_hat: torch.Tensor):
+    """(‖x‖², ‖x̂‖², ‖x − x̂‖²) per trial."""
+    return _sum_sq(x), _sum_sq(x_hat), _sum_sq(x - x_hat)
+
+
+def _rel_and_direction(xx, hh, ee):
+    """rel_mse = ‖x−x̂‖²/‖x‖² and dir_err = 1 − cos. The direction error uses the identity
+    ‖x‖‖x̂‖ − x·x̂ = (‖x − x̂‖² − (‖x‖ − ‖x̂‖)²)/2, whose terms keep their digits when the error is
+    tiny (1 − x·x̂/(‖x‖‖x̂‖) would cancel). 0/0 cases: both zero → 0, one zero → 1."""
+    rel = _safe_ratio(ee, xx, 0.0)
+    nx, nh = xx.sqrt(), hh.sqrt()
+    both = (nx > 0) & (nh > 0)
+    num = torch.clamp(ee - (nx - nh) ** 2, min=0.0) / 2
+    direction = torch.where(both, num / torch.where(both, nx * nh, 1.0),
+                            torch.where((nx > 0) | (nh > 0), 1.0, 0.0))
+    return rel, torch.clamp(direction, max=2.0)
+
+
 def relative_mse(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     """‖x − x̂‖²/‖x‖² per trial (0/0 → 0: an all-zero tensor reproduced exactly has no error)."""
     return _safe_ratio(_sum_sq(x - x_hat), _sum_sq(x), 0.0)
 
 
 def direction_error(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
-    """1 − cos(x, x̂) per trial, computed as ‖x/‖x‖ − x̂/‖x̂‖‖²/2, which keeps its digits when
-    the error is tiny (1 − x·x̂/(‖x‖‖x̂‖) cancels). Zero when both are zero, 1 when one is."""
-    nx, nh = _sum_sq(x).sqrt(), _sum_sq(x_hat).sqrt()
-    ux = _flat(x) / torch.where(nx > 0, nx, 1.0).to(x.dtype)[:, None]
-    uh = _flat(x_hat) / torch.where(nh > 0, nh, 1.0).to(x.dtype)[:, None]
-    err = _sum_sq(ux - uh) / 2
-    return torch.where((nx > 0) & (nh > 0), err, torch.where((nx > 0) | (nh > 0), 1.0, 0.0))
+    """1 − cos(x, x̂) per trial, accurate for tiny errors (see _rel_and_direction)."""
+    return _rel_and_direction(*_energies(x, x_hat))[1]
 
 
 def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
@@ -55,8 +68,7 @@ def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
 
 def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str) -> dict[str, torch.Tensor]:
     """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`."""
-    rel = relative_mse(x, x_hat)
-    direction = direction_error(x, x_hat)
+    rel, direction = _rel_and_direction(*_energies(x, x_hat))
     snr = torch.where(torch.isinf(rel), 1.0, rel / (1 + rel))
     return {f"rel_mse_{suffix}": rel, f"cos_{suffix}": 1 - direction, f"snr_err_{suffix}": snr,
             f"dir_err_{suffix}": direction, f"d2_{suffix}": torch.sqrt(direction ** 2 + snr ** 2)}
