@@ -1,0 +1,65 @@
+"""harness compare: two stored runs, cells matched by configuration, one verdict per cell
+(stats/validation.py compare_runs). --null RUN_C, a run of the same cells that differs from
+RUN_A only in an implementation variable (seed, rng, ...), supplies the implementation null;
+without it a detected difference is reported as inconclusive."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UsageError
+from ..store import RESULTS_FILE, RunStore
+
+NAME = "compare"
+HELP = "compare two stored runs cell by cell: one verdict per cell"
+
+
+def add_arguments(p):
+    p.add_argument("run_a", type=Path, metavar="RUN_A")
+    p.add_argument("run_b", type=Path, metavar="RUN_B")
+    p.add_argument("--null", type=Path, default=None, metavar="RUN_C",
+                   help="a run differing from RUN_A only in an implementation variable (the null)")
+    p.add_argument("--alpha", type=float, default=0.05, help="family-wise level per cell (default 0.05)")
+    p.add_argument("--margin", type=float, default=0.10,
+                   help="equivalence margin, a fraction of each metric's pooled mean (default 0.10)")
+    p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the permutation draws (default 0)")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per cell")
+
+
+def _trials(directory: Path):
+    store = RunStore(directory)
+    if not store.path.exists():
+        raise UsageError(f"harness compare: {directory} holds no {RESULTS_FILE}; give a run directory")
+    return store.trials()
+
+
+def run(args) -> int:
+    from stats.validation import CELL_COLUMNS, compare_runs, differing_variables
+
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"harness compare: --alpha {args.alpha} must lie in (0, 1)")
+    if not args.margin > 0:
+        raise UsageError(f"harness compare: --margin {args.margin} must be positive")
+    if args.permutations < 1:
+        raise UsageError(f"harness compare: --permutations {args.permutations} must be a positive integer")
+    a, b = _trials(args.run_a), _trials(args.run_b)
+    null = _trials(args.null) if args.null is not None else None
+    table = compare_runs(a, b, null, alpha=args.alpha, margin=args.margin, n_permutations=args.permutations,
+                         seed=args.seed)
+    if table.empty:
+        raise UsageError(f"harness compare: {args.run_a} and {args.run_b} share no cell "
+                         f"(cells are matched on {', '.join(CELL_COLUMNS)})")
+    n_a = a.groupby(list(CELL_COLUMNS)).ngroups
+    n_b = b.groupby(list(CELL_COLUMNS)).ngroups
+    if args.json:
+        print(json.dumps(table.to_dict(orient="records"), indent=2, default=float))
+        return 0
+    differ = differing_variables(a, b)
+    print(f"{len(table)} matched cells ({n_a - len(table)} only in RUN_A, {n_b - len(table)} only in RUN_B); "
+          f"runs differ in: {', '.join(differ) or 'no implementation variable'}; "
+          f"null: {args.null if args.null else 'none'}")
+    for row in table.itertuples(index=False):
+        cell = " ".join(f"{getattr(row, c)}" for c in CELL_COLUMNS)
+        print(f"{cell}: {row.verdict} (energy p {row.energy_p:.3g}, min Holm p {row.min_p_holm:.3g})")
+    return 0

@@ -1,0 +1,183 @@
+"""harness validate: is the difference between two configurations a codec difference or
+implementation variance? Runs the small sweeps it needs and prints a verdict (stats/validation.py).
+
+Runs (each a run directory under --out, or a temporary directory):
+- with --against B: `base` holds A and B on the base configuration (same data); `variant`
+  holds A and B with the --vary variable changed. Main comparison A vs B on `base`; null
+  comparisons A(base) vs A(variant) and B(base) vs B(variant).
+- without --against: `base` and `variant` hold A; the main comparison is A(base) vs
+  A(variant). The null is a seed change: `null` holds A with the root seed + 1 (+ 2 when the
+  varied variable is the seed itself), compared with A(base).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+
+import scenarios
+import schemes
+
+from ..devices import DEVICES, DTYPES, resolve_device
+from ..errors import UsageError
+from ..sweep import IMPLS, SweepConfig
+
+NAME = "validate"
+HELP = "is the difference between two configurations a codec difference or implementation variance?"
+
+VARIABLES = ("impl", "rng", "seed", "device", "dtype")
+RNGS = ("pcg64", "mt19937", "philox")
+
+
+def add_arguments(p):
+    p.add_argument("--scenario", required=True, help="scenario NAME")
+    p.add_argument("--scheme", required=True, help="scheme A")
+    p.add_argument("--against", default=None, help="scheme B (default: A itself under the --vary change)")
+    p.add_argument("--vary", choices=VARIABLES, default="seed",
+                   help="the implementation variable of the null (and of the main comparison without --against)")
+    p.add_argument("--budget", type=int, default=3, help="bits per element (default 3)")
+    p.add_argument("--dim", type=int, default=128, help="head dimension (default 128)")
+    p.add_argument("--seq-len", type=int, default=1024, help="cached tokens S (default 1024)")
+    p.add_argument("--queries", type=int, default=64, help="queries Nq (default 64)")
+    p.add_argument("--trials", type=int, default=200, help="trials per configuration (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="root seed of the base configuration (default 0)")
+    p.add_argument("--rng", choices=RNGS, default="pcg64")
+    p.add_argument("--impl", choices=IMPLS, default="torch")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--alpha", type=float, default=0.05, help="family-wise level (default 0.05)")
+    p.add_argument("--margin", type=float, default=0.10,
+                   help="equivalence margin, a fraction of each metric's pooled mean (default 0.10)")
+    p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
+    p.add_argument("--out", type=Path, default=None, help="directory for the runs (default: a temporary one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _other(value, choices):
+    return next(c for c in choices if c != value)
+
+
+def variant_of(config: SweepConfig, vary: str) -> SweepConfig:
+    """The base configuration with the implementation variable `vary` changed."""
+    if vary == "seed":
+        return dataclasses.replace(config, seed=config.seed + 1)
+    if vary == "rng":
+        return dataclasses.replace(config, rng=_other(config.rng, RNGS))
+    if vary == "dtype":
+        return dataclasses.replace(config, dtype=_other(config.dtype, tuple(DTYPES)))
+    if vary == "impl":
+        return dataclasses.replace(config, impl=_other(config.impl, IMPLS))
+    if vary == "device":
+        import torch
+        if not torch.cuda.is_available():
+            raise UsageError("harness validate: --vary device needs a second device (cuda), but only cpu is "
+                             "available here; valid here: --vary impl, rng, seed, dtype")
+        return dataclasses.replace(config, device=_other(config.device, ("cpu", "cuda")))
+    raise UsageError(f"harness validate: unknown --vary {vary!r}; valid: {', '.join(VARIABLES)}")
+
+
+def _check(args) -> None:
+    if args.scenario not in scenarios.available() and ":" not in args.scenario:
+        raise UsageError(f"harness validate: unknown scenario {args.scenario!r}; "
+                         f"available: {', '.join(scenarios.available())}")
+    for name in (args.scheme, args.against):
+        if name is not None and name not in schemes.available():
+            raise UsageError(f"harness validate: unknown scheme {name!r}; available: {', '.join(schemes.available())}")
+    if args.against == args.scheme:
+        raise UsageError("harness validate: --against names the same scheme as --scheme; omit it to compare "
+                         "A with itself under --vary")
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"harness validate: --alpha {args.alpha} must lie in (0, 1)")
+    if not args.margin > 0:
+        raise UsageError(f"harness validate: --margin {args.margin} must be positive")
+    if args.permutations < 1:
+        raise UsageError(f"harness validate: --permutations {args.permutations} must be a positive integer")
+    if args.trials < 2:
+        raise UsageError(f"harness validate: --trials {args.trials} must be at least 2")
+
+
+def configs(args) -> dict[str, SweepConfig]:
+    """The run directories' names and their sweeps (module doc)."""
+    device = args.device
+    if args.vary == "device" or device == "auto":
+        try:
+            device = resolve_device(device).type  # record the concrete device, so a variant can differ
+        except ValueError as exc:
+            raise UsageError(f"harness validate: {exc}") from None
+    names = (args.scheme,) + ((args.against,) if args.against else ())
+    base = SweepConfig(scenarios=(args.scenario,), schemes=names, budgets=(args.budget,), dims=(args.dim,),
+                       seq_lens=(args.seq_len,), queries=(args.queries,), trials=args.trials, seed=args.seed,
+                       device=device, dtype=args.dtype, rng=args.rng, impl=args.impl)
+    out = {"base": base, "variant": variant_of(base, args.vary)}
+    if not args.against:
+        shift = 2 if args.vary == "seed" else 1
+        out["null"] = dataclasses.replace(base, seed=base.seed + shift)
+    for name, config in out.items():
+        try:
+            config.validate()
+            resolve_device(config.device)
+        except ValueError as exc:
+            raise UsageError(f"harness validate: {name} configuration: {exc}") from None
+    return out
+
+
+def _cell(frame, scheme):
+    return frame[frame["scheme"] == scheme]
+
+
+def run(args) -> int:
+    from stats.validation import validate_samples
+
+    from ..runner import RunConflict, run_sweep
+    from ..store import RunStore
+
+    _check(args)
+    sweeps = configs(args)
+    with tempfile.TemporaryDirectory(prefix="kvharness-validate-") as tmp:
+        root = args.out or Path(tmp)
+        frames = {}
+        for name, config in sweeps.items():
+            store = RunStore(root / name)
+            try:
+                run_sweep(config, store, resume=True, progress=False)
+            except RunConflict as exc:
+                raise UsageError(f"harness validate: {exc}") from None
+            frames[name] = store.trials()
+    base, variant = frames["base"], frames["variant"]
+    a = args.scheme
+    if args.against:
+        b = args.against
+        main = (_cell(base, a), _cell(base, b))
+        nulls = [(_cell(base, a), _cell(variant, a)), (_cell(base, b), _cell(variant, b))]
+        described = f"{a} vs {b}; null: {args.vary} change of each"
+    else:
+        main = (_cell(base, a), _cell(variant, a))
+        nulls = [(_cell(base, a), _cell(frames["null"], a))]
+        described = f"{a} vs {a} with {args.vary} changed; null: seed change"
+    try:
+        result = validate_samples(*main, nulls, alpha=args.alpha, margin=args.margin,
+                                  n_permutations=args.permutations, seed=args.seed)
+    except ValueError as exc:
+        raise UsageError(f"harness validate: {exc}") from None
+    if args.json:
+        payload = result.to_json()
+        payload.update(scenario=args.scenario, scheme=a, against=args.against, vary=args.vary,
+                       budget=args.budget, dim=args.dim, seq_len=args.seq_len, queries=args.queries,
+                       trials=args.trials, comparison=described,
+                       runs={k: c.to_json() for k, c in sweeps.items()},
+                       out=str(args.out) if args.out else None)
+        print(json.dumps(payload, indent=2, default=float))
+        return 0
+    print(f"{args.scenario}, budget {args.budget}, dim {args.dim}: {described}")
+    print(f"verdict: {result.verdict} ({result.reason})")
+    print(f"{'metric':<10} {'KS D':>7} {'KS p':>10} {'Holm p':>10}")
+    for m, p in result.main.ks_p.items():
+        print(f"{m:<10} {result.main.ks_statistic[m]:>7.3f} {p:>10.3g} {result.main.p_holm[m]:>10.3g}")
+    e = result.main.energy
+    print(f"energy distance (squared, six-D standardised): {e.statistic:.4g}, permutation p {e.p_value:.3g} "
+          f"({e.n_permutations} permutations), Holm p {result.main.p_holm['energy']:.3g}")
+    for n in result.nulls:
+        print(f"{n.label}: energy {n.energy.statistic:.4g} (p {n.energy.p_value:.3g}), "
+              f"max KS D {max(n.ks_statistic.values()):.3f}, rejects: {n.rejects}")
+    return 0
