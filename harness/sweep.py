@@ -116,7 +116,9 @@ class SweepConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"--seed {self.seed!r} must be a non-negative integer")
         for name in self.scenarios:
-            scenarios.create(name, **self.scenario_params.get(name, {}))
+            scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
+            for dim, seq_len, n_queries in itertools.product(self.dims, self.seq_lens, self.queries):
+                scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, self.calib_tokens))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
                 create(name, budget=budget, dim=dim, rng=self.rng)

@@ -60,6 +60,10 @@ class Scenario:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
                 raise ValueError(f"scenario {self.name}: parameter {f.name}={value} must be positive")
 
+    def check_shape(self, shape: TrialShape) -> None:
+        """ValueError (one line) when this scenario cannot produce trials of `shape`; the sweep
+        calls it before anything is written. Synthetic generators serve any shape."""
+
     def population(self, gen: np.random.Generator, dim: int) -> Population:
         raise NotImplementedError
 

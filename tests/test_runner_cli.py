@@ -142,7 +142,7 @@ def test_list_json_reads_the_registry(capsys):
     assert main(["list", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert [s["name"] for s in listing["schemes"]] == schemes.available()
-    assert [s["name"] for s in listing["scenarios"]] == scenarios.available()
+    assert [s["name"] for s in listing["scenarios"]] == scenarios.available() + scenarios.parametric()
     assert all(s["description"] for s in listing["schemes"] + listing["scenarios"])
 
 

@@ -17,7 +17,8 @@ def add_arguments(p):
 def run(args) -> int:
     listing = {
         "schemes": [{"name": s.name, "description": s.description} for s in schemes.specs().values()],
-        "scenarios": [{"name": n, "description": scenarios.describe(n)} for n in scenarios.available()],
+        "scenarios": [{"name": n, "description": scenarios.describe(n)}
+                      for n in scenarios.available() + scenarios.parametric()],
     }
     if args.json:
         print(json.dumps(listing, indent=2))

@@ -1,0 +1,183 @@
+"""End-to-end effect of a codec inside a real model: compress K and V in every attention block
+and measure how the model's own output (the sentence embedding) moves, beside the harness
+metrics of the same K, V and queries.
+
+Inside the model: a forward hook on each attention's key projection computes that block's
+Q and V from the same input (F.linear with the block's own weights, so no other hook runs),
+encodes the (1, H, S, d) K and V of one passage with the layer's scheme, decodes them and
+returns K̂; the value projection's hook returns the matching V̂. The model's attention then
+scores q·K̂ᵀ (the decoded keys; a QJL estimator is not used inside the model). The scheme of
+a layer is calibrated (fit) on K, V of that layer captured from calibration passages that
+are disjoint from the held-out passages measured.
+
+Embedding: mean of the last hidden states over tokens, L2-normalised, as sentence-transformers
+does for all-MiniLM-L6-v2 (1_Pooling/config.json: pooling_mode_mean_tokens; Normalize module).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+PASSAGE_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length (sentence_bert_config.json)
+
+
+@dataclass(frozen=True)
+class Passages:
+    calibration: list[list[int]]
+    held_out: list[list[int]]
+
+
+def default_passages(tokenizer, n_held_out: int = 16, n_calibration: int = 4) -> Passages:
+    """Token ids of pydoc topics: calibration passages from the first half of the sorted topics,
+    held-out passages from the second half (each topic one passage of ≤ PASSAGE_TOKENS tokens)."""
+    from pydoc_data.topics import topics
+
+    keys = sorted(topics)
+    half = len(keys) // 2
+
+    def pick(names, n):
+        long_enough = [k for k in names if len(topics[k]) > 2000]  # skip stubs: passages of real length
+        chosen = [long_enough[i] for i in np.linspace(0, len(long_enough) - 1, n).round().astype(int)]
+        return [tokenizer(topics[k][:8 * PASSAGE_TOKENS], truncation=True, max_length=PASSAGE_TOKENS)["input_ids"]
+                for k in chosen]
+    return Passages(pick(keys[:half], n_calibration), pick(keys[half:], n_held_out))
+
+
+def embed(model, ids) -> torch.Tensor:
+    """Mean-pooled, L2-normalised last hidden state of one passage: (hidden,)."""
+    import torch
+    with torch.no_grad():
+        ids = torch.as_tensor(ids, dtype=torch.long)[None]
+        hidden = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0]
+    pooled = hidden.mean(dim=0)
+    return pooled / pooled.norm()
+
+
+class CompressedAttention:
+    """Context manager: while active, every attention block's K and V pass through its scheme.
+
+    schemes: one calibrated Scheme per attention site. After each block, the harness metrics
+    of (K, V, Q) vs (K̂, V̂) are appended to `metrics` (dicts of floats) and the measured bits
+    per element to `bits`.
+    """
+
+    def __init__(self, sites, layer_schemes):
+        self.sites, self.schemes = sites, layer_schemes
+        self.metrics: list[dict[str, float]] = []
+        self.bits: list[float] = []
+        self._pending_v = {}
+        self._hooks = []
+
+    def __enter__(self):
+        for i, site in enumerate(self.sites):
+            self._hooks.append(site.key.register_forward_hook(self._key_hook(i, site)))
+            self._hooks.append(site.value.register_forward_hook(self._value_hook(i)))
+        return self
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+    def _key_hook(self, i, site):
+        import torch.nn.functional as F
+
+        from stats.metrics import exact_logits, trial_metrics
+
+        def to_heads(x, n_heads):  # (B, N, H·d) -> (B, H, N, d)
+            return x.reshape(x.shape[0], x.shape[1], n_heads, site.head_dim).transpose(1, 2).float()
+
+        def hook(module, args, output):
+            x = args[0]
+            k = to_heads(output, site.n_kv_heads)
+            v = to_heads(F.linear(x, site.value.weight, site.value.bias), site.n_kv_heads)
+            q = to_heads(F.linear(x, site.query.weight, site.query.bias), site.n_heads)
+            scheme = self.schemes[i]
+            enc = scheme.encode(k, v)
+            k_hat, v_hat = scheme.decode(enc)
+            group = site.n_heads // site.n_kv_heads
+            q_kv = q[:, ::group]  # one query head per key/value head (the first of its group)
+            logits_hat = scheme.score(q_kv, enc) if scheme.scores_on_codes else exact_logits(q_kv, k_hat)
+            self.metrics.append({n: float(m[0]) for n, m in trial_metrics(k, v, q_kv, k_hat, v_hat, logits_hat).items()})
+            self.bits.append(scheme.bits(enc).bits_per_element)
+            self._pending_v[i] = v_hat.transpose(1, 2).reshape(output.shape).to(output.dtype)
+            return k_hat.transpose(1, 2).reshape(output.shape).to(output.dtype)
+        return hook
+
+    def _value_hook(self, i):
+        def hook(module, args, output):
+            v_hat = self._pending_v.pop(i)
+            if v_hat.shape != output.shape:
+                raise RuntimeError(f"attention block {i}: value output {tuple(output.shape)} does not match the "
+                                   f"compressed V {tuple(v_hat.shape)}")
+            return v_hat
+        return hook
+
+
+@dataclass(frozen=True)
+class EffectRow:
+    scheme: str
+    budget: int
+    bits_per_element: float
+    rel_mse_k: float
+    rel_mse_v: float
+    rel_mse_t: float
+    kl_attn: float
+    emb_cos_mean: float
+    emb_cos_min: float
+
+
+def calibrated_schemes(name: str, budget: int, calibration: dict, sites, seed: int):
+    """One scheme per attention site, fitted on that layer's calibration K, V (1, Hkv, n, d)."""
+    import torch
+
+    import schemes
+    from schemes.rng import seed_sequence
+    out = []
+    for layer, site in enumerate(sites):
+        layer_seed = int(seed_sequence(seed, "effect", name, budget, site.head_dim, layer).generate_state(1)[0])
+        scheme = schemes.create(name, budget=budget, dim=site.head_dim, seed=layer_seed)
+        scheme.fit(torch.from_numpy(calibration["k"][layer][None]), torch.from_numpy(calibration["v"][layer][None]))
+        out.append(scheme)
+    return out
+
+
+def measure_effect(loaded, scheme_names: list[str], budgets: list[int], *, n_held_out: int = 16,
+                   seed: int = 0) -> list[EffectRow]:
+    """One row per (scheme, budget): harness metrics averaged over layers and held-out passages,
+    and the cosine of each passage's embedding to the uncompressed model's (mean and minimum)."""
+    import torch
+
+    from .capture import attention_sites, capture_segments
+
+    model = loaded.model
+    passages = default_passages(loaded.tokenizer, n_held_out=n_held_out)
+    sites = attention_sites(model)
+    calibration = capture_segments(model, passages.calibration)
+    reference = [embed(model, ids) for ids in passages.held_out]
+    rows = []
+    for name in scheme_names:
+        for budget in budgets:
+            layer_schemes = calibrated_schemes(name, budget, calibration, sites, seed)
+            with CompressedAttention(sites, layer_schemes) as patched:
+                cosines = [float(torch.dot(embed(model, ids), ref)) for ids, ref in zip(passages.held_out, reference)]
+            mean = {key: float(np.mean([m[key] for m in patched.metrics]))
+                    for key in ("rel_mse_k", "rel_mse_v", "rel_mse_t", "kl_attn")}
+            rows.append(EffectRow(name, budget, float(np.mean(patched.bits)), **mean,
+                                  emb_cos_mean=float(np.mean(cosines)), emb_cos_min=float(np.min(cosines))))
+    return rows
+
+
+def format_effect(rows: list[EffectRow]) -> str:
+    header = (f"{'scheme':<10} {'budget':>6} {'bits/el':>8} {'relMSE_K':>9} {'relMSE_V':>9} {'relMSE_T':>9} "
+              f"{'KL_attn':>9} {'emb_cos':>8} {'emb_cos_min':>11}")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r.scheme:<10} {r.budget:>6} {r.bits_per_element:>8.3f} {r.rel_mse_k:>9.4f} {r.rel_mse_v:>9.4f} "
+                     f"{r.rel_mse_t:>9.4f} {r.kl_attn:>9.4f} {r.emb_cos_mean:>8.5f} {r.emb_cos_min:>11.5f}")
+    return "\n".join(lines)
