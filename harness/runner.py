@@ -7,6 +7,7 @@ row depends only on (configuration, seed), never on chunking, order or resumptio
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 import time
@@ -77,7 +78,9 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -
 def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], float]:
     """Fit, encode, decode and score one chunk; per-trial metrics and the measured bits/element."""
     scheme.fit(data["k_cal"], data["v_cal"])
-    enc = scheme.encode(data["k"], data["v"])
+    # Schemes that undo RoPE (Shard) take the tokens' positions; the rest ignore them.
+    takes_positions = "positions" in inspect.signature(scheme.encode).parameters
+    enc = scheme.encode(data["k"], data["v"], **({"positions": data["positions"]} if takes_positions else {}))
     k_hat, v_hat = scheme.decode(enc)
     logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
     metrics = trial_metrics(data["k"], data["v"], data["q"], k_hat, v_hat, logits_hat)

@@ -1,0 +1,185 @@
+"""The survey baselines (schemes/baselines.py) against theory and brute-force references."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import schemes
+from schemes.baselines import (EVICTED_LOGIT_GAP, half_shift, kept_tokens, shift_down, shift_up,
+                               svd_rank)
+
+
+def _gauss(shape, seed=0, dtype=torch.float32):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _uniform(shape, seed=0):
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 4 - 2
+
+
+def test_half_shift_is_exact_for_ordinary_data_and_rescues_extremes():
+    x = _gauss((2, 3, 8, 16))
+    shift = half_shift(x)
+    assert torch.equal(shift, torch.zeros(2, dtype=torch.int16))          # ordinary data: plain fp16
+    for scale in (1e30, 1e-30):
+        y = x * scale
+        s = half_shift(y)
+        back = shift_up(shift_down(y, s).half().float(), s)
+        assert torch.isfinite(back).all()
+        assert torch.allclose(back, y, rtol=2 ** -10, atol=0)             # fp16 relative precision
+
+
+@pytest.mark.parametrize("name,width", [("int8", 8), ("int4", 4)])
+def test_group_quant_error_matches_uniform_quantiser_theory(name, width):
+    """Smooth (uniform) data: the error per element is Δ²/12 with Δ = (max − min)/(2^b − 1) of its
+    group, except the group's min and max, which land on the grid exactly: (g − 2)/g · Δ²/12."""
+    x = _uniform((2, 2, 512, 64))
+    scheme = schemes.create(name, budget=3, dim=64)
+    enc = scheme.encode(x, x)
+    k_hat, _ = scheme.decode(enc)
+    groups = x.reshape(2, 2, 512, 2, 32)
+    delta = (groups.amax(-1) - groups.amin(-1)) / ((1 << width) - 1)
+    predicted = float((delta ** 2 / 12).mean()) * 30 / 32
+    measured = float(((x - k_hat) ** 2).mean())
+    assert measured == pytest.approx(predicted, rel=0.03)
+    # every element within half a step (plus fp16 rounding of min and scale)
+    bound = (delta / 2 + 4e-3 * delta * (1 << width) + 1e-3).repeat_interleave(32, dim=-1)
+    assert ((x - k_hat).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("name,width", [("int8", 8), ("int4", 4)])
+@pytest.mark.parametrize("group", [32, 16, 24])
+def test_group_quant_ledger_is_exact(name, width, group):
+    b, h, s, d = 3, 2, 40, 64
+    scheme = schemes.create(name, budget=5, dim=d, group_size=group)
+    enc = scheme.encode(_gauss((b, h, s, d)), _gauss((b, h, s, d), 1))
+    n_groups = math.ceil(d / group)
+    per_tensor = h * s * math.ceil(n_groups * group * width / 8) * 8 + h * s * n_groups * 2 * 16 + 16
+    assert scheme.bits(enc).total == 2 * per_tensor
+    assert scheme.bits(enc).bits_per_element == pytest.approx(2 * per_tensor / (2 * h * s * d))
+
+
+def test_group_quant_constant_groups_decode_to_their_value():
+    x = torch.full((1, 1, 4, 64), 0.25)                         # 0.25 is exact in fp16
+    for name in ("int8", "int4", "kivi"):
+        scheme = schemes.create(name, budget=2, dim=64)
+        k_hat, v_hat = scheme.decode(scheme.encode(x, x))
+        assert torch.equal(k_hat, x) and torch.equal(v_hat, x)
+
+
+def test_kivi_residual_exact_and_quantised_part_within_half_step():
+    b, h, s, d, bits = 2, 2, 100, 64, 2
+    k, v = _gauss((b, h, s, d)), _gauss((b, h, s, d), 1)
+    k[..., 5] *= 20                                          # an outlier channel: per-channel K groups absorb it
+    scheme = schemes.create("kivi", budget=bits, dim=d)
+    k_hat, v_hat = scheme.decode(scheme.encode(k, v))
+    n_q = s - 32
+    assert torch.equal(k_hat[:, :, n_q:], k[:, :, n_q:].half().float())
+    assert torch.equal(v_hat[:, :, n_q:], v[:, :, n_q:].half().float())
+    levels = (1 << bits) - 1
+    # K: groups of 32 tokens per channel (the last one padded); brute-force step per group
+    for start in range(0, n_q, 32):
+        blk = k[:, :, start:min(start + 32, n_q)]
+        delta = (blk.amax(2, keepdim=True) - blk.amin(2, keepdim=True)) / levels
+        err = (blk - k_hat[:, :, start:start + blk.shape[2]]).abs()
+        assert (err <= delta / 2 + 2e-3 * delta * levels + 1e-3).all()
+    # V: groups of 32 channels per token
+    blk = v[:, :, :n_q].reshape(b, h, n_q, 2, 32)
+    delta = (blk.amax(-1, keepdim=True) - blk.amin(-1, keepdim=True)) / levels
+    err = (blk - v_hat[:, :, :n_q].reshape(b, h, n_q, 2, 32)).abs()
+    assert (err <= delta / 2 + 2e-3 * delta * levels + 1e-3).all()
+    # per-channel grouping: the outlier channel does not inflate the other channels' K error
+    quiet = torch.ones(d, dtype=torch.bool)
+    quiet[5] = False
+    assert float(((k - k_hat)[:, :, :n_q, quiet] ** 2).mean()) < 0.2
+
+
+@given(st.integers(1, 8), st.integers(1, 300))
+def test_streaming_keeps_sinks_and_window_exactly(budget, s):
+    d = 8
+    k, v = _gauss((2, 1, s, d)), _gauss((2, 1, s, d), 1)
+    scheme = schemes.create("streaming", budget=budget, dim=d)
+    enc = scheme.encode(k, v)
+    k_hat, v_hat = scheme.decode(enc)
+    n_keep = kept_tokens(s, budget)
+    sinks = min(4, n_keep)
+    kept = torch.zeros(s, dtype=torch.bool)
+    kept[:sinks] = True
+    kept[s - (n_keep - sinks):] = True
+    assert int(kept.sum()) == n_keep
+    for x, x_hat in ((k, k_hat), (v, v_hat)):
+        assert torch.equal(x_hat[:, :, kept], x[:, :, kept].half().float())
+        assert torch.equal(x_hat[:, :, ~kept], torch.zeros_like(x_hat[:, :, ~kept]))
+    # storage: the kept fp16 tokens plus two int16 shifts, nothing else
+    assert scheme.bits(enc).total == 2 * (n_keep * d * 16 + 16)
+
+
+def _h2o_reference(k: np.ndarray, n_keep: int, n_observe: int = 32) -> set:
+    """Brute force H2O selection for one head's keys (S, d)."""
+    s, d = k.shape
+    n_recent = int(n_keep * 0.5)
+    score = np.zeros(s)
+    for p in range(s - min(n_observe, s), s):
+        logits = k[: p + 1] @ k[p] / math.sqrt(d)
+        w = np.exp(logits - logits.max())
+        score[: p + 1] += w / w.sum()
+    recent = set(range(s - n_recent, s))
+    rest = [i for i in np.argsort(-score, kind="stable") if i not in recent]
+    return recent | set(rest[: n_keep - n_recent])
+
+
+def test_h2o_keeps_brute_force_heavy_hitters_and_masks_the_rest():
+    b, h, s, d, budget = 2, 2, 160, 16, 4
+    k, v = _gauss((b, h, s, d), dtype=torch.float64), _gauss((b, h, s, d), 1, torch.float64)
+    scheme = schemes.create("h2o", budget=budget, dim=d)
+    enc = scheme.encode(k, v)
+    k_hat, v_hat = scheme.decode(enc)
+    n_keep = kept_tokens(s, budget)
+    q = _gauss((b, h, 3, d), 2, torch.float64)
+    logits = scheme.score(q, enc)
+    for i in range(b):
+        for j in range(h):
+            keep = sorted(_h2o_reference(k[i, j].numpy(), n_keep))
+            got = enc.codes["index"][i, j].tolist()
+            assert got == keep
+            assert torch.equal(k_hat[i, j, keep], k[i, j, keep].half().double())
+            evicted = sorted(set(range(s)) - set(keep))
+            assert torch.equal(v_hat[i, j, evicted], torch.zeros(len(evicted), d, dtype=torch.float64))
+            kept_logits = logits[i, j][:, keep]
+            assert torch.allclose(kept_logits, q[i, j] @ k_hat[i, j, keep].T / math.sqrt(d))
+            assert torch.allclose(logits[i, j][:, evicted],
+                                  kept_logits.amin(-1, keepdim=True) - EVICTED_LOGIT_GAP)
+    # storage: kept fp16 K and V, int16 indices, two shifts
+    assert scheme.bits(enc).total == 2 * h * n_keep * d * 16 + h * n_keep * 16 + 2 * 16
+
+
+def test_eviction_storage_tracks_budget_over_16():
+    s, d = 1024, 64
+    for name in ("streaming", "h2o", "svd"):
+        for budget in (1, 2, 4, 8):
+            scheme = schemes.create(name, budget=budget, dim=d)
+            enc = scheme.encode(_gauss((1, 1, s, d)), _gauss((1, 1, s, d), 1))
+            bpe = scheme.bits(enc).bits_per_element
+            # svd rounds its rank down: one rank step is 16·(S + d)/(S·d) = 0.27 bits here
+            assert budget - 0.3 <= bpe <= budget * 1.05, (name, budget, bpe)
+
+
+def test_svd_matches_numpy_truncated_svd():
+    b, h, s, d, budget = 2, 2, 96, 32, 4
+    x = _gauss((b, h, s, d), dtype=torch.float64)
+    scheme = schemes.create("svd", budget=budget, dim=d)
+    enc = scheme.encode(x, x)
+    k_hat, _ = scheme.decode(enc)
+    r = svd_rank(s, d, budget)
+    assert r == (budget * s * d) // (16 * (s + d)) and enc.codes["k.basis"].shape[-1] == r
+    for i in range(b):
+        for j in range(h):
+            u, sv, vt = np.linalg.svd(x[i, j].numpy(), full_matrices=False)
+            ref = (u[:, :r] * sv[:r]) @ vt[:r]
+            # Eckart–Young error, reached up to fp16 storage of basis and coefficients
+            err, ref_err = np.sum((k_hat[i, j].numpy() - x[i, j].numpy()) ** 2), np.sum(sv[r:] ** 2)
+            assert ref_err <= err <= ref_err * 1.01 + 1e-3
+            assert np.allclose(k_hat[i, j].numpy(), ref, atol=2e-2)
+    assert scheme.bits(enc).total == 2 * (h * (s + d) * r * 16 + h * 16)

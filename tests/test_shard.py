@@ -1,0 +1,262 @@
+"""Shard and its building blocks: RoPE, rope_lowrank, DP allocation, k-means VQ, decode drift."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import scenarios
+import schemes
+from scenarios.base import TrialShape
+from scenarios.rope_lowrank import components_for_energy, singular_value_decay
+from schemes.kmeans import assign, kmeans
+from schemes.rng import generator
+from schemes.rope import apply_rope, undo_rope
+from schemes.shard import (BIT_CHOICES, _quantize_symmetric, allocate_bits, brute_force_allocation,
+                           coefficient_scales, group_error, pack_mixed, randomized_svd, unpack_mixed)
+
+
+def _gauss(shape, seed=0, dtype=torch.float64):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _rope_lowrank(h, s, d, seed=0, n_queries=8):
+    sc = scenarios.create("rope_lowrank")
+    out = sc.draw(lambda *l: generator("pcg64", seed, "test", *l), TrialShape(h, s, n_queries, d, 16))
+    return sc, {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+# --- RoPE -----------------------------------------------------------------------------------
+def _rope_reference(x: np.ndarray, p: int, base=10000.0) -> np.ndarray:
+    """Independent form: channel pair (i, i + d/2) is a complex number rotated by e^{i·θ_i·p}."""
+    half = x.shape[-1] // 2
+    theta = base ** (-2 * np.arange(half) / x.shape[-1])
+    z = (x[..., :half] + 1j * x[..., half:]) * np.exp(1j * theta * p)
+    return np.concatenate((z.real, z.imag), -1)
+
+
+@given(st.lists(st.integers(0, 100_000), min_size=1, max_size=6), st.sampled_from([2, 8, 64, 128]))
+def test_rope_matches_complex_reference_and_round_trips(positions, d):
+    x = _gauss((2, len(positions), d))
+    pos = torch.tensor(positions)
+    y = apply_rope(x, pos)
+    ref = np.stack([_rope_reference(x[:, i].numpy(), p) for i, p in enumerate(positions)], 1)
+    assert np.allclose(y.numpy(), ref, atol=1e-9)
+    assert torch.allclose(undo_rope(y, pos), x, atol=1e-12, rtol=0)
+
+
+@given(st.integers(0, 5000), st.integers(0, 5000), st.integers(0, 5000))
+def test_rope_dot_product_depends_on_relative_position_only(m, n, t):
+    q, k = _gauss((1, 64), 1), _gauss((1, 64), 2)
+    a = apply_rope(q, torch.tensor([m])) @ apply_rope(k, torch.tensor([n])).T
+    b = apply_rope(q, torch.tensor([m + t])) @ apply_rope(k, torch.tensor([n + t])).T
+    assert torch.allclose(a, b, atol=1e-9)
+
+
+def test_rope_rejects_odd_dim():
+    with pytest.raises(ValueError, match="even"):
+        apply_rope(torch.zeros(1, 3), torch.tensor([0]))
+
+
+# --- rope_lowrank -------------------------------------------------------------------------------
+def test_rope_lowrank_spectrum_sharp_when_undone_slow_when_applied():
+    sc, out = _rope_lowrank(h=2, s=1024, d=64)
+    r = sc.rank(2, 64)                                                   # 24 of 128
+    decay = singular_value_decay(out["k"].numpy(), out["positions"].numpy())
+    undone, applied = (components_for_energy(decay[k]) for k in ("rope_undone", "rope_applied"))
+    assert undone <= r + 1                          # the planted rank holds 99.5% of the energy
+    assert applied >= 3 * r                         # RoPE spreads it over many more components
+    assert decay["rope_undone"][r] < 0.1 * decay["rope_undone"][r - 1]  # a sharp knee at r
+    assert np.mean(np.sum(out["k"].numpy() ** 2, -1)) == pytest.approx(64, rel=0.1)
+    assert torch.equal(out["positions"], torch.arange(1024))
+
+
+# --- DP bit allocation --------------------------------------------------------------------------
+@given(st.lists(st.floats(1e-4, 1e3), min_size=1, max_size=4), st.integers(0, 8),
+       st.sampled_from([1.0, 4.0, 100.0]))
+def test_dp_allocation_matches_brute_force(variances, budget_per_component, penalty):
+    sizes = [64] * (len(variances) - 1) + [37]
+    budget = budget_per_component * sum(sizes)
+    alloc = allocate_bits(variances, sizes, budget, drop_penalty=penalty)
+    assert sum(s * b for s, b in zip(sizes, alloc)) <= budget
+    assert all(b in BIT_CHOICES for b in alloc)
+    err = sum(group_error(v, b, penalty) for v, b in zip(variances, alloc))
+    assert err == pytest.approx(brute_force_allocation(variances, sizes, budget, drop_penalty=penalty), rel=1e-12)
+
+
+def test_drop_penalty_steers_bits_away_from_dropping():
+    # one group of variance 1 and one of 0.2; 4 bits a component on average for two groups
+    sizes, budget = [64, 64], 4 * 128
+    assert allocate_bits([1.0, 0.2], sizes, budget, drop_penalty=4.0) == (4, 4)
+    # a small group (variance 5e-5): by plain MSE dropping it for 8 bits on the big one wins
+    # (5.1e-6 + 5e-5 < 8.1e-5 + 1.0e-6); with the 4x drop penalty keeping it at 2 bits wins
+    # (4·5e-5 + 5.1e-6 > 8.2e-5) — the write-up's fix (§5)
+    assert allocate_bits([1.0, 5e-5], sizes, budget, drop_penalty=1.0) == (8, 0)
+    assert allocate_bits([1.0, 5e-5], sizes, budget, drop_penalty=4.0) == (6, 2)
+
+
+@given(st.lists(st.sampled_from(BIT_CHOICES), min_size=1, max_size=5), st.integers(1, 6))
+def test_mixed_width_packing_round_trips(alloc, n):
+    sizes = [3] * len(alloc)
+    widths = [[b for b in alloc for _ in range(3)], [b for b in reversed(alloc) for _ in range(3)]]
+    gen = np.random.default_rng(len(alloc) * 7 + n)
+    codes = [torch.tensor(np.stack([gen.integers(0, 1 << w, size=n) if w else np.zeros(n, int) for w in ws], 1))
+             for ws in widths]
+    packed = pack_mixed(codes, widths)
+    assert packed.shape[-1] == math.ceil(sum(alloc) * 3 / 8)             # 2-bit digits, 4 a byte
+    for a, b in zip(unpack_mixed(packed, widths), codes):
+        assert torch.equal(a, b.to(torch.int64))
+
+
+# --- k-means VQ ----------------------------------------------------------------------------------
+def test_kmeans_objective_decreases_and_assignment_is_brute_force():
+    pts = _gauss((2, 600, 4), 3, torch.float32)
+    fit = kmeans(pts, 16, gen=generator("pcg64", 0, "km"), n_iter=30)
+    obj = fit.objective
+    assert (obj[:, 1:] <= obj[:, :-1] * (1 + 1e-6)).all()
+    assert (obj[:, -1] < 0.9 * obj[:, 0]).all()                            # Lloyd improves on k-means++
+    idx, d2 = assign(pts, fit.centroids)
+    brute = ((pts[:, :, None, :] - fit.centroids[:, None, :, :]) ** 2).sum(-1)
+    assert torch.allclose(d2, brute.amin(-1), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(d2.mean(-1), obj[:, -1], rtol=1e-5)
+    # deterministic under a seed, different under another, and per-problem (batch-independent)
+    again = kmeans(pts, 16, gen=generator("pcg64", 0, "km"), n_iter=30)
+    other = kmeans(pts, 16, gen=generator("pcg64", 1, "km"), n_iter=30)
+    alone = kmeans(pts[1:], 16, gen=generator("pcg64", 0, "km"), n_iter=30)
+    assert torch.equal(again.centroids, fit.centroids) and not torch.equal(other.centroids, fit.centroids)
+    assert torch.equal(alone.centroids[0], fit.centroids[1])
+
+
+def test_kmeans_on_duplicates_and_random_init():
+    pts = torch.zeros(1, 50, 4)
+    fit = kmeans(pts, 8, gen=generator("pcg64", 0), n_iter=5, init="random")
+    assert torch.equal(fit.centroids, torch.zeros(1, 8, 4))
+    with pytest.raises(ValueError, match="valid"):
+        kmeans(pts, 8, gen=generator("pcg64", 0), init="nope")
+
+
+# --- randomized SVD ------------------------------------------------------------------------------
+def test_randomized_svd_recovers_the_top_subspace():
+    gen = np.random.default_rng(0)
+    u = np.linalg.qr(gen.standard_normal((96, 6)))[0]
+    x = torch.from_numpy(gen.standard_normal((1, 400, 6)) * [10, 8, 6, 4, 3, 2] @ u.T
+                         + 0.01 * gen.standard_normal((1, 400, 96)))
+    omega = torch.from_numpy(gen.standard_normal((96, 10)))
+    basis, sv = randomized_svd(x, 6, 4, omega)
+    ref = np.linalg.svd(x[0].numpy(), compute_uv=False)[:6]
+    assert np.allclose(sv[0].numpy(), ref, rtol=1e-6)
+    assert np.allclose(np.linalg.svd(basis[0].numpy().T @ u, compute_uv=False), 1, atol=1e-4)
+
+
+# --- Shard ------------------------------------------------------------------------------------
+def test_shard_keeps_sinks_and_window_bit_exact_and_handles_constant_data():
+    k, v = _gauss((2, 2, 200, 16), 0, torch.float32), _gauss((2, 2, 200, 16), 1, torch.float32)
+    scheme = schemes.create("shard", budget=4, dim=16)
+    k_hat, v_hat = scheme.decode(scheme.encode(k, v))
+    for x, x_hat in ((k, k_hat), (v, v_hat)):
+        assert torch.equal(x_hat[:, :, :4], x[:, :, :4].half().float())
+        assert torch.equal(x_hat[:, :, -64:], x[:, :, -64:].half().float())
+    for value in (0.0, 0.3, 1e30, 1e-30):
+        x = torch.full((1, 2, 100, 16), value)
+        k_hat, v_hat = scheme.decode(scheme.encode(x, x))
+        assert torch.isfinite(k_hat).all() and torch.isfinite(v_hat).all()
+        assert torch.allclose(v_hat, x, rtol=2e-3)          # a constant V is one VQ centroid
+        # constant keys are not constant once RoPE is undone: the K path is lossy on them
+        if value == 0:
+            assert torch.equal(k_hat, x) and torch.equal(v_hat, x)
+        else:
+            assert float(((k_hat / value - 1) ** 2).mean()) < 0.02
+
+
+def test_shard_middle_is_trial_order_invariant_and_seeded():
+    k, v = _gauss((3, 2, 150, 16), 0), _gauss((3, 2, 150, 16), 1)
+    scheme = schemes.create("shard", budget=3, dim=16, seed=5)
+    k_hat, v_hat = scheme.decode(scheme.encode(k, v))
+    perm = torch.tensor([2, 0, 1])
+    k_p, v_p = scheme.decode(scheme.encode(k[perm], v[perm]))
+    assert torch.allclose(k_p, k_hat[perm], atol=1e-9) and torch.allclose(v_p, v_hat[perm], atol=1e-9)
+    enc_a, enc_b = scheme.encode(k, v), schemes.create("shard", budget=3, dim=16, seed=5).encode(k, v)
+    assert all(torch.equal(enc_a.codes[key], enc_b.codes[key]) for key in enc_a.codes)
+
+
+def _shard_ledger_prediction(h, s, d, r, budget, n_sinks=4, window=64):
+    """Bits per trial from the write-up's storage formula (§5: rank·b coefficient bits a token,
+    fp16 scales, int8 basis; §6: 8-bit VQ indices per 4 channels, fp16 centroids and channel
+    max) plus fp16 sinks/window and the int16 shifts; written out independently of the code."""
+    n_mid, total = s - n_sinks - window, h * d
+    coeff = n_mid * math.ceil(r * budget / 8) * 8
+    k_side = total * 16 + total * r * 8 + r * 16 + r * 16 + math.ceil(r / 64) * 8 + 16
+    v_mid = n_mid * h * (d // 4) * 8 + 256 * 4 * 16 + total * 16 + 16
+    exact = 2 * (n_sinks + window) * total * 16 + 4 * 16
+    return coeff + k_side + v_mid + exact
+
+
+def test_shard_on_rope_lowrank_ledger_errors_and_what_undoing_rope_buys():
+    h, s, d, budget = 2, 512, 32, 4
+    sc, out = _rope_lowrank(h, s, d)
+    k, v = out["k"][None].float(), out["v"][None].float()
+    scheme = schemes.create("shard", budget=budget, dim=d, rank=24, n_iter=8, kmeans_iter=10)
+    enc = scheme.encode(k, v, positions=out["positions"])
+    assert "positions" not in enc.codes                                   # 0..S−1 is implied, not stored
+    ledger = scheme.bits(enc)
+    assert ledger.total == _shard_ledger_prediction(h, s, d, 24, budget)
+    k_hat, v_hat = scheme.decode(enc)
+    rel = lambda x, y: float(((x - y) ** 2).sum() / (x ** 2).sum())
+    # K middle error: at least the energy beyond rank 24 of the RoPE-free, centred keys
+    # (Eckart–Young, numpy's SVD), at most that plus the Δ²/12 of a max-abs int4 quantiser of
+    # the true coefficients (the clipped step only lowers it)
+    mid = slice(4, s - 64)
+    flat = undo_rope(k[0, :, mid].double(), out["positions"][mid]).transpose(0, 1).reshape(s - 68, -1).numpy()
+    u, sv, _ = np.linalg.svd(flat - flat.mean(0), full_matrices=False)
+    max_abs_step = np.abs(u[:, :24] * sv[:24]).max(0) / 7
+    tail = np.sum(sv[24:] ** 2)
+    measured = float(((k - k_hat)[0, :, mid].double() ** 2).sum())
+    assert tail < measured <= (tail + (s - 68) * np.sum(max_abs_step ** 2 / 12)) * 1.05
+    assert rel(k, k_hat) < 0.03
+    assert 0.02 < rel(v, v_hat) < 0.2               # 2-bit VQ on flat Gaussian V
+    no_undo = schemes.create("shard", budget=budget, dim=d, rank=24, n_iter=8, kmeans_iter=10, undo_rope=False)
+    k_plain, _ = no_undo.decode(no_undo.encode(k, v))
+    assert rel(k, k_plain) > 5 * rel(k, k_hat)      # RoPE hides the low rank (write-up §3)
+
+
+def test_decode_tokens_no_drift_for_shard_but_drift_for_pca_decode():
+    h, s, d, n_new = 2, 600, 32, 40
+    sc, out = _rope_lowrank(h, s, d, seed=1)
+    k, v = out["k"][None].float(), out["v"][None].float()
+    # drifted decode tokens: keys from a fresh rank-r subspace (another population), values rescaled
+    _, drift = _rope_lowrank(h, s + n_new, d, seed=2)
+    same = sc.draw(lambda *l: generator("pcg64", 1, "test", *l), TrialShape(h, s + n_new, 8, d, 16))
+    k_same, k_drift = (torch.from_numpy(x["k"][:, s:])[None].float() if isinstance(x["k"], np.ndarray)
+                       else x["k"][:, s:][None].float() for x in (same, drift))
+    v_same, v_drift = torch.from_numpy(same["v"][:, s:])[None].float(), 3 * drift["v"][:, s:][None].float()
+    rel = lambda x, y: float(((x - y) ** 2).sum() / (x ** 2).sum())
+    errors = {}
+    for name in ("shard", "shard-pca-decode"):
+        scheme = schemes.create(name, budget=4, dim=d, rank=32, n_iter=6, kmeans_iter=10)
+        enc = scheme.encode(k, v)
+        for label, kn, vn in (("same", k_same, v_same), ("drift", k_drift, v_drift)):
+            dec = scheme.encode_decode_tokens(kn, vn, enc)
+            k_hat, v_hat = scheme.decode_decode_tokens(dec, enc)
+            assert k_hat.shape == kn.shape and v_hat.shape == vn.shape
+            errors[name, label] = (rel(kn, k_hat), rel(vn, v_hat))
+            # one token at a time gives the same codes as all at once for the data-independent path
+            if name == "shard" and label == "drift":
+                first = scheme.decode_decode_tokens(scheme.encode_decode_tokens(kn[:, :, :1], vn[:, :, :1], enc), enc)
+                assert torch.allclose(first[0], k_hat[:, :, :1], atol=1e-6)
+    shard_same, shard_drift = errors["shard", "same"], errors["shard", "drift"]
+    pca_same, pca_drift = errors["shard-pca-decode", "same"], errors["shard-pca-decode", "drift"]
+    assert shard_drift[0] < 1.5 * shard_same[0] and shard_drift[1] < 1.5 * shard_same[1]   # no drift
+    assert pca_drift[0] > 10 * pca_same[0] and pca_drift[0] > 10 * shard_drift[0]          # K drifts
+    assert pca_drift[1] > 3 * shard_drift[1]                                                # V clips
+
+
+def test_clipped_coefficient_steps_beat_max_abs_on_gaussian_coefficients():
+    c = _gauss((1, 4000, 3), 4)
+    for width, bound in ((2, 0.25), (4, 0.02)):      # Gaussian midtread optimum: 0.19 (3 levels), 0.0095 (15)
+        levels = torch.full((1, 3), float((1 << (width - 1)) - 1), dtype=torch.float64)
+        scale = coefficient_scales(c, levels).double()
+        err = float(((c - _quantize_symmetric(c, scale, levels) * scale[:, None, :]) ** 2).mean())
+        max_abs = c.abs().amax(1) / levels
+        err_max_abs = float(((c - _quantize_symmetric(c, max_abs, levels) * max_abs[:, None, :]) ** 2).mean())
+        assert err < bound and err < err_max_abs
