@@ -1,0 +1,93 @@
+"""harness report DIR: DIR/report.html (self-contained) and DIR/report.pdf from the stored rows."""
+from __future__ import annotations
+
+import datetime
+import os
+import sqlite3
+from pathlib import Path
+
+from ..errors import UsageError
+from ..store import RESULTS_FILE, RunStore
+
+NAME = "report"
+HELP = "write DIR/report.html and DIR/report.pdf (summary, figures, provenance) from a stored run"
+
+
+def add_arguments(p):
+    p.add_argument("directory", type=Path, help="a run directory (holding results.sqlite)")
+    p.add_argument("--null", type=Path, default=None, metavar="NULL_DIR",
+                   help="a run of the same cells differing only in RNG family, seed, impl, device or dtype: "
+                        "the implementation null of the codec-difference verdicts")
+    p.add_argument("--permutations", type=int, default=1000,
+                   help="permutations of each energy test in the verdicts (default 1000)")
+
+
+def _run_time(store: RunStore, manifest: dict | None) -> str:
+    """Wall time from the manifest's start and finish, and the summed per-cell compute time."""
+    parts = []
+    try:
+        start = datetime.datetime.fromisoformat(manifest["started_at"])
+        end = datetime.datetime.fromisoformat(manifest["finished_at"])
+        parts.append(f"{(end - start).total_seconds():.0f} s from start to finish")
+    except (TypeError, KeyError, ValueError):
+        parts.append("unknown (the run did not record its start and finish)")
+    con = sqlite3.connect(store.path)
+    try:
+        total = con.execute("SELECT SUM(wall_s), COUNT(*) FROM cells").fetchone()
+        if total and total[0] is not None:
+            parts.append(f"{total[0]:.1f} s of cell compute over {total[1]} cells")
+    except sqlite3.Error:
+        pass
+    finally:
+        con.close()
+    return "; ".join(parts)
+
+
+def write_report(directory: Path, null_directory: Path | None = None, n_permutations: int = 1000) -> tuple[Path, Path]:
+    """Analyse the run in `directory` and write report.html and report.pdf there; each file is
+    written under a temporary name and renamed, so neither is ever half-written."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import build_figures
+    from reports.findings import analyse
+    from reports.html import provenance_rows, render_html
+    from reports.pdf import write_pdf
+
+    store = RunStore(directory)
+    trials = store.trials()
+    if trials.empty:
+        raise UsageError(f"harness report: {directory / RESULTS_FILE} holds no trials yet; run or resume the sweep first")
+    manifest = store.read_manifest()
+    null_trials = RunStore(null_directory).trials() if null_directory is not None else None
+    findings = analyse(trials, null_trials, n_permutations)
+    figures = build_figures(findings)
+    title = directory.resolve().name
+    run_time = _run_time(store, manifest)
+    html_path, pdf_path = directory / "report.html", directory / "report.pdf"
+    tmp_html, tmp_pdf = directory / ".report.html.tmp", directory / ".report.pdf.tmp"
+    try:
+        tmp_html.write_text(render_html(title, findings, figures, manifest, run_time), encoding="utf-8")
+        write_pdf(tmp_pdf, title, findings, figures, provenance_rows(manifest, findings, run_time))
+        os.replace(tmp_html, html_path)
+        os.replace(tmp_pdf, pdf_path)
+    finally:
+        for f in figures:
+            if f.figure is not None:
+                plt.close(f.figure)
+        for tmp in (tmp_html, tmp_pdf):
+            tmp.unlink(missing_ok=True)
+    return html_path, pdf_path
+
+
+def run(args) -> int:
+    store = RunStore(args.directory)
+    if not store.path.exists():
+        raise UsageError(f"harness report: {args.directory} holds no {RESULTS_FILE}; give a run directory "
+                         f"(made by `python -m harness run --out DIR`)")
+    if args.null is not None and not RunStore(args.null).path.exists():
+        raise UsageError(f"harness report: --null {args.null} holds no {RESULTS_FILE}; give a run directory")
+    if args.permutations < 1:
+        raise UsageError(f"harness report: --permutations {args.permutations} must be a positive integer")
+    html_path, pdf_path = write_report(args.directory, args.null, args.permutations)
+    print(f"report -> {html_path} and {pdf_path}")
+    return 0

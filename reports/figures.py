@@ -1,0 +1,341 @@
+"""The report's figures (matplotlib/seaborn, Agg backend) from the tidy frames of findings.py.
+
+Each builder returns a ReportFigure: a matplotlib Figure, or None with the reason the run
+cannot support it. One style per scheme (colour + marker + line style, keyed by scheme name)
+is used in every figure, so a scheme looks the same everywhere and stays tellable in grey.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a display; must precede pyplot
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from stats.metrics import SIX_D  # noqa: E402
+
+from .findings import Findings  # noqa: E402
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+_LINES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+_UNIT_D2 = "(dimensionless)"
+_FRONT_COLOUR = "black"
+
+
+@dataclass(frozen=True)
+class SchemeStyle:
+    colour: tuple
+    marker: str
+    line: object
+
+
+def scheme_styles(names) -> dict[str, SchemeStyle]:
+    """One style per scheme name, assigned in sorted-name order so the same run always gets the
+    same styles; colours from seaborn's colour-blind palette, markers and dashes cycle
+    independently so no two of the first 60 schemes look alike even in grey."""
+    palette = sns.color_palette("colorblind", 10)
+    return {name: SchemeStyle(palette[i % len(palette)], _MARKERS[i % len(_MARKERS)], _LINES[i % len(_LINES)])
+            for i, name in enumerate(sorted(set(names)))}
+
+
+@dataclass
+class ReportFigure:
+    key: str
+    title: str
+    caption: str
+    figure: Figure | None = None
+    absent_reason: str | None = None
+
+
+def _main_slice(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The rows at the largest seq_len and queries (figures show one such slice; the summary
+    table has every cell), and words saying which slice it is."""
+    s, nq = frame.seq_len.max(), frame.queries.max()
+    return frame[(frame.seq_len == s) & (frame.queries == nq)], f"S = {s} cached tokens, Nq = {nq} queries"
+
+
+def _scale(ax, axis: str, values) -> None:
+    """Log scale with ticks at 1, 2, 5 × 10^k and plain labels when the positive values span
+    a factor of 3 or more; otherwise stay linear (a log axis over a narrow range shows no
+    readable ticks)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) == 0 or (v <= 0).any() or v.max() < 3 * v.min():
+        return
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    decades = np.log10(v.max() / v.min())
+    if decades > 4:  # wide: a few powers of ten, written 10^k so labels stay short
+        target.set_major_locator(ticker.LogLocator(base=10, numticks=7))
+        target.set_major_formatter(ticker.LogFormatterSciNotation())
+    else:
+        subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)
+        target.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=12))
+        target.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:.2g}"))
+    target.set_minor_locator(ticker.NullLocator())
+
+
+def _grid(n_rows: int, n_cols: int, width: float = 3.6, height: float = 2.9, **kw):
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(width * n_cols + 1.8, height * n_rows + 0.6),
+                             squeeze=False, **kw)
+    return fig, axes
+
+
+def _legend(fig: Figure, styles: dict[str, SchemeStyle], names, extra=()) -> None:
+    handles = [plt.Line2D([], [], color=styles[n].colour, marker=styles[n].marker, linestyle=styles[n].line,
+                          label=n) for n in sorted(names)]
+    fig.legend(handles=handles + list(extra), loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+               title="scheme")
+    fig.tight_layout()
+
+
+def dimension_figure(findings: Findings, styles) -> ReportFigure:
+    """The AMD paper's Figure 1: d2_T against head dimension, one line per scheme, one panel per
+    (scenario, budget)."""
+    title = "Attention-output error d₂(T) against head dimension"
+    cells, where = _main_slice(findings.cells)
+    dims = sorted(cells.dim.unique())
+    if len(dims) < 2:
+        return ReportFigure("dimension", title, "", absent_reason=f"the run has one head dimension (d = {dims[0]}); "
+                            "this figure needs two or more (--dim 64,128,256)")
+    scen, budgets = sorted(cells.scenario.unique()), sorted(cells.budget.unique())
+    fig, axes = _grid(len(scen), len(budgets), sharex=True)
+    for r, sc in enumerate(scen):
+        for c, b in enumerate(budgets):
+            ax = axes[r, c]
+            sel = cells[(cells.scenario == sc) & (cells.budget == b)]
+            names = sorted(sel.scheme.unique())
+            for i, (name, g) in enumerate(sel.groupby("scheme")):
+                g = g.sort_values("dim")
+                st = styles[name]
+                # a small multiplicative dodge so overlapping error bars stay apart
+                x = g.dim * 2 ** (0.02 * (i - (len(names) - 1) / 2))
+                ax.errorbar(x, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t], color=st.colour,
+                            marker=st.marker, linestyle=st.line, capsize=2, markersize=4, linewidth=1.2)
+            _scale(ax, "y", sel.d2_t)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(dims, [str(d) for d in dims])
+            ax.set_title(f"{sc}, b = {b} bits", fontsize=9)
+            ax.set_xlabel("head dimension d (coordinates)")
+            ax.set_ylabel(f"d₂(T) {_UNIT_D2}")
+    _legend(fig, styles, cells.scheme.unique())
+    caption = (f"Mean d₂(T) per trial with 95% Student-t confidence intervals (error bars) at each nominal "
+               f"budget b; {where}.")
+    return ReportFigure("dimension", title, caption, fig)
+
+
+def rate_distortion_figures(findings: Findings, styles) -> list[ReportFigure]:
+    """d2_T, d2_K, d2_V against measured bits per element, one figure per head dimension; the
+    shaded band is the 95% CI of the mean; d2_T panels mark the Pareto front of the cells."""
+    cells, where = _main_slice(findings.cells)
+    out = []
+    for dim in sorted(cells.dim.unique()):
+        sel_dim = cells[cells.dim == dim]
+        scen = sorted(sel_dim.scenario.unique())
+        metrics = (("d2_t", "T (attention output)"), ("d2_k", "K"), ("d2_v", "V"))
+        fig, axes = _grid(len(scen), 3)
+        for r, sc in enumerate(scen):
+            sel = sel_dim[sel_dim.scenario == sc]
+            for c, (m, label) in enumerate(metrics):
+                ax = axes[r, c]
+                for name, g in sel.groupby("scheme"):
+                    g = g.sort_values("bits_per_element")
+                    st = styles[name]
+                    ax.plot(g.bits_per_element, g[m], color=st.colour, marker=st.marker, linestyle=st.line,
+                            markersize=4, linewidth=1.2)
+                    ax.fill_between(g.bits_per_element, g[f"{m}_low"], g[f"{m}_high"], color=st.colour,
+                                    alpha=0.18, linewidth=0)
+                if m == "d2_t":
+                    front = sel[sel.on_front].sort_values("bits_per_element")
+                    ax.step(front.bits_per_element, front.d2_t, where="post", color=_FRONT_COLOUR,
+                            linewidth=0.8, linestyle=(0, (1, 1)))
+                    ax.scatter(front.bits_per_element, front.d2_t, s=70, facecolors="none",
+                               edgecolors=_FRONT_COLOUR, linewidths=0.9, zorder=5)
+                _scale(ax, "y", np.r_[sel[m], sel[f"{m}_low"].clip(lower=sel[m].min() / 10)])
+                ax.set_title(f"{sc}: {label}", fontsize=9)
+                ax.set_xlabel("measured bits per element (bits)")
+                ax.set_ylabel(f"d₂({m[-1].upper()}) {_UNIT_D2}")
+        front_handle = plt.Line2D([], [], color=_FRONT_COLOUR, marker="o", markerfacecolor="none",
+                                  linestyle=(0, (1, 1)), label="Pareto front")
+        _legend(fig, styles, sel_dim.scheme.unique(), extra=[front_handle])
+        caption = (f"Head dimension d = {dim}, {where}. Lines join a scheme's budgets; bands are 95% "
+                   f"confidence intervals of the mean; circled points on the d₂(T) panels are the "
+                   f"non-dominated cells on (bits per element, d₂(T)).")
+        out.append(ReportFigure(f"rate_distortion_d{dim}", f"Rate–distortion at d = {dim}", caption, fig))
+    return out
+
+
+def _mid(values) -> object:
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def error_space_figure(findings: Findings, styles) -> ReportFigure:
+    """Per-trial points of the six-D error space, projected on its three (snr_err, dir_err)
+    planes (K, V, T), one row per scenario."""
+    title = "The six-dimensional error space, projected per tensor"
+    trials, where = _main_slice(findings.trials)
+    dim, budget = trials.dim.max(), _mid(trials.budget.unique())
+    trials = trials[(trials.dim == dim) & (trials.budget == budget)]
+    scen = sorted(trials.scenario.unique())
+    fig, axes = _grid(len(scen), 3)
+    planes = [(SIX_D[2 * i], SIX_D[2 * i + 1], t) for i, t in enumerate(("K", "V", "T"))]
+    for r, sc in enumerate(scen):
+        sel = trials[trials.scenario == sc]
+        for c, (x, y, tensor) in enumerate(planes):
+            ax = axes[r, c]
+            for name, g in sel.groupby("scheme"):
+                st = styles[name]
+                ax.scatter(g[x], g[y], color=st.colour, marker=st.marker, s=12, alpha=0.6, linewidths=0)
+            _scale(ax, "x", sel[x])
+            _scale(ax, "y", sel[y])
+            ax.set_title(f"{sc}: {tensor}", fontsize=9)
+            ax.set_xlabel(f"snr_err_{tensor.lower()} = relMSE/(1+relMSE)")
+            ax.set_ylabel(f"dir_err_{tensor.lower()} = 1 − cos")
+    _legend(fig, styles, trials.scheme.unique())
+    caption = (f"One point per trial at d = {dim}, b = {budget} bits, {where}; the six coordinates "
+               f"({', '.join(SIX_D)}) are shown as three planes. d₂ is the distance from the origin.")
+    return ReportFigure("error_space", title, caption, fig)
+
+
+def significance_figure(findings: Findings, styles) -> ReportFigure:
+    """Cliff's δ of d2_T between every pair of schemes (row vs column), annotated with the
+    δ and a star where the Holm-corrected Mann–Whitney p-value is below 0.05."""
+    title = "Pairwise differences in d₂(T): effect size and corrected significance"
+    tests = findings.tests
+    if tests.empty:
+        return ReportFigure("significance", title, "", absent_reason="the run has one scheme per cell; "
+                            "pairwise comparisons need two or more schemes")
+    tests, where = _main_slice(tests)
+    dim = tests.dim.max()
+    tests = tests[tests.dim == dim]
+    scen, budgets = sorted(tests.scenario.unique()), sorted(tests.budget.unique())
+    names = sorted(set(tests.scheme_a) | set(tests.scheme_b))
+    size = max(3.2, 0.42 * len(names) + 1.4)
+    fig, axes = plt.subplots(len(scen), len(budgets), figsize=(size * len(budgets) + 1.2, size * len(scen)),
+                             squeeze=False)
+    for r, sc in enumerate(scen):
+        for c, b in enumerate(budgets):
+            sel = tests[(tests.scenario == sc) & (tests.budget == b)]
+            delta = pd.DataFrame(np.nan, index=names, columns=names)
+            note = pd.DataFrame("", index=names, columns=names)
+            for t in sel.itertuples():
+                star = "*" if t.p_holm < 0.05 else ""
+                delta.loc[t.scheme_a, t.scheme_b], delta.loc[t.scheme_b, t.scheme_a] = t.cliffs_delta, -t.cliffs_delta
+                note.loc[t.scheme_a, t.scheme_b] = f"{t.cliffs_delta:+.2f}{star}"
+                note.loc[t.scheme_b, t.scheme_a] = f"{-t.cliffs_delta:+.2f}{star}"
+            if len(names) > 12:  # numbers would not fit: stars only
+                note = note.map(lambda t: "*" if t.endswith("*") else "")
+            sns.heatmap(delta, ax=axes[r, c], vmin=-1, vmax=1, cmap="RdBu_r", annot=note, fmt="",
+                        annot_kws={"fontsize": 6}, cbar=False, square=True, linewidths=0.4,
+                        linecolor="white")
+            axes[r, c].set_title(f"{sc}, b = {b} bits", fontsize=9)
+            axes[r, c].set_xlabel("scheme (column)")
+            axes[r, c].set_ylabel("scheme (row)")
+            axes[r, c].tick_params(labelsize=7)
+            axes[r, c].grid(False)
+    fig.tight_layout(rect=(0, 0, 0.93, 1))
+    # one colour bar for every panel, so all panels keep the same size
+    bar = fig.add_axes((0.945, 0.25, 0.012, 0.5))
+    fig.colorbar(matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(-1, 1), "RdBu_r"), cax=bar,
+                 label="Cliff's δ (row − column)")
+    caption = (f"d = {dim}, {where}. Cell (row, column): Cliff's δ = P(row error > column error) − "
+               f"P(row < column) on per-trial d₂(T); δ < 0 (blue) means the row scheme is better. "
+               f"* marks a Holm-corrected two-sided Mann–Whitney p < 0.05 within each panel's family.")
+    return ReportFigure("significance", title, caption, fig)
+
+
+def _scatter_cells(findings: Findings, styles, x: str, y: str, key: str, title: str, xlabel: str, ylabel: str,
+                   caption: str, diagonal: bool) -> ReportFigure:
+    cells, where = _main_slice(findings.cells)
+    dim = cells.dim.max()
+    cells = cells[cells.dim == dim]
+    usable = cells[(cells[x] > 0) & (cells[y] > 0) & np.isfinite(cells[x]) & np.isfinite(cells[y])]
+    if usable.empty:
+        return ReportFigure(key, title, "", absent_reason=f"no cell has positive, finite {x} and {y} "
+                            f"(every scheme reproduces the logits or T exactly)")
+    scen = sorted(usable.scenario.unique())
+    n_cols = min(3, len(scen))
+    n_rows = -(-len(scen) // n_cols)
+    fig, axes = _grid(n_rows, n_cols, width=3.8, height=3.3)
+    for i, sc in enumerate(scen):
+        ax = axes[i // n_cols, i % n_cols]
+        sel = usable[usable.scenario == sc]
+        for name, g in sel.groupby("scheme"):
+            g = g.sort_values("budget")
+            st = styles[name]
+            ax.errorbar(g[x], g[y], xerr=[g[x] - g[f"{x}_low"], g[f"{x}_high"] - g[x]],
+                        yerr=[g[y] - g[f"{y}_low"], g[f"{y}_high"] - g[y]], color=st.colour, marker=st.marker,
+                        linestyle=st.line, markersize=4, linewidth=1, capsize=1.5)
+        if diagonal:
+            lo = min(sel[x].min(), sel[y].min()) / 1.5
+            hi = max(sel[x].max(), sel[y].max()) * 1.5
+            ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle=":")
+            _scale(ax, "x", [lo, hi])
+            _scale(ax, "y", [lo, hi])
+        else:
+            _scale(ax, "x", np.r_[sel[x], sel[f"{x}_low"].clip(lower=sel[x].min() / 10)])
+            _scale(ax, "y", np.r_[sel[y], sel[f"{y}_low"].clip(lower=sel[y].min() / 10)])
+        ax.set_title(sc, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+    for j in range(len(scen), n_rows * n_cols):
+        axes[j // n_cols, j % n_cols].set_visible(False)
+    _legend(fig, styles, usable.scheme.unique())
+    return ReportFigure(key, title, f"d = {dim}, {where}. " + caption, fig)
+
+
+def isolation_figure(findings: Findings, styles) -> ReportFigure:
+    return _scatter_cells(
+        findings, styles, "t_rel_mse_konly", "t_rel_mse_vonly", "isolation",
+        "K-only versus V-only isolation of the attention-output error",
+        "relMSE of T with only K compressed", "relMSE of T with only V compressed",
+        "Each point is one cell (a scheme at one budget; budgets joined by a line, 95% CIs as bars). "
+        "Above the dotted diagonal the V codec dominates T's error, below it the K codec does.", diagonal=True)
+
+
+def amplification_figure(findings: Findings, styles) -> ReportFigure:
+    return _scatter_cells(
+        findings, styles, "logit_rel_mse", "t_rel_mse_konly", "amplification",
+        "Logit-error variance against the attention-output error it causes",
+        "logit relMSE ‖ŝ − s‖²/‖s‖²", "relMSE of T with only K compressed",
+        "Each point is one cell (budgets joined by a line, 95% CIs as bars). The softmax turns logit "
+        "error variance into T error (a Jensen gap), so an unbiased but noisier logit estimator (QJL on K) "
+        "can lose to a biased, lower-variance one.", diagonal=False)
+
+
+def absent_figures(findings: Findings) -> list[ReportFigure]:
+    """Figures of the issue whose data a run store does not hold (yet), with the reason."""
+    columns = set(findings.trials.columns)
+    out = []
+    if "d_eff" not in columns:
+        out.append(ReportFigure("d_eff", "Effective dimension d_eff against calibration size", "",
+                                absent_reason="the run's rows hold no d_eff column (calibrated schemes do not "
+                                "store their participation ratio per trial), so d_eff cannot be drawn "
+                                "from the stored rows alone"))
+    if "singular_value" not in columns:
+        out.append(ReportFigure("shard_spectrum", "Shard: singular-value decay with and without RoPE", "",
+                                absent_reason="the run's rows hold no singular values (no stored Shard "
+                                "spectrum), so the decay with and without RoPE cannot be drawn"))
+    return out
+
+
+def build_figures(findings: Findings) -> list[ReportFigure]:
+    """Every figure of the report, in reading order; absent ones carry their reason."""
+    styles = scheme_styles(findings.trials.scheme.unique())
+    with plt.rc_context({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 8,
+                         "axes.grid": True, "grid.alpha": 0.3}):
+        figures = [dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),
+                   error_space_figure(findings, styles), significance_figure(findings, styles),
+                   isolation_figure(findings, styles), amplification_figure(findings, styles)]
+    return figures + absent_figures(findings)
+
+
+__all__ = ["ReportFigure", "SchemeStyle", "build_figures", "scheme_styles"]

@@ -1,0 +1,154 @@
+"""The HTML report: one self-contained file (figures as base64 PNG data: URIs, CSS inline, no
+script, nothing fetched), rendered with Jinja2 with autoescaping on, so every name that came
+from configuration or plug-ins is escaped."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import jinja2
+
+from .figures import ReportFigure
+from .findings import Findings
+from .narrative import (CELL_HEADER, CROSSOVER_HEADER, WINNER_HEADER, cell_rows, crossover_rows, method_sentence,
+                        setting_summaries, verdict_note, winner_rows)
+
+PNG_DPI = 110
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>kvharness report: {{ title }}</title>
+<style>
+body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; max-width: 1200px; margin: 2em auto;
+       padding: 0 1em; color: #1a1a1a; line-height: 1.45; }
+h1 { font-size: 1.6em; border-bottom: 2px solid #333; padding-bottom: .2em; }
+h2 { font-size: 1.3em; margin-top: 2em; border-bottom: 1px solid #999; }
+h3 { font-size: 1.1em; margin-top: 1.4em; }
+table { border-collapse: collapse; font-size: .72em; margin: .8em 0; }
+.wide { overflow-x: auto; }
+th, td { border: 1px solid #bbb; padding: .15em .35em; text-align: left; vertical-align: top; }
+th { background: #eee; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+figure { margin: 1.5em 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+figcaption { font-size: .9em; color: #333; }
+.absent { color: #7a4b00; background: #fff6e5; padding: .4em .6em; border-left: 3px solid #e0a030; }
+.note { font-size: .9em; color: #444; }
+nav ul { columns: 2; }
+</style>
+</head>
+<body>
+<h1>kvharness report: {{ title }}</h1>
+<nav id="contents"><ul>
+<li><a href="#summary">Summary</a></li>
+<li><a href="#figures">Figures</a></li>
+<li><a href="#cells">Every cell</a></li>
+<li><a href="#provenance">Provenance</a></li>
+</ul></nav>
+
+<section id="summary">
+<h2>Summary</h2>
+<p>{{ method }}</p>
+{% for scenario, settings in summaries.items() %}
+<h3 id="scenario-{{ loop.index }}">Scenario {{ scenario }}</h3>
+{% for s in settings %}
+<p><strong>{{ s.label }}.</strong> {{ s.front }}</p>
+<ul class="winners">{% for w in s.winners %}<li>{{ w }}</li>{% endfor %}</ul>
+<p>Crossovers along the budget axis:</p>
+<ul class="crossovers">{% for c in s.crossovers %}<li>{{ c }}</li>{% endfor %}</ul>
+{% endfor %}
+{% endfor %}
+<h3>Winners at each budget</h3>
+<div class="wide"><table id="winners-table">
+<thead><tr>{% for h in winner_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in winner_rows %}<tr>{% for v in row %}<td{% if loop.index > 1 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>
+<p class="note">{{ verdict_note }}</p>
+</section>
+
+<section id="figures">
+<h2>Figures</h2>
+{% for f in figures %}
+<figure id="figure-{{ f.key }}">
+<h3>{{ f.title }}</h3>
+{% if f.png %}<img src="data:image/png;base64,{{ f.png }}" alt="{{ f.title }}" width="{{ f.width }}" height="{{ f.height }}">
+<figcaption>{{ f.caption }}</figcaption>
+{% else %}<p class="absent">Not shown: {{ f.absent_reason }}.</p>{% endif %}
+</figure>
+{% endfor %}
+</section>
+
+<section id="cells">
+<h2>Every cell</h2>
+<p class="note">Means over trials with 95% Student-t confidence intervals; P(front): the share of paired-bootstrap
+replicates in which the cell is non-dominated on (bits per element, d₂(T)), * when it is on the observed front.</p>
+<div class="wide"><table id="cells-table">
+<thead><tr>{% for h in cell_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in cell_rows %}<tr>{% for v in row %}<td{% if loop.index > 2 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>
+<h3 id="crossovers">Crossovers along the budget axis</h3>
+{% if crossover_rows %}<div class="wide"><table id="crossovers-table">
+<thead><tr>{% for h in crossover_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in crossover_rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>{% else %}<p>None: no pair of schemes swaps order between consecutive budgets.</p>{% endif %}
+</section>
+
+<section id="provenance">
+<h2>Provenance</h2>
+<table id="provenance-table">
+<tbody>{% for k, v in provenance %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</tbody>
+</table>
+<h3>Configuration</h3>
+<pre>{{ config_json }}</pre>
+</section>
+</body>
+</html>
+"""
+
+
+def png_base64(figure) -> tuple[str, int, int]:
+    """A figure as base64 PNG text and its pixel width and height."""
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", dpi=PNG_DPI, bbox_inches="tight")
+    data = buf.getvalue()
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # IHDR
+    return base64.b64encode(data).decode("ascii"), width, height
+
+
+def provenance_rows(manifest: dict | None, findings: Findings, run_time: str) -> list[tuple[str, str]]:
+    """(label, value) pairs: versions, git SHA, device, times, and what the rows themselves record."""
+    manifest = manifest or {}
+    rows = [("run time", run_time), ("started at", str(manifest.get("started_at"))),
+            ("finished at", str(manifest.get("finished_at")))]
+    if manifest.get("resumed_at"):
+        rows.append(("resumed at", ", ".join(map(str, manifest["resumed_at"]))))
+    rows += [(k, str(v)) for k, v in sorted((manifest.get("provenance") or {}).items())]
+    t = findings.trials
+    for col in ("seed", "rng", "impl", "device", "dtype", "heads", "calib_tokens"):
+        if col in t.columns:
+            rows.append((f"{col} (in the rows)", ", ".join(map(str, sorted(t[col].unique())))))
+    if not manifest:
+        rows.insert(0, ("manifest", "absent: manifest.json is missing, only the rows are known"))
+    return rows
+
+
+def render_html(title: str, findings: Findings, figures: list[ReportFigure], manifest: dict | None,
+                run_time: str) -> str:
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    shown = []
+    for f in figures:
+        entry = {"key": f.key, "title": f.title, "caption": f.caption, "absent_reason": f.absent_reason, "png": None}
+        if f.figure is not None:
+            entry["png"], entry["width"], entry["height"] = png_base64(f.figure)
+        shown.append(entry)
+    return env.from_string(_TEMPLATE).render(
+        title=title, method=method_sentence(findings), summaries=setting_summaries(findings),
+        winner_header=WINNER_HEADER, winner_rows=winner_rows(findings), verdict_note=verdict_note(findings),
+        figures=shown, cell_header=CELL_HEADER, cell_rows=cell_rows(findings),
+        crossover_header=CROSSOVER_HEADER, crossover_rows=crossover_rows(findings),
+        provenance=provenance_rows(manifest, findings, run_time),
+        config_json=json.dumps((manifest or {}).get("config", {}), indent=2, sort_keys=True))

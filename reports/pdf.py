@@ -1,0 +1,102 @@
+"""The PDF report: matplotlib's PdfPages with text pages (the summary in sentences), table
+pages (winners, every cell, provenance) and one page per figure. Fonts are embedded as
+TrueType (pdf.fonttype 42) so the text can be searched and extracted."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
+
+from .figures import ReportFigure  # noqa: E402
+from .findings import Findings  # noqa: E402
+from .narrative import (CELL_HEADER, CROSSOVER_HEADER, WINNER_HEADER, cell_rows, crossover_rows,  # noqa: E402
+                        method_sentence, setting_summaries, verdict_note, winner_rows)
+
+PORTRAIT, LANDSCAPE = (8.27, 11.69), (11.69, 8.27)  # A4, inches
+_LINES_PER_PAGE, _WRAP = 62, 105
+_ROWS_PER_PAGE = 30
+
+
+def _text_pages(pdf: PdfPages, lines: list[tuple[str, str]]) -> None:
+    """Flow (style, text) lines over portrait pages; style is 'h1', 'h2', 'h3' or 'p'."""
+    wrapped = []
+    for style, text in lines:
+        width = _WRAP if style == "p" else 80
+        for i, part in enumerate(textwrap.wrap(text, width) or [""]):
+            wrapped.append((style, ("    " if style == "p" and i else "") + part))
+        wrapped.append(("gap", ""))
+    for start in range(0, len(wrapped), _LINES_PER_PAGE):
+        fig = plt.figure(figsize=PORTRAIT)
+        y = 0.96
+        for style, text in wrapped[start:start + _LINES_PER_PAGE]:
+            size = {"h1": 15, "h2": 12, "h3": 10}.get(style, 8)
+            if text:
+                fig.text(0.06, y, text, fontsize=size, fontweight="bold" if style != "p" else "normal",
+                         va="top", family="DejaVu Sans")
+            y -= 0.0145 if style != "gap" else 0.004
+        pdf.savefig(fig)
+        plt.close(fig)
+
+
+def _table_pages(pdf: PdfPages, title: str, header, rows, col_widths=None) -> None:
+    """A table split over landscape pages of _ROWS_PER_PAGE rows, header repeated."""
+    for start in range(0, max(len(rows), 1), _ROWS_PER_PAGE):
+        chunk = rows[start:start + _ROWS_PER_PAGE] or [tuple("" for _ in header)]
+        fig = plt.figure(figsize=LANDSCAPE)
+        part = f" ({start // _ROWS_PER_PAGE + 1}/{-(-len(rows) // _ROWS_PER_PAGE)})" if len(rows) > _ROWS_PER_PAGE else ""
+        fig.text(0.04, 0.96, title + part, fontsize=12, fontweight="bold", va="top")
+        ax = fig.add_axes([0.03, 0.03, 0.94, 0.88])
+        ax.axis("off")
+        table = ax.table(cellText=[list(r) for r in chunk], colLabels=list(header), loc="upper center",
+                         cellLoc="left", colWidths=col_widths)
+        table.auto_set_font_size(False)
+        table.set_fontsize(6.5)
+        table.scale(1, 1.25)
+        for (row, _), cell in table.get_celld().items():
+            if row == 0:
+                cell.set_facecolor("#e6e6e6")
+                cell.set_text_props(fontweight="bold")
+        pdf.savefig(fig)
+        plt.close(fig)
+
+
+def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFigure],
+              provenance: list[tuple[str, str]]) -> None:
+    """Write the whole report to `path` (the caller renames it into place)."""
+    lines = [("h1", f"kvharness report: {title}"), ("h2", "Summary"), ("p", method_sentence(findings))]
+    for scenario, settings in setting_summaries(findings).items():
+        lines.append(("h2", f"Scenario {scenario}"))
+        for s in settings:
+            lines += [("h3", s.label), ("p", s.front)]
+            lines += [("p", "• " + w) for w in s.winners]
+            lines += [("p", "Crossovers: " + c) for c in s.crossovers]
+    lines.append(("p", verdict_note(findings)))
+    absent = [f for f in figures if f.figure is None]
+    if absent:
+        lines.append(("h2", "Figures not shown"))
+        lines += [("p", f"{f.title}: {f.absent_reason}.") for f in absent]
+    with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}), PdfPages(path) as pdf:
+        _text_pages(pdf, lines)
+        _table_pages(pdf, "Winners at each budget (d₂(T), mean [95% CI])", WINNER_HEADER, winner_rows(findings),
+                     [0.09, 0.025, 0.035, 0.025, 0.02, 0.065, 0.13, 0.045, 0.065, 0.13, 0.045, 0.045, 0.07, 0.1])
+        for f in figures:
+            if f.figure is None:
+                continue
+            f.figure.suptitle(f.title, fontsize=11, y=1.04)
+            pdf.savefig(f.figure, bbox_inches="tight")
+            f.figure.suptitle("")
+        _table_pages(pdf, "Every cell (mean [95% CI])", CELL_HEADER, cell_rows(findings),
+                     [0.09, 0.06, 0.02, 0.03, 0.03, 0.03, 0.025, 0.045, 0.13, 0.13, 0.13, 0.05, 0.05, 0.035])
+        if len(findings.crossovers):
+            _table_pages(pdf, "Crossovers along the budget axis (Δ = mean d₂(T) of A − B)", CROSSOVER_HEADER,
+                         crossover_rows(findings))
+        _table_pages(pdf, "Provenance", ("item", "value"), provenance, [0.2, 0.75])
+        info = pdf.infodict()
+        info["Title"] = f"kvharness report: {title}"
+        info["Creator"] = "kvharness (python -m harness report)"

@@ -1,0 +1,251 @@
+"""harness report: the HTML and PDF from a small real run — structure, numbers against the raw
+sqlite rows, self-containedness, escaping, a headless-Chromium check and the PDF's pages."""
+import base64
+import io
+import math
+import re
+import shutil
+import sqlite3
+import statistics
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+from scipy import stats as sps
+
+from harness.cli import main
+from harness.store import TRIAL_COLUMNS, RunStore
+from reports.findings import analyse
+from reports.html import render_html
+
+RUN = ["--scenario", "gaussian", "--scheme", "tq-kv,plain-kv,tq-qkv", "--dim", "16,32", "--seq-len", "64",
+       "--queries", "8", "--trials", "8", "--budget", "2,3", "--quiet"]
+FIGURES = ("dimension", "rate_distortion_d16", "rate_distortion_d32", "error_space", "significance",
+           "isolation", "amplification")
+ABSENT = ("d_eff", "shard_spectrum")
+FIGURE_TITLES = ("Rate–distortion at d = 16", "The six-dimensional error space")
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "run"
+    assert main(["run", *RUN, "--out", str(out)]) == 0
+    assert main(["report", str(out), "--permutations", "100"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def html(run_dir):
+    return (run_dir / "report.html").read_text(encoding="utf-8")
+
+
+class _Tables(HTMLParser):
+    """Rows of every <table id=...> and every <img> tag's attributes, from the raw HTML."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.images, self._table, self._row, self._cell = {}, [], None, None, None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table":
+            self._table = self.tables.setdefault(attrs.get("id"), [])
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+        elif tag == "img":
+            self.images.append(attrs)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self._table.append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def parsed(html_text) -> _Tables:
+    p = _Tables()
+    p.feed(html_text)
+    return p
+
+
+def raw_cells(run_dir) -> dict[tuple, dict]:
+    """Per (scheme, budget, dim): d2_t values and bits from the sqlite file, without pandas."""
+    out = {}
+    with sqlite3.connect(run_dir / "results.sqlite") as con:
+        for scheme, budget, dim, d2, bits in con.execute("SELECT scheme, budget, dim, d2_t, bits_per_element FROM trials"):
+            cell = out.setdefault((scheme, budget, dim), {"d2_t": [], "bits": []})
+            cell["d2_t"].append(d2)
+            cell["bits"].append(bits)
+    return out
+
+
+def fmt(x):
+    return f"{x:.4g}"
+
+
+def expected_ci(values) -> str:
+    """Mean [95% Student-t CI], recomputed from the raw values with the statistics module."""
+    mean, sd, n = statistics.fmean(values), statistics.stdev(values), len(values)
+    half = sps.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return f"{fmt(mean)} [{fmt(mean - half)}, {fmt(mean + half)}]"
+
+
+def test_every_section_and_figure_present(run_dir, html):
+    assert not list(run_dir.glob(".report*.tmp"))
+    for section in ("summary", "figures", "cells", "provenance"):
+        assert f'<section id="{section}">' in html
+    for key in FIGURES:
+        block = html.split(f'id="figure-{key}"', 1)[1].split("</figure>", 1)[0]
+        assert 'src="data:image/png;base64,' in block and "<figcaption>" in block, key
+    for key in ABSENT:
+        block = html.split(f'id="figure-{key}"', 1)[1].split("</figure>", 1)[0]
+        assert "Not shown:" in block and "<img" not in block, key
+    assert "Winners at each budget" in html and "Crossovers along the budget axis" in html
+    manifest = RunStore(run_dir).read_manifest()
+    assert manifest["provenance"]["git_sha"] in html and manifest["started_at"] in html
+
+
+def test_cell_table_matches_the_store(run_dir, html):
+    rows = parsed(html).tables["cells-table"]
+    header, body = rows[0], rows[1:]
+    col = {h: i for i, h in enumerate(header)}
+    raw = raw_cells(run_dir)
+    assert len(body) == len(raw) == 3 * 2 * 2
+    for row in body:
+        cell = raw[(row[col["scheme"]], int(row[col["b"]]), int(row[col["d"]]))]
+        assert row[col["d₂(T) [95% CI]"]] == expected_ci(cell["d2_t"])
+        assert row[col["bits/el"]] == fmt(statistics.fmean(cell["bits"]))
+        assert row[col["n"]] == str(len(cell["d2_t"]))
+
+
+def test_winners_and_front_match_brute_force(run_dir, html):
+    tables = parsed(html).tables
+    raw = raw_cells(run_dir)
+    means = {k: statistics.fmean(v["d2_t"]) for k, v in raw.items()}
+    bits = {k: statistics.fmean(v["bits"]) for k, v in raw.items()}
+    winners = {(int(r[1]), int(r[4])): r[5] for r in tables["winners-table"][1:]}  # (d, b) -> winner
+    for dim in (16, 32):
+        for budget in (2, 3):
+            best = min((k for k in means if k[1] == budget and k[2] == dim), key=lambda k: means[k])
+            assert winners[(dim, budget)] == best[0]
+        # Pareto front by brute force over the setting's cells on (bits, mean d2_t)
+        pts = [k for k in means if k[2] == dim]
+        front = {k for k in pts if not any(bits[o] <= bits[k] and means[o] <= means[k]
+                                           and (bits[o] < bits[k] or means[o] < means[k]) for o in pts)}
+        header, *body = tables["cells-table"]
+        col = {h: i for i, h in enumerate(header)}
+        marked = {(r[col["scheme"]], int(r[col["b"]]), dim) for r in body
+                  if int(r[col["d"]]) == dim and r[col["P(front)"]].endswith("*")}
+        assert marked == front
+
+
+def test_html_is_self_contained_with_valid_images(html):
+    images = parsed(html).images
+    assert len(images) == len(FIGURES)
+    for img in images:
+        assert img["src"].startswith("data:image/png;base64,")
+        data = base64.b64decode(img["src"].split(",", 1)[1], validate=True)
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        picture = Image.open(io.BytesIO(data))
+        assert picture.size == (int(img["width"]), int(img["height"]))
+        assert np.asarray(picture.convert("L"), dtype=float).var() > 10  # not blank
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", html)
+    assert "<script" not in html and "<link" not in html
+
+
+def test_names_from_configuration_and_plugins_are_escaped():
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({c: rng.random(6) for c in TRIAL_COLUMNS})
+    evil = '<img src=x onerror="alert(1)">&co'
+    frame = pd.concat([frame.assign(scheme=evil), frame.assign(scheme="tq-kv")], ignore_index=True)
+    frame = frame.assign(scenario="<b>scn</b>", budget=2, dim=16, seq_len=8, queries=4, trial=list(range(6)) * 2,
+                         seed=0, impl="torch", device="cpu", dtype="float32", rng="pcg64")
+    manifest = {"config": {"note": "<script>alert(2)</script>"}, "provenance": {"git_sha": "<i>sha</i>"}}
+    page = render_html("<u>title</u>", analyse(frame, n_permutations=20), [], manifest, "1 s")
+    for raw in (evil, "<b>scn</b>", "<script>", "<i>sha</i>", "<u>title</u>"):
+        assert raw not in page
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;&amp;co" in page
+    assert "&lt;b&gt;scn&lt;/b&gt;" in page and "&lt;i&gt;sha&lt;/i&gt;" in page
+
+
+def test_pdf_opens_with_table_figures_and_nonblank_pages(run_dir, tmp_path):
+    pypdf = pytest.importorskip("pypdf")
+    reader = pypdf.PdfReader(run_dir / "report.pdf")
+    text = "\n".join(page.extract_text() for page in reader.pages)
+    assert "Winners at each budget" in text and "Every cell" in text
+    raw = raw_cells(run_dir)
+    assert expected_ci(raw[("tq-kv", 2, 16)]["d2_t"]) in text  # a summary-table number
+    for title in FIGURE_TITLES:
+        assert title in text
+    assert len(reader.pages) >= len(FIGURES) + 3
+    if shutil.which("pdftoppm") is None:
+        pytest.skip("pdftoppm (poppler-utils) is absent: pages not rasterised")
+    subprocess.run(["pdftoppm", "-r", "30", "-png", str(run_dir / "report.pdf"), str(tmp_path / "page")],
+                   check=True, timeout=60)
+    pages = sorted(tmp_path.glob("page*.png"))
+    assert len(pages) == len(reader.pages)
+    for page in pages:
+        assert np.asarray(Image.open(page).convert("L"), dtype=float).var() > 1, page
+
+
+def _chromium(args, tmp_path, timeout=90):
+    return subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
+                    ".ci/run installs it with apt-get install chromium")
+def test_browser_loads_every_image_without_console_errors(run_dir, html, tmp_path):
+    shot = run_dir / "report.png"
+    done = _chromium(["--enable-logging=stderr", "--v=0", f"--screenshot={shot}", "--window-size=1280,4000",
+                      (run_dir / "report.html").as_uri()], tmp_path)
+    assert shot.exists(), done.stderr[-2000:]
+    assert not [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.var() > 100  # text and figures, not a blank page
+    # the browser's own verdict on the images: a copy with a load probe, read back from the DOM
+    probe = ('<script>addEventListener("load",()=>{const im=[...document.images];'
+             'document.body.dataset.images=im.length;'
+             'document.body.dataset.broken=im.filter(i=>!(i.complete&&i.naturalWidth>0)).length})</script></body>')
+    probed = tmp_path / "probed.html"
+    probed.write_text(html.replace("</body>", probe), encoding="utf-8")
+    dom = _chromium(["--dump-dom", "--virtual-time-budget=5000", probed.as_uri()], tmp_path).stdout
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    assert f'data-images="{len(FIGURES)}"' in body and 'data-broken="0"' in body, body
+
+
+def test_directory_without_results_is_a_usage_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "results.sqlite" in err
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_verdicts_use_the_implementation_null(run_dir, tmp_path):
+    """With --null (the same cells under another RNG family) every winner-vs-runner-up verdict
+    is judged against two null comparisons; without it none is."""
+    null = tmp_path / "null"
+    assert main(["run", *RUN, "--rng", "mt19937", "--out", str(null)]) == 0
+    trials = RunStore(run_dir).trials()
+    with_null = analyse(trials, RunStore(null).trials(), n_permutations=50).winners
+    alone = analyse(trials, n_permutations=50).winners
+    valid = {"codec-difference", "implementation-variance", "equivalent", "inconclusive"}
+    assert set(with_null.validation) <= valid and (with_null.n_null == 2).all()
+    assert (alone.n_null == 0).all() and "codec-difference" not in set(alone.validation)
