@@ -15,7 +15,7 @@ import sys
 from . import commands
 from .errors import UsageError
 
-ORDER = ("list", "run", "export")  # shown first in --help; the rest follow alphabetically
+ORDER = ("list", "run", "report", "export")  # shown first in --help; the rest follow alphabetically
 
 
 class _Parser(argparse.ArgumentParser):
