@@ -18,6 +18,7 @@ import torch
 
 import scenarios
 import schemes
+from schemes.base import BitLedger
 from schemes.rng import generator, seed_sequence
 from stats.metrics import exact_logits, trial_metrics
 
@@ -75,8 +76,8 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -
     return out
 
 
-def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], float]:
-    """Fit, encode, decode and score one chunk; per-trial metrics and the measured bits/element."""
+def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Fit, encode, decode and score one chunk; per-trial metrics and measured bits/element (B,)."""
     scheme.fit(data["k_cal"], data["v_cal"])
     # Schemes that undo RoPE (Shard) take the tokens' positions; the rest ignore them.
     takes_positions = "positions" in inspect.signature(scheme.encode).parameters
@@ -84,7 +85,8 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
     k_hat, v_hat = scheme.decode(enc)
     logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
     metrics = trial_metrics(data["k"], data["v"], data["q"], k_hat, v_hat, logits_hat)
-    return {name: m.cpu().numpy() for name, m in metrics.items()}, scheme.bits(enc).bits_per_element
+    return ({name: m.cpu().numpy() for name, m in metrics.items()},
+            BitLedger.per_trial_bits_per_element(enc).numpy())
 
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
@@ -94,12 +96,12 @@ def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
 
 
 def _rows(config: SweepConfig, cell: Cell, device: torch.device, trials: range,
-          metrics: dict[str, np.ndarray], bits: float):
+          metrics: dict[str, np.ndarray], bits: np.ndarray):
     for i, t in enumerate(trials):
         row = dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries"), cell.key))
         row.update(trial=t, seed=config.seed, impl=config.impl, device=device.type, dtype=config.dtype,
                    rng=config.rng, heads=config.heads, calib_tokens=config.calib_tokens,
-                   bits_per_element=bits)
+                   bits_per_element=float(bits[i]))
         row.update({name: float(values[i]) for name, values in metrics.items()})
         yield row
 

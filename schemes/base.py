@@ -28,6 +28,9 @@ class Encoded:
     dtype: torch.dtype
     codes: dict[str, torch.Tensor] = field(default_factory=dict)
     side: dict[str, torch.Tensor] = field(default_factory=dict)
+    # For a codes entry padded to the longest trial of the batch (variable-length streams), the
+    # bits each trial's own copy occupies, (B,): its ledger then does not depend on the batch.
+    exact_bits: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def n_trials(self) -> int:
@@ -59,10 +62,23 @@ class BitLedger:
 
     @classmethod
     def of(cls, enc: Encoded) -> "BitLedger":
+        """The ledger of the stored tensors, per trial (padding of variable-length streams included)."""
         b, h, s, d = enc.shape
         parts = {f"codes.{k}": stored_bits(t) // b for k, t in enc.codes.items()}
         parts.update({f"side.{k}": stored_bits(t) for k, t in enc.side.items()})
         return cls(parts, 2 * h * s * d)
+
+    @staticmethod
+    def per_trial_bits_per_element(enc: Encoded) -> torch.Tensor:
+        """Bits per element of each trial (B,), float64: as `of`, but a variable-length stream
+        counts the bits its own trial needs (Encoded.exact_bits), not the batch's padding."""
+        b, h, s, d = enc.shape
+        total = torch.zeros(b, dtype=torch.float64)
+        for key, t in enc.codes.items():
+            exact = enc.exact_bits.get(key)
+            total += exact.detach().cpu().double() if exact is not None else float(stored_bits(t) // b)
+        total += float(sum(stored_bits(t) for t in enc.side.values()))
+        return total / (2 * h * s * d)
 
 
 @dataclass

@@ -1,0 +1,429 @@
+"""The SpectralQuant family (AMD paper §2; SpectralQuant, Dynamis-Labs) from one grammar.
+
+fit(k_cal, v_cal) calibrates, per trial and head and separately for K and V:
+  1. C = XᵀX/n of the calibration tokens (float64, after dividing by the largest entry so
+     |x| ~ 1e±30 neither overflows nor underflows); its eigenbasis (exact `eigh`) ordered by
+     decreasing eigenvalue; d_eff = round(tr(C)²/‖C‖_F²) and the spectral gap at d_eff.
+     A zero or non-finite C (no information) falls back to the identity basis and d_eff = d.
+  2. The basis is stored as int8 with one float32 scale per column (BASIS_BITS = 8); encoder
+     and decoder both use Q = QR(dequantised basis), which is exactly orthonormal, so the
+     coarse storage costs only a slight misalignment, never an inconsistency.
+  3. σ_k, the RMS of coordinate k of the normalised calibration vectors in Q (the scale of a
+     Gaussian Lloyd–Max codebook per coordinate), floored at SIGMA_FLOOR·max σ.
+  4. Bit widths per coordinate: `sq-*` water-filling of Σ σ_k²·4^(−b_k) with Σ b_k = budget·d,
+     b_tail = min(2, budget) ≤ b_k ≤ 8 (σ_k², not the raw eigenvalues, because σ_k² is the
+     variance of what is quantised: the distortion of coordinate k is σ_k²·D(b_k), D ∝ 4^(−b));
+     `squ-*` budget bits on the d_eff semantic (leading) coordinates and b_tail = min(2, budget)
+     on the rest. A QJL-sketched tensor takes one bit from every semantic coordinate
+     (b − 1 MSE bits, the paper's "b − 1 MSE bits + 1 sketch bit", §3.2) and spends
+     m = 64 sketch bits per token plus a float32 residual norm; at budget 1 the semantic
+     coordinates are a pure sketch.
+encode(k, v): per token store ‖x‖ (float32), z = Qᵀx/‖x‖, quantise z_k/σ_k with the unit
+Gaussian Lloyd–Max codebook of b_k bits. Selective QJL (a `q` before k or v): the residual
+e restricted to the d_eff semantic coordinates is sketched as sign(S e), S ∈ {±1}^{m×d_eff}
+(per head, from the scheme's seed), and decode adds √(π/2)/m·‖e‖·Sᵀsign(S e) there. A
+sketched K scores on the codes with the paper's asymmetric estimator
+    score(q, k) = ‖k‖·(⟨q_Z, ẑ⟩ + √(π/2)/m·‖e‖·⟨S q_Z,sem, sign(S e)⟩)/√d,  q_Z = Qᵀq,
+exact (unquantised q) on every coordinate, tail included; it equals q·decode(K)/√d.
+
+Storage (codes, per trial; side, shared): the variable-width codes of all heads and tokens
+of a trial as one bit stream (packed, padded to the longest stream in the batch: trials with
+smaller d_eff then carry padding — with one trial the stream is exact); norms; the int8
+basis and its scales; σ (float32); the allocation table (4 bits per coordinate); for
+sketched tensors d_eff (int16), the packed sketch and the residual norms; side: the unit
+Gaussian codebooks of the widths in use (float32) and the packed ±1 sketch matrices.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import qjl
+from .base import Encoded, Scheme
+from .eigen import covariance, effective_dimension, eigh_descending, spectral_gap
+from .lloyd_max import gaussian_codebook
+from .packing import pack_bits, unpack_bits
+from .registry import register
+from .rng import generator, rademacher
+from .waterfill import MAX_BITS, waterfill
+
+BASIS_BITS = 8
+TAIL_BITS = 2
+N_PROJECTIONS = 64
+SIGMA_FLOOR = 1e-4  # relative to the largest σ of the head: keeps z/σ finite on rank-deficient calibration
+_TABLE_BITS = 4     # an allocation-table entry holds a width 0..8
+
+
+@dataclass
+class Calibration:
+    """One tensor's fitted state, per trial and head (B, H, ...).
+
+    basis_codes int8 (B, H, d, d) and basis_scale float32 (B, H, d): the stored basis;
+    basis float64 (B, H, d, d): Q, its orthonormalisation (columns = coordinates);
+    sigma float32 (B, H, d); widths int64 (B, H, d): MSE bits per coordinate;
+    d_eff int64 (B, H); eigenvalues float64 (B, H, d), decreasing; gap float64 (B, H).
+    """
+    basis_codes: torch.Tensor
+    basis_scale: torch.Tensor
+    basis: torch.Tensor
+    sigma: torch.Tensor
+    widths: torch.Tensor
+    d_eff: torch.Tensor
+    eigenvalues: torch.Tensor
+    gap: torch.Tensor
+
+
+def _quantise_basis(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per column: u (..., d, d) -> codes int8, scale float32 (..., d)."""
+    levels = 2 ** (BASIS_BITS - 1) - 1
+    peak = u.abs().amax(-2)
+    scale = torch.where(peak > 0, peak / levels, torch.ones_like(peak)).to(torch.float32)
+    codes = torch.round(u / scale.to(u.dtype).unsqueeze(-2)).clamp(-levels, levels).to(torch.int8)
+    return codes, scale
+
+
+def _basis_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Q = orthonormalised dequantised basis, float64 (..., d, d); the same on encode and decode."""
+    u = codes.to(torch.float64) * scale.to(torch.float64).unsqueeze(-2)
+    q, r = torch.linalg.qr(u)
+    signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
+    return q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2)
+
+
+def _normalise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, norms): unit rows and their norms for x (..., d); zero rows stay zero. Scales by the
+    largest entry first so ‖x‖² cannot overflow or underflow."""
+    peak = x.abs().amax(dim=-1, keepdim=True)
+    peak = torch.where(peak > 0, peak, torch.ones_like(peak))
+    scaled_norms = torch.linalg.vector_norm(x / peak, dim=-1, keepdim=True)
+    u = (x / peak) / torch.where(scaled_norms > 0, scaled_norms, torch.ones_like(scaled_norms))
+    return u, (peak * scaled_norms).squeeze(-1)
+
+
+def _semantic_mask(d_eff: torch.Tensor, d: int) -> torch.Tensor:
+    """(B, H, d) bool: the first d_eff coordinates of each head."""
+    return torch.arange(d, device=d_eff.device) < d_eff.unsqueeze(-1)
+
+
+_PLANES = torch.arange(MAX_BITS - 1, -1, -1)  # bit positions, most significant first
+
+
+@dataclass(frozen=True)
+class _StreamLayout:
+    """Where each code bit of a trial goes. Within one token of head h the valid bits (the
+    low w_k bits of each coordinate, MSB first) are `select[b, h, :T[b, h]]` of the d·8
+    bit positions; the trial's stream is head after head, token after token, so token s of
+    head h starts at offset[b, h] + s·T[b, h]. `dest` (B, H, S, T_max) is None when every
+    (trial, head) has the same T: the stream is then a plain reshape."""
+    select: torch.Tensor
+    per_token: torch.Tensor
+    length: int
+    dest: torch.Tensor | None
+
+
+def _layout(widths: torch.Tensor, n_tokens: int) -> _StreamLayout:
+    b, h, d = widths.shape
+    planes = _PLANES.to(widths.device)
+    valid = (planes < widths.unsqueeze(-1)).reshape(b, h, d * MAX_BITS)
+    per_token = widths.sum(-1)                                                       # (B, H)
+    t_max = int(per_token.max()) if per_token.numel() else 0
+    select = torch.sort((~valid).to(torch.uint8), dim=-1, stable=True).indices[..., :t_max]
+    lengths = per_token.sum(-1) * n_tokens
+    length = int(lengths.max()) if lengths.numel() else 0
+    if bool((per_token == t_max).all()):
+        return _StreamLayout(select, per_token, length, None)
+    offset = torch.cumsum(per_token * n_tokens, -1) - per_token * n_tokens           # (B, H)
+    s = torch.arange(n_tokens, device=widths.device).view(1, 1, -1, 1)
+    j = torch.arange(t_max, device=widths.device).view(1, 1, 1, -1)
+    dest = offset[..., None, None] + s * per_token[..., None, None] + j
+    dest = torch.where(j < per_token[..., None, None], dest, torch.full_like(dest, length))
+    return _StreamLayout(select, per_token, length, dest)
+
+
+def pack_variable(idx: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
+    """Codes idx (B, H, S, d) of per-(trial, head, coordinate) widths (B, H, d) -> uint8 (B, bytes)."""
+    b, h, s, d = idx.shape
+    layout = _layout(widths, s)
+    if layout.length == 0:
+        return torch.zeros(b, 0, dtype=torch.uint8, device=idx.device)
+    planes = _PLANES.to(device=idx.device, dtype=torch.uint8)
+    bits = ((idx.to(torch.uint8).unsqueeze(-1) >> planes) & 1).reshape(b, h, s, d * MAX_BITS)
+    token_bits = bits.gather(-1, layout.select.unsqueeze(2).expand(-1, -1, s, -1))   # (B, H, S, T_max)
+    if layout.dest is None:
+        stream = token_bits.reshape(b, -1)
+    else:
+        stream = torch.zeros(b, layout.length + 1, dtype=torch.uint8, device=idx.device)
+        stream.scatter_(-1, layout.dest.reshape(b, -1), token_bits.reshape(b, -1))
+        stream = stream[:, :layout.length]
+    return pack_bits(stream, 1)
+
+
+def unpack_variable(packed: torch.Tensor, widths: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """Inverse of pack_variable: int64 codes (B, H, S, d)."""
+    b, h, d = widths.shape
+    layout = _layout(widths, n_tokens)
+    if layout.length == 0:
+        return torch.zeros(b, h, n_tokens, d, dtype=torch.int64, device=widths.device)
+    stream = unpack_bits(packed, 1, layout.length).to(torch.uint8)
+    if layout.dest is None:
+        token_bits = stream.reshape(b, h, n_tokens, -1)
+    else:
+        stream = torch.cat((stream, torch.zeros_like(stream[:, :1])), -1)
+        token_bits = stream.gather(-1, layout.dest.reshape(b, -1)).reshape(layout.dest.shape)
+    bits = torch.zeros(b, h, n_tokens, d * MAX_BITS, dtype=torch.uint8, device=widths.device)
+    # Positions past T[b, h] in `select` are bits outside every code; token_bits holds 0 there.
+    bits.scatter_(-1, layout.select.unsqueeze(2).expand(-1, -1, n_tokens, -1), token_bits)
+    bits = bits.reshape(b, h, n_tokens, d, MAX_BITS)
+    idx = torch.zeros(b, h, n_tokens, d, dtype=torch.uint8, device=widths.device)
+    for position in range(MAX_BITS):
+        idx = idx | (bits[..., position] << (MAX_BITS - 1 - position))
+    return idx.to(torch.int64)
+
+
+@dataclass
+class SpectralQuant(Scheme):
+    """Calibrated eigenbasis + per-coordinate Gaussian Lloyd–Max + water-filling or uniform
+    semantic/tail allocation, with optional selective QJL sketches on K and/or V."""
+    allocation: str = "waterfill"   # "waterfill" (sq-*) or "uniform" (squ-*)
+    sketch_k: bool = False
+    sketch_v: bool = False
+    n_projections: int = N_PROJECTIONS
+    calibration: dict[str, Calibration] = field(default_factory=dict, repr=False)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.allocation not in ("waterfill", "uniform"):
+            raise ValueError(f"allocation {self.allocation!r}; valid: waterfill, uniform")
+        if isinstance(self.n_projections, bool) or not isinstance(self.n_projections, int) or self.n_projections < 1:
+            raise ValueError(f"n_projections {self.n_projections!r} must be a positive integer")
+
+    @property
+    def tail_bits(self) -> int:
+        return min(TAIL_BITS, self.budget)
+
+    # --- calibration ------------------------------------------------------------------------
+    def _check(self, x: torch.Tensor, what: str) -> None:
+        if x.dim() != 4 or x.shape[-1] != self.dim:
+            raise ValueError(f"{what} must have shape (B, H, n, {self.dim}); got {tuple(x.shape)}")
+
+    def _allocate(self, sigma: torch.Tensor, d_eff: torch.Tensor, sketched: bool) -> torch.Tensor:
+        d = self.dim
+        semantic = _semantic_mask(d_eff, d)
+        if self.allocation == "waterfill":
+            widths = waterfill(sigma.to(torch.float64) ** 2, self.budget * d, self.tail_bits)
+        else:
+            widths = torch.where(semantic, self.budget, self.tail_bits).to(torch.int64)
+        if sketched:  # the sketch's bit comes from every semantic coordinate
+            widths = widths - semantic.to(torch.int64)
+        return widths
+
+    def _calibrate(self, x: torch.Tensor, sketched: bool) -> Calibration:
+        x64 = x.detach().to(torch.float64)
+        peak = x64.abs().amax(dim=(-1, -2), keepdim=True)
+        informative = torch.isfinite(peak) & (peak > 0)
+        scaled = x64 / torch.where(informative, peak, torch.ones_like(peak))
+        cov = covariance(scaled)
+        values, vectors = eigh_descending(cov)
+        eye = torch.eye(self.dim, dtype=torch.float64, device=x.device).expand_as(vectors)
+        ok = informative.squeeze(-1) & torch.isfinite(values).all(-1, keepdim=True)
+        vectors = torch.where(ok.unsqueeze(-1), vectors, eye)
+        d_eff = torch.where(ok.squeeze(-1), effective_dimension(cov), torch.full_like(ok.squeeze(-1), self.dim,
+                                                                                      dtype=torch.int64))
+        values = torch.where(ok, values.clamp_min(0), torch.zeros_like(values))
+        codes, scale = _quantise_basis(vectors)
+        basis = _basis_from_codes(codes, scale)
+        u, _ = _normalise(scaled)
+        z = u @ basis
+        sigma = torch.sqrt((z * z).mean(-2))
+        top = sigma.amax(-1, keepdim=True)
+        sigma = torch.where(top > 0, torch.maximum(sigma, SIGMA_FLOOR * top),
+                            torch.full_like(sigma, 1 / math.sqrt(self.dim)))
+        sigma = sigma.to(torch.float32)
+        peak2 = torch.where(informative, peak, torch.ones_like(peak)).squeeze(-1) ** 2
+        return Calibration(codes, scale, basis, sigma, self._allocate(sigma, d_eff, sketched), d_eff,
+                           values * peak2, spectral_gap(values, d_eff))
+
+    def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor) -> "SpectralQuant":
+        """Calibrate on k_cal, v_cal (B, H, n_cal, d): trial b's encoder uses trial b's basis."""
+        self._check(k_cal, "k_cal")
+        self._check(v_cal, "v_cal")
+        self.calibration = {"k": self._calibrate(k_cal, self.sketch_k), "v": self._calibrate(v_cal, self.sketch_v)}
+        return self
+
+    @property
+    def d_eff(self) -> dict[str, torch.Tensor]:
+        """d_eff (B, H) of the fitted K and V calibrations."""
+        return {name: cal.d_eff for name, cal in self.calibration.items()}
+
+    @property
+    def spectral_gaps(self) -> dict[str, torch.Tensor]:
+        return {name: cal.gap for name, cal in self.calibration.items()}
+
+    @property
+    def eigenvalues(self) -> dict[str, torch.Tensor]:
+        return {name: cal.eigenvalues for name, cal in self.calibration.items()}
+
+    # --- randomness owned by the scheme: a function of (seed, tensor, head) only -----------------
+    def _sketch_side(self, tensor: str, n_heads: int, device) -> torch.Tensor:
+        signs = np.stack([rademacher(generator(self.rng, self.seed, tensor, "sq-sketch", h),
+                                     (self.n_projections, self.dim)) for h in range(n_heads)])
+        return pack_bits(torch.from_numpy(signs > 0).to(torch.uint8), 1).to(device)
+
+    def _sketch_matrix(self, enc: Encoded, prefix: str, dtype) -> torch.Tensor:
+        packed = enc.side[f"{prefix}.sketch_matrix"]
+        return unpack_bits(packed, 1, self.dim).to(dtype) * 2 - 1                    # (H, m, d)
+
+    # --- one tensor ---------------------------------------------------------------------------
+    def _encode_tensor(self, x: torch.Tensor, prefix: str, sketched: bool, enc: Encoded) -> None:
+        if prefix not in self.calibration:
+            raise ValueError("SpectralQuant needs fit(k_cal, v_cal) before encode")
+        cal = self.calibration[prefix]
+        b, h, s, d = x.shape
+        if tuple(cal.widths.shape[:2]) != (b, h):
+            raise ValueError(f"fitted on (B, H) = {tuple(cal.widths.shape[:2])} but asked to encode "
+                             f"(B, H) = {(b, h)}; fit on calibration data of the same trials")
+        u, norms = _normalise(x)
+        basis = cal.basis.to(device=x.device, dtype=x.dtype)
+        z = u @ basis
+        sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
+        idx = torch.zeros(z.shape, dtype=torch.int64, device=x.device)
+        widths = cal.widths.to(x.device)
+        for width in range(1, MAX_BITS + 1):
+            used = (widths == width).unsqueeze(-2)
+            if bool(used.any()):
+                book = gaussian_codebook(width, 1.0)
+                enc.side[f"codebook.{width}bit"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
+                _, thresholds = book.tensors(x.device, x.dtype)
+                idx = torch.where(used, torch.bucketize((z / sigma).contiguous(), thresholds), idx)
+        enc.codes[f"{prefix}.norm"] = norms.to(torch.float32)
+        enc.codes[f"{prefix}.codes"] = pack_variable(idx, widths)
+        # each trial's own stream, in whole bytes (the batch pads to the longest one)
+        enc.exact_bits[f"{prefix}.codes"] = (widths.sum(dim=(-1, -2)) * s + 7) // 8 * 8
+        enc.codes[f"{prefix}.basis"] = cal.basis_codes.to(x.device)
+        enc.codes[f"{prefix}.basis_scale"] = cal.basis_scale.to(x.device)
+        enc.codes[f"{prefix}.sigma"] = cal.sigma.to(x.device)
+        enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
+        if sketched:
+            enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
+            enc.side[f"{prefix}.sketch_matrix"] = self._sketch_side(prefix, h, x.device)
+            mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
+            z_hat = self._dequantise(enc, idx, widths, sigma, x.dtype)
+            residual = torch.where(mask, z - z_hat, torch.zeros_like(z))
+            proj = self._sketch_matrix(enc, prefix, x.dtype)
+            enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
+            sketch = residual @ proj.transpose(-1, -2) >= 0                               # (B, H, S, m)
+            enc.codes[f"{prefix}.sketch"] = pack_bits(sketch.to(torch.uint8), 1)
+
+    @staticmethod
+    def _dequantise(enc: Encoded, idx: torch.Tensor, widths: torch.Tensor, sigma: torch.Tensor, dtype) -> torch.Tensor:
+        """ẑ (B, H, S, d): σ_k · centroid; coordinates with 0 bits decode to 0 (the mean).
+
+        One lookup in the concatenation [0, codebook(1 bit), codebook(2 bits), ...] of the
+        stored codebooks, at the offset of each coordinate's width."""
+        table = [torch.zeros(1, dtype=dtype, device=idx.device)]
+        offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int64, device=idx.device)
+        position = 1
+        for width in range(1, MAX_BITS + 1):
+            key = f"codebook.{width}bit"
+            if key in enc.side:
+                offsets[width] = position
+                table.append(enc.side[key].to(dtype))
+                position += 2 ** width
+        flat = offsets[widths].unsqueeze(-2) + idx
+        return torch.cat(table)[flat] * sigma
+
+    def _stored(self, enc: Encoded, prefix: str):
+        """(Q (B, H, d, d), widths (B, H, d), σ (B, H, 1, d)) from the stored codes."""
+        codes = enc.codes
+        basis = _basis_from_codes(codes[f"{prefix}.basis"], codes[f"{prefix}.basis_scale"]).to(enc.dtype)
+        widths = unpack_bits(codes[f"{prefix}.widths"], _TABLE_BITS, self.dim)
+        return basis, widths, codes[f"{prefix}.sigma"].to(enc.dtype).unsqueeze(-2)
+
+    def _z_hat(self, enc: Encoded, prefix: str, sketched: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ẑ including the QJL correction (B, H, S, d), Q (B, H, d, d))."""
+        basis, widths, sigma = self._stored(enc, prefix)
+        s = enc.shape[2]
+        idx = unpack_variable(enc.codes[f"{prefix}.codes"], widths, s)
+        z_hat = self._dequantise(enc, idx, widths, sigma, enc.dtype)
+        if sketched:
+            mask = _semantic_mask(enc.codes[f"{prefix}.d_eff"].to(torch.int64), self.dim).unsqueeze(-2)
+            signs = unpack_bits(enc.codes[f"{prefix}.sketch"], 1, self.n_projections).to(enc.dtype) * 2 - 1
+            r = enc.codes[f"{prefix}.residual_norm"].to(enc.dtype).unsqueeze(-1)
+            correction = qjl.sketch_scale(self.n_projections) * r * (signs @ self._sketch_matrix(enc, prefix, enc.dtype))
+            z_hat = z_hat + torch.where(mask, correction, torch.zeros_like(correction))
+        return z_hat, basis
+
+    def _decode_tensor(self, enc: Encoded, prefix: str, sketched: bool) -> torch.Tensor:
+        z_hat, basis = self._z_hat(enc, prefix, sketched)
+        return (z_hat @ basis.transpose(-1, -2)) * enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1)
+
+    # --- protocol -----------------------------------------------------------------------------
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
+        self._check(k, "k")
+        self._check(v, "v")
+        enc = Encoded(tuple(k.shape), k.dtype)
+        self._encode_tensor(k, "k", self.sketch_k, enc)
+        self._encode_tensor(v, "v", self.sketch_v, enc)
+        return enc
+
+    def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._decode_tensor(enc, "k", self.sketch_k), self._decode_tensor(enc, "v", self.sketch_v)
+
+    @property
+    def scores_on_codes(self) -> bool:
+        return self.sketch_k
+
+    def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
+        if not self.sketch_k:
+            return super().score(q, enc)
+        # The asymmetric estimator in z-space (AMD paper eq. 1): q is projected, never quantised.
+        basis, widths, sigma = self._stored(enc, "k")
+        q_z = q @ basis.to(q.dtype)                                                      # (B, H, Nq, d)
+        idx = unpack_variable(enc.codes["k.codes"], widths, enc.shape[2])
+        mse = q_z @ self._dequantise(enc, idx, widths, sigma.to(q.dtype), q.dtype).transpose(-1, -2)
+        mask = _semantic_mask(enc.codes["k.d_eff"].to(torch.int64), self.dim).unsqueeze(-2)
+        q_proj = torch.where(mask, q_z, torch.zeros_like(q_z)) @ self._sketch_matrix(enc, "k", q.dtype).transpose(-1, -2)
+        signs = unpack_bits(enc.codes["k.sketch"], 1, self.n_projections).to(q.dtype) * 2 - 1
+        r = enc.codes["k.residual_norm"].to(q.dtype).unsqueeze(-2)                          # (B, H, 1, S)
+        correction = qjl.sketch_scale(self.n_projections) * r * (q_proj @ signs.transpose(-1, -2))
+        norms = enc.codes["k.norm"].to(q.dtype).unsqueeze(-2)
+        return (mse + correction) * norms / math.sqrt(self.dim)
+
+
+_VARIANTS = {
+    "sq-kv": "SpectralQuant: calibrated per-head K and V eigenbases, per-coordinate Gaussian Lloyd–Max, "
+             "water-filling bit allocation",
+    "sq-qkv": "sq-kv with selective 1-bit QJL (m=64) on K's d_eff semantic coordinates, asymmetric scores",
+    "sq-kqv": "sq-kv with selective 1-bit QJL (m=64) on V's d_eff semantic coordinates",
+    "sq-qkqv": "sq-kv with selective 1-bit QJL (m=64) on the semantic coordinates of K and V",
+    "squ-kv": "SpectralQuant uniform: b bits on the d_eff semantic coordinates, 2 on the tail, no water-filling",
+    "squ-qkv": "squ-kv with selective 1-bit QJL (m=64) on K's d_eff semantic coordinates, asymmetric scores",
+    "squ-kqv": "squ-kv with selective 1-bit QJL (m=64) on V's d_eff semantic coordinates",
+    "squ-qkqv": "squ-kv with selective 1-bit QJL (m=64) on the semantic coordinates of K and V",
+}
+
+
+def _parse(name: str) -> dict:
+    """sq[u]-[q]k[q]v -> constructor options."""
+    prefix, body = name.split("-")
+    k_mark, v_mark = body.split("k")
+    return {"allocation": "uniform" if prefix == "squ" else "waterfill",
+            "sketch_k": k_mark == "q", "sketch_v": v_mark == "qv"}
+
+
+def _factory(name: str):
+    grammar = _parse(name)
+
+    def make(*, budget: int, dim: int, seed: int = 0, **options) -> SpectralQuant:
+        scheme = SpectralQuant(budget=budget, dim=dim, seed=seed, **grammar, **options)
+        scheme.name = name
+        return scheme
+    make.__doc__ = _VARIANTS[name]
+    return make
+
+
+for _name, _description in _VARIANTS.items():
+    register(_name, _factory(_name), _description)
