@@ -25,7 +25,7 @@ from stats.metrics import exact_logits, trial_metrics
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .memory import peak_bytes, reset_peak
 from .provenance import now, provenance
-from .store import RunStore
+from .store import DIAGNOSTIC_COLUMNS, RunStore
 from .sweep import Cell, SweepConfig, implementation
 
 DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
@@ -85,6 +85,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
     k_hat, v_hat = scheme.decode(enc)
     logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
     metrics = trial_metrics(data["k"], data["v"], data["q"], k_hat, v_hat, logits_hat)
+    metrics.update({k: v for k, v in scheme.diagnostics().items() if k in DIAGNOSTIC_COLUMNS})
     return ({name: m.cpu().numpy() for name, m in metrics.items()},
             BitLedger.per_trial_bits_per_element(enc).numpy())
 

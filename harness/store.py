@@ -21,7 +21,9 @@ MANIFEST_FILE = "manifest.json"
 
 CELL_COLUMNS = ("scenario", "scheme", "budget", "dim", "seq_len", "queries")
 CONFIG_COLUMNS = CELL_COLUMNS + ("trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
-TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES
+# Per-trial facts some schemes report (Scheme.diagnostics); NULL for the others.
+DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
+TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES + DIAGNOSTIC_COLUMNS
 _TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
@@ -76,7 +78,7 @@ class RunStore:
             with con:  # commits on success, rolls back on any exception
                 con.executemany(
                     f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
-                    [tuple(row[c] for c in TRIAL_COLUMNS) for row in rows])
+                    [tuple(row.get(c) for c in TRIAL_COLUMNS) for row in rows])
                 con.execute(f"INSERT INTO cells VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 4))})",
                             (*cell, len(rows), wall_s, finished_at, peak_mem_mb))
         finally:

@@ -98,6 +98,11 @@ class Scheme:
         """Raise ValueError naming the problem and what is valid; called by `create`."""
         check_family(self.rng)
 
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """Per-trial facts of the last fit, (B,) each, stored beside the metrics when their name
+        is one of harness.store.DIAGNOSTIC_COLUMNS (e.g. d_eff_k of a calibrated basis)."""
+        return {}
+
     def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor) -> "Scheme":
         """Calibrate on k_cal, v_cal (B, H, n_cal, d); data-independent schemes ignore them."""
         return self

@@ -258,6 +258,14 @@ class SpectralQuant(Scheme):
         """d_eff (B, H) of the fitted K and V calibrations."""
         return {name: cal.d_eff for name, cal in self.calibration.items()}
 
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """d_eff and spectral gap of K and V per trial (mean over heads), for the run store."""
+        out = {}
+        for name, cal in getattr(self, "calibration", {}).items():
+            out[f"d_eff_{name}"] = cal.d_eff.double().mean(dim=-1)
+            out[f"spectral_gap_{name}"] = cal.gap.double().mean(dim=-1)
+        return out
+
     @property
     def spectral_gaps(self) -> dict[str, torch.Tensor]:
         return {name: cal.gap for name, cal in self.calibration.items()}

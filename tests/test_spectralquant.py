@@ -295,3 +295,22 @@ def test_reference_agrees_with_torch(name):
     v_torch = np.mean([e[1] for e in errors["torch"]])
     v_ref = np.mean([e[1] for e in errors["reference"]])
     assert abs(v_ref - v_torch) < 0.15 * v_torch, (v_ref, v_torch)
+
+
+def test_run_stores_d_eff_per_trial_and_it_tracks_the_calibration_budget(tmp_path):
+    """d_eff self-calibrates to the calibration budget (AMD paper): stored per trial, NULL for TQ."""
+    from harness.cli import main
+    from harness.store import RunStore
+    d_eff = {}
+    for n_cal in (16, 256):
+        out = tmp_path / f"cal{n_cal}"
+        assert main(["run", "--scenario", "spectral_decay", "--scheme", "sq-kv,tq-kv", "--budget", "3", "--dim", "32",
+                     "--seq-len", "32", "--queries", "4", "--trials", "6", "--calib-tokens", str(n_cal),
+                     "--quiet", "--out", str(out)]) == 0
+        frame = RunStore(out).trials()
+        assert frame.loc[frame.scheme == "tq-kv", "d_eff_k"].isna().all()
+        sq = frame[frame.scheme == "sq-kv"]
+        assert sq["d_eff_k"].between(1, 32).all() and sq["spectral_gap_k"].notna().all()
+        d_eff[n_cal] = sq["d_eff_k"].mean()
+    # with few calibration tokens the sample covariance is spikier: smaller participation ratio
+    assert d_eff[16] < d_eff[256]
