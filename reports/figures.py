@@ -311,15 +311,113 @@ def amplification_figure(findings: Findings, styles) -> ReportFigure:
         "can lose to a biased, lower-variance one.", diagonal=False)
 
 
+def _spread(values, half_width: float) -> np.ndarray:
+    """Horizontal offsets for a strip of points: equal values (d_eff is an integer per head, so
+    ties are the rule) fan out evenly around 0 within ±half_width; deterministic, no jitter draw."""
+    values = np.asarray(values, dtype=float)
+    offsets = np.zeros(len(values))
+    keys = np.round(values, 9)
+    for v in np.unique(keys):
+        idx = np.flatnonzero(keys == v)
+        if len(idx) > 1:
+            offsets[idx] = np.linspace(-half_width, half_width, len(idx))
+    return offsets
+
+
+def _n_cal_words(values) -> str:
+    sizes = sorted({int(v) for v in values})
+    return f"n_cal = {', '.join(str(n) for n in sizes)} calibration tokens"
+
+
+def d_eff_figure(findings: Findings, styles) -> ReportFigure:
+    """Per-trial d_eff of K and V (the rounded participation ratio of each trial's calibration
+    covariance, mean over heads; stored by the calibrated schemes sq-*, squ-*), one panel per
+    (scenario, head dimension, calibration size), a box and a strip per (tensor, scheme); the
+    dashed line is the head dimension d, the largest possible d_eff."""
+    trials = findings.trials
+    title = "Effective dimension d_eff of the calibration covariance"
+    if not {"d_eff_k", "d_eff_v"} <= set(trials.columns):
+        return ReportFigure("d_eff", title, "", absent_reason="the run's rows hold no d_eff_k / d_eff_v columns "
+                            "(the store predates the per-trial diagnostics), so no d_eff")
+    calibrated = trials[trials.d_eff_k.notna() | trials.d_eff_v.notna()]
+    if calibrated.empty:
+        return ReportFigure("d_eff", title, "", absent_reason="the run has no calibrated scheme (sq-*, squ-*), "
+                            "so no d_eff")
+    calibrated, where = _main_slice(calibrated)
+    # d_eff is a property of the trial's calibration sample, not of the budget: one budget per
+    # scheme keeps one point per trial instead of repeating each trial once per budget.
+    keep = calibrated.groupby("scheme").budget.transform(lambda b: _mid(b.unique()))
+    calibrated = calibrated[calibrated.budget == keep]
+    budgets = sorted(calibrated.budget.unique())
+    n_cal = _n_cal_words(calibrated.calib_tokens)
+    title = f"{title} at {n_cal}"
+    panels = [tuple(k) for k in calibrated[["scenario", "dim", "calib_tokens"]].drop_duplicates()
+              .sort_values(["scenario", "dim", "calib_tokens"]).itertuples(index=False)]
+    names = sorted(calibrated.scheme.unique())
+    n_cols = min(3, len(panels))
+    n_rows = -(-len(panels) // n_cols)
+    fig, axes = _grid(n_rows, n_cols, width=max(3.6, 1.1 + 0.55 * len(names)), height=3.1)
+    log_panels = 0
+    slot = min(0.8 / len(names), 0.3)  # x width per scheme inside the K (or V) group
+    group = slot * len(names)
+    for i, (sc, dim, cal) in enumerate(panels):
+        ax = axes[i // n_cols, i % n_cols]
+        sel = calibrated[(calibrated.scenario == sc) & (calibrated.dim == dim) & (calibrated.calib_tokens == cal)]
+        shown = []
+        for t, tensor in enumerate(("k", "v")):
+            for j, name in enumerate(names):
+                values = sel.loc[sel.scheme == name, f"d_eff_{tensor}"].dropna().to_numpy(float)
+                if len(values) == 0:
+                    continue
+                shown.append(values)
+                st = styles[name]
+                x = t - group / 2 + slot * (j + 0.5)
+                ax.boxplot(values, positions=[x], widths=0.75 * slot, showfliers=False, patch_artist=True,
+                           boxprops={"facecolor": (*st.colour[:3], 0.15), "edgecolor": st.colour},
+                           medianprops={"color": st.colour, "linewidth": 1.6},
+                           whiskerprops={"color": st.colour}, capprops={"color": st.colour})
+                ax.scatter(x + _spread(values, 0.22 * slot), values, color=st.colour, marker=st.marker, s=10,
+                           alpha=0.75, linewidths=0, zorder=3)
+        ax.axhline(dim, color="grey", linestyle="--", linewidth=1)
+        ax.annotate(f"d = {dim}", (1, dim), xycoords=("axes fraction", "data"), xytext=(-2, 2),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="dimgrey")
+        low = np.concatenate(shown).min()
+        if dim > 8 * low:  # a linear axis up to d would squash the boxes into its bottom eighth
+            ax.set_yscale("log", base=2)
+            ax.set_ylim(2.0 ** np.floor(np.log2(low)) / 1.15, dim * 1.4)  # a tick below the lowest box
+            log_panels += 1
+            ax.yaxis.set_major_locator(ticker.LogLocator(base=2, numticks=12))
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.yaxis.set_minor_locator(ticker.NullLocator())
+        else:
+            ax.set_ylim(0, dim * 1.1)
+        ax.set_xlim(-0.5, 1.5)
+        ax.set_xticks([0, 1], ["K", "V"])
+        ax.grid(False, axis="x")
+        ax.set_title(f"{sc}, d = {dim}, n_cal = {cal}", fontsize=9)
+        ax.set_xlabel("tensor")
+        ax.set_ylabel("d_eff (participation ratio of\nthe calibration covariance)")
+    for j in range(len(panels), n_rows * n_cols):
+        axes[j // n_cols, j % n_cols].set_visible(False)
+    head_dim = plt.Line2D([], [], color="grey", linestyle="--", label="head dimension d")
+    _legend(fig, styles, names, extra=[head_dim])
+    heads = sorted(calibrated.heads.unique())
+    per_head = f" (mean over the {', '.join(map(str, heads))} heads)" if max(heads) > 1 else ""
+    caption = (f"One point per trial{per_head}: d_eff = round(tr(C)²/‖C‖²_F) of the trial's calibration "
+               f"covariance C of K or V from {n_cal}; boxes span the quartiles with the median as a bar, "
+               f"whiskers reach the furthest trial within 1.5 IQR. {where}, b = {', '.join(map(str, budgets))} bits (d_eff does not depend "
+               f"on the budget). The dashed line is the head dimension d, the largest possible d_eff"
+               f"{'; panels where d exceeds 8 × the smallest d_eff use a log₂ axis' if log_panels else ''}. "
+               f"`--calib-tokens` sets n_cal and one run has a single calibration size; comparing runs at several "
+               f"calibration sizes shows d_eff's self-calibration (the AMD paper): it follows the calibration "
+               f"budget rather than recovering the data's true rank.")
+    return ReportFigure("d_eff", title, caption, fig)
+
+
 def absent_figures(findings: Findings) -> list[ReportFigure]:
     """Figures of the issue whose data a run store does not hold (yet), with the reason."""
     columns = set(findings.trials.columns)
     out = []
-    if "d_eff" not in columns:
-        out.append(ReportFigure("d_eff", "Effective dimension d_eff against calibration size", "",
-                                absent_reason="the run's rows hold no d_eff column (calibrated schemes do not "
-                                "store their participation ratio per trial), so d_eff cannot be drawn "
-                                "from the stored rows alone"))
     if "singular_value" not in columns:
         out.append(ReportFigure("shard_spectrum", "Shard: singular-value decay with and without RoPE", "",
                                 absent_reason="the run's rows hold no singular values (no stored Shard "
@@ -334,8 +432,9 @@ def build_figures(findings: Findings) -> list[ReportFigure]:
                          "axes.grid": True, "grid.alpha": 0.3}):
         figures = [dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),
                    error_space_figure(findings, styles), significance_figure(findings, styles),
-                   isolation_figure(findings, styles), amplification_figure(findings, styles)]
+                   isolation_figure(findings, styles), amplification_figure(findings, styles),
+                   d_eff_figure(findings, styles)]
     return figures + absent_figures(findings)
 
 
-__all__ = ["ReportFigure", "SchemeStyle", "build_figures", "scheme_styles"]
+__all__ = ["ReportFigure", "SchemeStyle", "build_figures", "d_eff_figure", "scheme_styles"]

@@ -249,3 +249,57 @@ def test_verdicts_use_the_implementation_null(run_dir, tmp_path):
     valid = {"codec-difference", "implementation-variance", "equivalent", "inconclusive"}
     assert set(with_null.validation) <= valid and (with_null.n_null == 2).all()
     assert (alone.n_null == 0).all() and "codec-difference" not in set(alone.validation)
+
+
+SQ_RUN = ["--scenario", "spectral_decay", "--scheme", "sq-kv,tq-kv", "--budget", "3", "--dim", "16", "--seq-len", "32",
+          "--queries", "4", "--trials", "6", "--calib-tokens", "256", "--quiet"]
+
+
+def _figure_block(html_text, key):
+    return html_text.split(f'id="figure-{key}"', 1)[1].split("</figure>", 1)[0]
+
+
+def test_d_eff_figure_drawn_from_the_calibrated_rows(tmp_path):
+    """A run with a calibrated scheme (sq-kv) gets a real d_eff figure: an image in its section,
+    the run's calibration size (256, not the default 512) in the title, and exactly the stored
+    per-trial d_eff_k / d_eff_v values of sq-kv as its points; tq-kv stores none and is not drawn."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import d_eff_figure, scheme_styles
+
+    out = tmp_path / "sq"
+    assert main(["run", *SQ_RUN, "--out", str(out)]) == 0
+    assert RunStore(out).read_manifest()["config"]["calib_tokens"] == 256
+    assert main(["report", str(out), "--permutations", "50"]) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    block = _figure_block(page, "d_eff")
+    assert 'src="data:image/png;base64,' in block and "Not shown:" not in block
+    assert "n_cal = 256 calibration tokens" in block and "--calib-tokens" in block
+
+    with sqlite3.connect(out / "results.sqlite") as con:
+        stored = {tensor: sorted(v for (v,) in con.execute(f"SELECT d_eff_{tensor} FROM trials WHERE scheme = 'sq-kv'"))
+                  for tensor in ("k", "v")}
+        assert con.execute("SELECT COUNT(*) FROM trials WHERE scheme = 'tq-kv' AND d_eff_k IS NOT NULL").fetchone() == (0,)
+    assert all(len(v) == 6 and all(1 <= x <= 16 for x in v) for v in stored.values())
+
+    trials = RunStore(out).trials()
+    figure = d_eff_figure(analyse(trials, n_permutations=20), scheme_styles(trials.scheme.unique()))
+    try:
+        assert figure.absent_reason is None and "n_cal = 256" in figure.title
+        (ax,) = [a for a in figure.figure.axes if a.get_visible()]
+        assert ax.get_title() == "spectral_decay, d = 16, n_cal = 256"
+        assert "participation ratio" in ax.get_ylabel()
+        strips = [c.get_offsets() for c in ax.collections]
+        assert len(strips) == 2  # one strip per tensor for sq-kv, none for tq-kv
+        by_side = {("k" if np.mean(xy[:, 0]) < 0.5 else "v"): sorted(xy[:, 1]) for xy in strips}
+        assert by_side == stored
+        dashed = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+        assert [tuple(line.get_ydata()) for line in dashed] == [(16, 16)]  # the head dimension d
+    finally:
+        plt.close(figure.figure)
+
+
+def test_run_without_calibrated_scheme_states_why_d_eff_is_absent(html):
+    block = _figure_block(html, "d_eff")
+    assert "<img" not in block
+    assert "Not shown: the run has no calibrated scheme (sq-*, squ-*), so no d_eff." in block
