@@ -69,20 +69,24 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
     return out
 
 
-def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] | None = None) -> dict:
-    """Encode+decode vectors/s per scheme on (8, 1, S, d) Gaussian K and V (a vector is one token of K or V)."""
+def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] | None = None,
+                      budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",)) -> dict:
+    """Encode+decode vectors/s on (8, 1, S, d) Gaussian K and V (a vector is one token of K or V):
+    {scheme: {impl: {budget: vectors/s}}}; schemes an implementation lacks are left out."""
     g = torch.Generator(device="cpu").manual_seed(0)
     k = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
     v = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
-    result = {}
+    result: dict = {}
     for name in names or schemes.available():
-        try:
-            s = schemes.create(name, budget=shape.budget, dim=shape.dim)
-        except ValueError:
-            continue  # e.g. a scheme whose constraints this shape breaks
-        s.fit(k, v)
-        t = _best_time(lambda: s.decode(s.encode(k, v)), shape.repeats)
-        result[name] = 2 * k.shape[0] * shape.seq_len / t
+        for impl in impls:
+            for budget in budgets or (shape.budget,):
+                try:
+                    s = implementation(impl)(name, budget=budget, dim=shape.dim)
+                except ValueError:
+                    continue  # not in this implementation, or this shape breaks its constraints
+                s.fit(k, v)
+                t = _best_time(lambda: s.decode(s.encode(k, v)), 1 if impl == "reference" else shape.repeats)
+                result.setdefault(name, {}).setdefault(impl, {})[budget] = 2 * k.shape[0] * shape.seq_len / t
     return result
 
 
@@ -103,8 +107,9 @@ def attention_efficiency(shape: BenchShape, device: torch.device) -> dict:
     return {"matmul_gflops": peak, "attention_gflops": achieved, "attention_fraction_of_matmul": achieved / peak}
 
 
-def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] | None = None) -> dict:
+def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] | None = None,
+              budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",)) -> dict:
     return {"device": str(device), "threads": torch.get_num_threads(), "shape": shape.__dict__,
             "runner": runner_throughput(shape, device),
-            "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names),
+            "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names, budgets, impls),
             "attention": attention_efficiency(shape, device)}

@@ -16,7 +16,11 @@ def add_arguments(p):
     d = BenchShape()
     p.add_argument("--scheme", default=d.scheme, help=f"scheme of the runner comparison (default {d.scheme})")
     p.add_argument("--schemes", type=comma_list(str), default=None, help="schemes to time (default all)")
-    p.add_argument("--budget", type=int, default=d.budget)
+    p.add_argument("--budget", type=int, default=d.budget, help="budget of the runner comparison")
+    p.add_argument("--budgets", type=comma_list(int), default=None,
+                   help="budgets of the per-scheme throughput table (default: --budget)")
+    p.add_argument("--reference", action="store_true",
+                   help="also time the NumPy reference implementation per scheme")
     p.add_argument("--dim", type=int, default=d.dim)
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--queries", type=int, default=d.queries)
@@ -40,7 +44,11 @@ def run(args) -> int:
         raise UsageError(f"harness bench: {exc}") from None
     shape = BenchShape(scheme=args.scheme, budget=args.budget, dim=args.dim, seq_len=args.seq_len,
                        queries=args.queries, trials=args.trials, repeats=args.repeats)
-    result = run_bench(shape, device, list(args.schemes) if args.schemes else None)
+    for b in args.budgets or ():
+        if not 1 <= b <= 8:
+            raise UsageError(f"harness bench: budget {b} is outside 1..8 bits per element")
+    impls = ("torch", "reference") if args.reference else ("torch",)
+    result = run_bench(shape, device, list(args.schemes) if args.schemes else None, args.budgets, impls)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0
@@ -52,9 +60,11 @@ def run(args) -> int:
     if r.get("reference_trials_per_s"):
         print(f"  reference (NumPy){r['reference_trials_per_s']:10.1f} trials/s   "
               f"(batched = {r['batched_over_reference']:.1f}x)")
-    print("  encode+decode vectors/s:")
-    for name, rate in result["schemes_vectors_per_s"].items():
-        print(f"    {name:<20} {rate:14,.0f}")
+    print("  encode+decode vectors/s (scheme, implementation, budget):")
+    for name, by_impl in result["schemes_vectors_per_s"].items():
+        for impl, by_budget in by_impl.items():
+            rates = "  ".join(f"b={b}: {rate:,.0f}" for b, rate in by_budget.items())
+            print(f"    {name:<18} {impl:<9} {rates}")
     a = result["attention"]
     print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
           f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
