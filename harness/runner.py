@@ -4,9 +4,15 @@ Seeds are data (STYLE.md §4): trial t of a cell draws from the streams
 (seed, "data", scenario, dim, seq_len, queries, heads, t, tensor, head), shared by every scheme
 and budget; a scheme's own randomness comes from (seed, "scheme", name, budget, dim). So a
 row depends only on (configuration, seed), never on chunking, order or resumption.
+
+Decode phase (--decode-tokens N > 0): after the S prefill tokens, N tokens of a drifted
+distribution arrive (scenario streams of their own, so the prefill data do not depend on N).
+The metrics are those of the whole S+N cache against the exact concatenation. See
+run_cell_chunk for how each kind of scheme compresses the N tokens.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import sys
@@ -49,8 +55,9 @@ def scheme_seed(root_seed: int, name: str, budget: int, dim: int) -> int:
 def bytes_per_trial(config: SweepConfig, cell: Cell) -> int:
     """A generous estimate of the working memory one trial needs (tensors and temporaries)."""
     item = 8 if config.dtype == "float64" else 4
-    cache = config.heads * cell.seq_len * cell.dim
-    attention = config.heads * cell.queries * cell.seq_len
+    tokens = cell.seq_len + config.decode_tokens
+    cache = config.heads * tokens * cell.dim
+    attention = config.heads * cell.queries * tokens
     calib = config.heads * config.calib_tokens * cell.dim
     return item * (12 * cache + 2 * calib + 2 * config.heads * cell.queries * cell.dim) + 8 * 8 * attention
 
@@ -61,33 +68,91 @@ def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, budget: in
 
 
 def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -> dict[str, torch.Tensor]:
-    """The scenario's data for the given trials, stacked to (B, H, n, d) tensors on device."""
+    """The scenario's data for the given trials, stacked to (B, H, n, d) tensors on device:
+    k, v, q, k_cal, v_cal, positions (S,); with config.decode_tokens = N > 0 also k_decode,
+    v_decode (B, H, N, d) and positions_decode (N,). decode_tokens is not part of the streams'
+    labels: the prefill data are the same whatever N is."""
     scenario = scenarios.create(cell.scenario, **config.scenario_params.get(cell.scenario, {}))
-    shape = scenarios.TrialShape(config.heads, cell.seq_len, cell.queries, cell.dim, config.calib_tokens)
+    shape = scenarios.TrialShape(config.heads, cell.seq_len, cell.queries, cell.dim, config.calib_tokens,
+                                 config.decode_tokens)
     draws = []
     for t in trials:
         def streams(*labels, _t=t):
             return generator(config.rng, config.seed, "data", cell.scenario, cell.dim, cell.seq_len,
                              cell.queries, config.heads, _t, *labels)
         draws.append(scenario.draw(streams, shape))
+    tensors = ("k", "v", "q", "k_cal", "v_cal") + (("k_decode", "v_decode") if config.decode_tokens else ())
     out = {name: torch.from_numpy(np.stack([d[name] for d in draws])).to(device=device, dtype=dtype)
-           for name in ("k", "v", "q", "k_cal", "v_cal")}
+           for name in tensors}
     out["positions"] = torch.from_numpy(draws[0]["positions"]).to(device)
+    if config.decode_tokens:
+        s = cell.seq_len
+        decode_positions = draws[0].get("positions_decode", np.arange(s, s + config.decode_tokens))
+        out["positions_decode"] = torch.from_numpy(decode_positions).to(device)
     return out
 
 
-def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Fit, encode, decode and score one chunk; per-trial metrics and measured bits/element (B,)."""
-    scheme.fit(data["k_cal"], data["v_cal"])
+def _encode(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
     # Schemes that undo RoPE (Shard) take the tokens' positions; the rest ignore them.
     takes_positions = "positions" in inspect.signature(scheme.encode).parameters
-    enc = scheme.encode(data["k"], data["v"], **({"positions": data["positions"]} if takes_positions else {}))
-    k_hat, v_hat = scheme.decode(enc)
-    logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
-    metrics = trial_metrics(data["k"], data["v"], data["q"], k_hat, v_hat, logits_hat)
-    metrics.update({k: v for k, v in scheme.diagnostics().items() if k in DIAGNOSTIC_COLUMNS})
-    return ({name: m.cpu().numpy() for name, m in metrics.items()},
-            BitLedger.per_trial_bits_per_element(enc).numpy())
+    return scheme.encode(k, v, **({"positions": positions} if takes_positions else {}))
+
+
+def has_decode_path(scheme: schemes.Scheme) -> bool:
+    """Whether the scheme codes tokens generated after the prefill on their own (Shard)."""
+    return callable(getattr(scheme, "encode_decode_tokens", None)) and \
+        callable(getattr(scheme, "decode_decode_tokens", None))
+
+
+def _trial_bits(enc) -> torch.Tensor:
+    """Measured bits of each trial's stored cache (B,), float64 (integers)."""
+    b, h, s, d = enc.shape
+    return torch.round(BitLedger.per_trial_bits_per_element(enc) * (2 * h * s * d))
+
+
+def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Fit, encode, decode and score one chunk; per-trial metrics and measured bits/element (B,).
+
+    With decode tokens in data (k_decode, v_decode (B, H, N, d)) the evaluated cache is the S+N
+    tokens, against the exact concatenation K = [k, k_decode], V = [v, v_decode]:
+    - a scheme with a decode path (encode_decode_tokens / decode_decode_tokens: Shard) encodes
+      the prefill as usual and the N tokens with that path. Deployment codes them one at a time
+      as they arrive; Shard codes each token on its own, so passing all N at once gives the same
+      codes (its docstring; tests/test_shard.py checks it) and is what is done here, for speed.
+      Its logits are q·k̂ᵀ/√d over the concatenated decoded keys (Shard scores through decode);
+      bits/element = (prefill bits + decode-token bits) / (2·H·(S+N)·d);
+    - every other scheme encodes the concatenated S+N cache with its ordinary encode. Most code
+      each token independently, so this is the same as coding the N tokens as they arrive;
+      calibrated and eviction schemes (sq-*, svd, h2o, streaming, kivi's residual window) see the
+      decode tokens as part of the cache they summarise, i.e. the most favourable case for them.
+    """
+    scheme.fit(data["k_cal"], data["v_cal"])
+    if "k_decode" not in data:
+        enc = _encode(scheme, data["k"], data["v"], data["positions"])
+        k_hat, v_hat = scheme.decode(enc)
+        k, v = data["k"], data["v"]
+        logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+        bits = BitLedger.per_trial_bits_per_element(enc)
+    else:
+        k = torch.cat((data["k"], data["k_decode"]), dim=2)
+        v = torch.cat((data["v"], data["v_decode"]), dim=2)
+        if has_decode_path(scheme):
+            enc = _encode(scheme, data["k"], data["v"], data["positions"])
+            dec = scheme.encode_decode_tokens(data["k_decode"], data["v_decode"], enc,
+                                              positions=data["positions_decode"])
+            k_pre, v_pre = scheme.decode(enc)
+            k_new, v_new = scheme.decode_decode_tokens(dec, enc)
+            k_hat, v_hat = torch.cat((k_pre, k_new), dim=2), torch.cat((v_pre, v_new), dim=2)
+            logits_hat = exact_logits(data["q"], k_hat)
+            bits = (_trial_bits(enc) + _trial_bits(dec)) / (2 * k.shape[1] * k.shape[2] * k.shape[3])
+        else:
+            enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])))
+            k_hat, v_hat = scheme.decode(enc)
+            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+            bits = BitLedger.per_trial_bits_per_element(enc)
+    metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat)
+    metrics.update({name: x for name, x in scheme.diagnostics().items() if name in DIAGNOSTIC_COLUMNS})
+    return {name: m.cpu().numpy() for name, m in metrics.items()}, bits.numpy()
 
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
@@ -107,6 +172,16 @@ def _rows(config: SweepConfig, cell: Cell, device: torch.device, trials: range,
         yield row
 
 
+def _stored_config(manifest: dict | None) -> dict | None:
+    """The manifest's configuration, with fields added since it was written (decode_tokens) at
+    their defaults, so that an older run still resumes."""
+    if manifest is None or "config" not in manifest:
+        return None
+    defaults = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+                for f in dataclasses.fields(SweepConfig) if f.default is not dataclasses.MISSING}
+    return {**{k: v for k, v in defaults.items() if k not in manifest["config"]}, **manifest["config"]}
+
+
 def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
     """Check the directory against this run (RunConflict when it holds another) and write the manifest."""
     manifest = store.read_manifest()
@@ -114,9 +189,9 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
         if not resume:
             raise RunConflict(f"{store.directory} already holds a run; pass --resume to finish it "
                               f"or choose another --out")
-        if manifest is None or manifest.get("config") != config.to_json():
-            differing = sorted(k for k, v in config.to_json().items()
-                               if manifest is None or manifest.get("config", {}).get(k) != v)
+        stored = _stored_config(manifest)
+        if stored != config.to_json():
+            differing = sorted(k for k, v in config.to_json().items() if stored is None or stored.get(k) != v)
             raise RunConflict(f"{store.directory} holds a different run (differs in: "
                               f"{', '.join(differing)}); choose another --out")
         manifest.setdefault("resumed_at", []).append(now())

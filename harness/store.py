@@ -104,6 +104,12 @@ class RunStore:
         con = sqlite3.connect(self.path)
         try:
             order = ", ".join(CELL_COLUMNS + ("trial",))
-            return pd.read_sql_query(f"SELECT * FROM trials ORDER BY {order}", con)
+            frame = pd.read_sql_query(f"SELECT * FROM trials ORDER BY {order}", con)
         finally:
             con.close()
+        # a column that is NULL throughout (no scheme of the run reports it) reads back as
+        # None objects; make every numeric column float so NULL is NaN, as in CSV and Parquet
+        for column in frame.columns:
+            if column not in CONFIG_COLUMNS and frame[column].dtype == object:
+                frame[column] = pd.to_numeric(frame[column]).astype(float)
+        return frame

@@ -91,6 +91,7 @@ class SweepConfig:
     rng: str = "pcg64"
     impl: str = "torch"
     scenario_params: dict = field(default_factory=dict, hash=False, compare=True)
+    decode_tokens: int = 0   # N tokens after the S prefill, compressed as they arrive (0: no decode phase)
 
     def validate(self) -> None:
         """ValueError naming the first bad value and what is valid; builds every scheme once."""
@@ -104,6 +105,8 @@ class SweepConfig:
         positive("--trials", (self.trials,))
         positive("--heads", (self.heads,))
         positive("--calib-tokens", (self.calib_tokens,))
+        if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 0:
+            raise ValueError(f"--decode-tokens {self.decode_tokens!r} must be a non-negative integer")
         if not self.scenarios or not self.schemes or not self.budgets:
             raise ValueError("the sweep is empty: give at least one scenario, scheme and budget")
         if self.device not in DEVICES:
@@ -118,7 +121,8 @@ class SweepConfig:
         for name in self.scenarios:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
             for dim, seq_len, n_queries in itertools.product(self.dims, self.seq_lens, self.queries):
-                scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, self.calib_tokens))
+                scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, self.calib_tokens,
+                                                          self.decode_tokens))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
                 create(name, budget=budget, dim=dim, rng=self.rng)
@@ -135,4 +139,5 @@ class SweepConfig:
 
     @classmethod
     def from_json(cls, data: dict) -> "SweepConfig":
+        """The configuration of to_json's dict; fields added since it was written take their defaults."""
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})

@@ -4,6 +4,9 @@ A scenario draws each trial from NumPy generators handed to it by label (`stream
 so a tensor's values depend only on (root seed, cell, trial, label): every scheme sees the
 same data (paired comparisons), and changing the calibration size never changes K.
 Shapes of one trial: k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d); positions (S,).
+With n_decode = N > 0 also k_decode, v_decode (H, N, d) and positions_decode (N,): the tokens
+generated after the prefill, from a drifted population and their own labelled streams, so the
+prefill (k, v, q, calibration) is the same whatever N is.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ class TrialShape:
     n_queries: int
     dim: int
     n_calib: int
+    n_decode: int = 0   # tokens generated after the S prefill tokens (harness run --decode-tokens)
 
 
 @dataclass(frozen=True)
@@ -49,15 +53,20 @@ class Scenario:
     temperature: queries are q ~ N(0, I/temperature²), independent of the keys; with the
         keys scaled so that E‖k‖² = d, the logits q·k/√d have standard deviation
         ≈ 1/temperature (0.5 → 2: attention neither uniform nor one-hot).
+    drift: weight of the new population in the decode tokens (0: none, 1: all new); see `draw`.
     """
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     temperature: float = 0.5
+    drift: float = 0.5
 
     def validate(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            if f.name == "drift":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                    raise ValueError(f"scenario {self.name}: parameter drift={value!r} must lie in [0, 1]")
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
                 raise ValueError(f"scenario {self.name}: parameter {f.name}={value} must be positive")
 
     def check_shape(self, shape: TrialShape) -> None:
@@ -72,7 +81,15 @@ class Scenario:
         return gen.standard_normal(shape)
 
     def draw(self, streams: Streams, shape: TrialShape) -> dict[str, np.ndarray]:
-        """One trial, float64 arrays: k, v, q, k_cal, v_cal, positions."""
+        """One trial, float64 arrays: k, v, q, k_cal, v_cal, positions; with shape.n_decode = N > 0
+        also k_decode, v_decode (H, N, d) and positions_decode = S..S+N−1.
+
+        Drift model of the decode tokens: per head a second population (mix_new, from the stream
+        "population-drift") is drawn independently of the first, and a decode token is
+        x = √(1−drift)·mix·z1 + √(drift)·mix_new·z2 with z1, z2 independent latents of the
+        scenario's law, so its covariance is (1−drift)·mix mixᵀ + drift·mix_new mix_newᵀ: the
+        energy moves toward a new subspace while E‖x‖² stays the same. (Isotropic populations,
+        gaussian, do not move: there is no subspace to drift from.)"""
         h, s, d = shape.n_heads, shape.seq_len, shape.dim
         out = {name: np.empty((h, n, d)) for name, n in
                (("k", s), ("v", s), ("q", shape.n_queries), ("k_cal", shape.n_calib), ("v_cal", shape.n_calib))}
@@ -82,8 +99,22 @@ class Scenario:
                 n = out[name].shape[1]
                 out[name][head] = self.latent(streams(name, head), (n, mix.shape[1])) @ mix.T
             out["q"][head] = streams("q", head).standard_normal((shape.n_queries, d)) / self.temperature
+            if shape.n_decode:
+                self._draw_decode(streams, head, pop, shape, out)
         out["positions"] = np.arange(s)
+        if shape.n_decode:
+            out["positions_decode"] = np.arange(s, s + shape.n_decode)
         return out
+
+    def _draw_decode(self, streams: Streams, head: int, pop: Population, shape: TrialShape,
+                     out: dict[str, np.ndarray]) -> None:
+        """Fill out["k_decode"], out["v_decode"] (H, N, d) at `head` from the drifted population."""
+        new = self.population(streams("population-drift", head), shape.dim)
+        for name, mix, mix_new in (("k", pop.mix_k, new.mix_k), ("v", pop.mix_v, new.mix_v)):
+            z_old = self.latent(streams(f"{name}_decode", head), (shape.n_decode, mix.shape[1]))
+            z_new = self.latent(streams(f"{name}_decode_drift", head), (shape.n_decode, mix_new.shape[1]))
+            tokens = out.setdefault(f"{name}_decode", np.empty((shape.n_heads, shape.n_decode, shape.dim)))
+            tokens[head] = np.sqrt(1 - self.drift) * z_old @ mix.T + np.sqrt(self.drift) * z_new @ mix_new.T
 
 
 def random_orthonormal(gen: np.random.Generator, dim: int, n_columns: int) -> np.ndarray:

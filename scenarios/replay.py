@@ -216,7 +216,8 @@ class Replay(Scenario):
     `calib_fraction` of the file, disjoint from every window; with replacement only when that
     part holds fewer than n_cal tokens). rope="post" (default) replays keys and queries after
     RoPE, as a cache stores them; "pre" before it; models without RoPE have one version.
-    layer=-1 means the middle layer L // 2. `temperature` is unused: queries are real.
+    layer=-1 means the middle layer L // 2. `temperature` is unused: queries are real; so is
+    `drift`: replay has no decode tokens.
     """
     name = "replay"
     description = "K, V and real queries captured from a model (harness capture), calibration from a disjoint part"
@@ -267,7 +268,10 @@ class Replay(Scenario):
     def check_shape(self, shape) -> np.ndarray:
         """The window starts for `shape`, or ValueError (one line naming the file) when the file cannot
         serve it: another head_dim, more heads than it has, no window of S tokens, no calibration token.
-        A sweep can call this before it starts (every draw calls it too)."""
+        A sweep can call this before it starts (every draw calls it too). Decode tokens are refused:
+        the tokens after a window would change which windows fit, so the prefill draw would depend on N."""
+        if shape.n_decode:
+            raise ValueError("replay: --decode-tokens is not supported")
         cap = self.capture()
         if cap.dim != shape.dim:
             raise ValueError(f"{cap.path}: head_dim in file is {cap.dim}, requested dim {shape.dim}")

@@ -7,6 +7,12 @@ observation on Llama-3.1-8B: 192 of 1024 components hold 99.5% of K's energy onc
 undone, while RoPE spreads it). Values are i.i.d. N(0, 1): a flat spectrum. Queries are
 drawn independently, q ~ N(0, I/temperature²), and get RoPE at the positions S, S+1, ...
 (the tokens that follow the cache).
+
+Decode tokens (n_decode = N > 0) sit at positions S..S+N−1 and drift: their pre-RoPE keys are
+√(1−drift)·(a key of the prefill's frame U) + √(drift)·(a key of an independent frame U′, stream
+"population-drift"), so their energy moves partly out of the prefill's rank-r subspace (the
+drift Shard's write-up §8 warns of) at the same E‖k‖². Their values are i.i.d. N(0, 1) like the
+prefill's: a flat spectrum has no subspace to drift from.
 """
 from __future__ import annotations
 
@@ -51,7 +57,8 @@ class RopeLowRank(Scenario):
 
     def draw(self, streams, shape):
         """One trial (float64): k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d);
-        positions (S,); k_cal is at positions 0..n_cal−1 of its own sequence."""
+        positions (S,); k_cal is at positions 0..n_cal−1 of its own sequence. With
+        shape.n_decode = N > 0 also k_decode, v_decode (H, N, d) and positions_decode (N,)."""
         h, s, d, n_cal = shape.n_heads, shape.seq_len, shape.dim, shape.n_calib
         if d % 2:
             raise ValueError(f"scenario {self.name}: head dimension {d} must be even for RoPE")
@@ -62,8 +69,23 @@ class RopeLowRank(Scenario):
                          np.arange(n_cal), self.rope_base)
         q = streams("q").standard_normal((h, shape.n_queries, d)) / self.temperature
         q = _rope_np(q, np.arange(s, s + shape.n_queries), self.rope_base)
-        return {"k": k, "v": streams("v").standard_normal((h, s, d)), "q": q, "k_cal": k_cal,
-                "v_cal": streams("v_cal").standard_normal((h, n_cal, d)), "positions": positions}
+        out = {"k": k, "v": streams("v").standard_normal((h, s, d)), "q": q, "k_cal": k_cal,
+               "v_cal": streams("v_cal").standard_normal((h, n_cal, d)), "positions": positions}
+        if shape.n_decode:
+            out.update(self._decode_tokens(streams, frame, shape))
+        return out
+
+    def _decode_tokens(self, streams, frame: np.ndarray, shape) -> dict[str, np.ndarray]:
+        """k_decode, v_decode (H, N, d) and positions_decode (N,) = S..S+N−1, keys drifted toward
+        an independent frame of the same rank (see the module docstring)."""
+        h, n, d = shape.n_heads, shape.n_decode, shape.dim
+        new_frame = random_orthonormal(streams("population-drift"), h * d, frame.shape[1])
+        old_part = self._keys(streams("k_decode"), streams("k_decode_noise"), frame, n, h, d)
+        new_part = self._keys(streams("k_decode_drift"), streams("k_decode_drift_noise"), new_frame, n, h, d)
+        positions = np.arange(shape.seq_len, shape.seq_len + n)
+        keys = np.sqrt(1 - self.drift) * old_part + np.sqrt(self.drift) * new_part
+        return {"k_decode": _rope_np(keys, positions, self.rope_base),
+                "v_decode": streams("v_decode").standard_normal((h, n, d)), "positions_decode": positions}
 
 
 def singular_value_decay(k: np.ndarray, positions: np.ndarray, *, base: float = DEFAULT_BASE) -> dict[str, np.ndarray]:
