@@ -19,7 +19,7 @@ import torch
 
 from .base import Encoded, Scheme
 from .packing import pack_bits, unpack_bits
-from .registry import register
+from .registry import register_variant
 
 FP16_HIGH, FP16_LOW = 2.0 ** 14, 2.0 ** -8  # peaks outside this range are shifted by a power of two
 
@@ -323,15 +323,6 @@ class LowRankSVD(Scheme):
 
 
 # --- registration ------------------------------------------------------------------------
-def _factory(cls, name: str, doc: str, **fixed):
-    def make(*, budget: int, dim: int, seed: int = 0, **options):
-        scheme = cls(budget=budget, dim=dim, seed=seed, **fixed, **options)
-        scheme.name = name
-        return scheme
-    make.__doc__ = doc
-    return make
-
-
 _BASELINES = [
     ("int8", GroupQuant, "int8 group-wise asymmetric uniform quantisation (group 32 along d, fp16 min/scale)",
      {"width": 8}),
@@ -346,4 +337,4 @@ _BASELINES = [
 ]
 
 for _name, _cls, _doc, _fixed in _BASELINES:
-    register(_name, _factory(_cls, _name, _doc, **_fixed), _doc)
+    register_variant(_name, _cls, _doc, **_fixed)

@@ -31,6 +31,17 @@ def register(name: str, factory: Callable[..., Scheme], description: str) -> Non
     _BUILTIN[name] = SchemeSpec(name, factory, description)
 
 
+def register_variant(name: str, cls: type[Scheme], description: str, **fixed) -> None:
+    """Register `name` as `cls` with some constructor options fixed (a variant of a family);
+    the instance carries the variant's name."""
+    def make(*, budget: int, dim: int, seed: int = 0, **options) -> Scheme:
+        scheme = cls(budget=budget, dim=dim, seed=seed, **fixed, **options)
+        scheme.name = name
+        return scheme
+    make.__doc__ = description
+    register(name, make, description)
+
+
 def _load_plugins() -> dict[str, SchemeSpec]:
     global _plugins
     if _plugins is None:

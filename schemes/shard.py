@@ -34,7 +34,7 @@ from .baselines import half_shift, shift_down, shift_up
 from .hadamard import check_power_of_two, fwht
 from .kmeans import INITS, assign, kmeans
 from .packing import pack_bits, unpack_bits
-from .registry import register
+from .registry import register_variant
 from .rng import generator
 from . import rope
 from .rope import DEFAULT_BASE
@@ -440,17 +440,8 @@ class Shard(Scheme):
         return k_hat, v_hat
 
 
-def _factory(name: str, doc: str, **fixed):
-    def make(*, budget: int, dim: int, seed: int = 0, **options) -> Shard:
-        scheme = Shard(budget=budget, dim=dim, seed=seed, **fixed, **options)
-        scheme.name = name
-        return scheme
-    make.__doc__ = doc
-    return make
-
-
 _SHARD_DOC = ("Shard: RoPE-undone PCA on K (DP bits, int8 basis) + Hadamard/k-means VQ on V, fp16 sinks and "
               "window, data-independent Lloyd-Max decode tokens")
 _PCA_DECODE_DOC = "Shard with decode tokens projected on the prefill PCA basis and VQ codebook (the naive variant)"
-register("shard", _factory("shard", _SHARD_DOC), _SHARD_DOC)
-register("shard-pca-decode", _factory("shard-pca-decode", _PCA_DECODE_DOC, pca_decode=True), _PCA_DECODE_DOC)
+register_variant("shard", Shard, _SHARD_DOC)
+register_variant("shard-pca-decode", Shard, _PCA_DECODE_DOC, pca_decode=True)

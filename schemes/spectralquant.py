@@ -46,7 +46,7 @@ from .base import Encoded, Scheme
 from .eigen import covariance, effective_dimension, eigh_descending, spectral_gap
 from .lloyd_max import gaussian_codebook
 from .packing import pack_bits, unpack_bits
-from .registry import register
+from .registry import register_variant
 from .rng import generator, rademacher
 from .waterfill import MAX_BITS, waterfill
 
@@ -422,16 +422,5 @@ def _parse(name: str) -> dict:
             "sketch_k": k_mark == "q", "sketch_v": v_mark == "qv"}
 
 
-def _factory(name: str):
-    grammar = _parse(name)
-
-    def make(*, budget: int, dim: int, seed: int = 0, **options) -> SpectralQuant:
-        scheme = SpectralQuant(budget=budget, dim=dim, seed=seed, **grammar, **options)
-        scheme.name = name
-        return scheme
-    make.__doc__ = _VARIANTS[name]
-    return make
-
-
 for _name, _description in _VARIANTS.items():
-    register(_name, _factory(_name), _description)
+    register_variant(_name, SpectralQuant, _description, **_parse(_name))

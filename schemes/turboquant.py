@@ -26,7 +26,7 @@ from .base import Encoded, Scheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook, dequantize, quantize
 from .packing import pack_bits, unpack_bits
-from .registry import register
+from .registry import register_variant
 from .rng import generator, rademacher
 
 _SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
@@ -176,16 +176,5 @@ def _parse(name: str) -> dict:
     return {"rotate": prefix == "tq", "sketch_k": _SKETCH_OF_MARK[k_mark], "sketch_v": _SKETCH_OF_MARK[v_mark]}
 
 
-def _factory(name: str):
-    grammar = _parse(name)
-
-    def make(*, budget: int, dim: int, seed: int = 0, **options) -> TurboQuant:
-        scheme = TurboQuant(budget=budget, dim=dim, seed=seed, **grammar, **options)
-        scheme.name = name
-        return scheme
-    make.__doc__ = _VARIANTS[name]
-    return make
-
-
 for _name, _description in _VARIANTS.items():
-    register(_name, _factory(_name), _description)
+    register_variant(_name, TurboQuant, _description, **_parse(_name))
