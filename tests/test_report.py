@@ -303,3 +303,13 @@ def test_run_without_calibrated_scheme_states_why_d_eff_is_absent(html):
     block = _figure_block(html, "d_eff")
     assert "<img" not in block
     assert "Not shown: the run has no calibrated scheme (sq-*, squ-*), so no d_eff." in block
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
+                    ".ci/run installs it with apt-get install chromium")
+def test_report_screenshot_flag_writes_a_non_blank_png(run_dir):
+    shot = run_dir / "report.png"
+    shot.unlink(missing_ok=True)
+    assert main(["report", str(run_dir), "--screenshot", "--permutations", "99"]) == 0
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.shape[1] == 1280 and pixels.var() > 100

@@ -4,6 +4,8 @@ from __future__ import annotations
 import datetime
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 from ..errors import UsageError
@@ -18,6 +20,8 @@ def add_arguments(p):
     p.add_argument("--null", type=Path, default=None, metavar="NULL_DIR",
                    help="a run of the same cells differing only in RNG family, seed, impl, device or dtype: "
                         "the implementation null of the codec-difference verdicts")
+    p.add_argument("--screenshot", action="store_true",
+                   help="also write DIR/report.png, the page as headless Chromium renders it")
     p.add_argument("--permutations", type=int, default=1000,
                    help="permutations of each energy test in the verdicts (default 1000)")
 
@@ -88,6 +92,17 @@ def run(args) -> int:
         raise UsageError(f"harness report: --null {args.null} holds no {RESULTS_FILE}; give a run directory")
     if args.permutations < 1:
         raise UsageError(f"harness report: --permutations {args.permutations} must be a positive integer")
+    if args.screenshot:
+        from reports.screenshot import chromium
+        if chromium() is None:
+            raise UsageError("harness report: --screenshot needs Debian's chromium (apt-get install chromium)")
     html_path, pdf_path = write_report(args.directory, args.null, args.permutations)
     print(f"report -> {html_path} and {pdf_path}")
+    if args.screenshot:
+        from reports.screenshot import screenshot
+        try:
+            print(f"screenshot -> {screenshot(html_path, args.directory / 'report.png')}")
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            print(f"error: harness report: {exc}", file=sys.stderr)
+            return 1
     return 0
