@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -51,3 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: every finished cell is stored; rerun with --resume to finish", file=sys.stderr)
         return 130
+    except Exception as exc:  # any other failure: one line, exit 1 (the traceback on request)
+        if os.environ.get("KVHARNESS_DEBUG"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (set KVHARNESS_DEBUG=1 for the traceback)".replace("\n", " "),
+              file=sys.stderr)
+        return 1

@@ -104,6 +104,12 @@ def pack_mixed(codes: list[torch.Tensor], widths: list[list[int]]) -> torch.Tens
     return pack_bits(torch.stack(rows), 2)
 
 
+def mixed_exact_bits(widths: list[list[int]], n_rows: int, device) -> torch.Tensor:
+    """Bits each trial's own rows occupy in pack_mixed's format (whole bytes per row), (B,):
+    the ledger's per-trial count, free of the batch's padding."""
+    return torch.tensor([n_rows * ((sum(w) // 2 + 3) // 4) * 8 for w in widths], device=device)
+
+
 def unpack_mixed(packed: torch.Tensor, widths: list[list[int]]) -> list[torch.Tensor]:
     """Inverse of pack_mixed: per trial codes (n, r) int64 (0 where the width is 0)."""
     out = []
@@ -301,6 +307,7 @@ class Shard(Scheme):
             "k.shift": shift, "k.mean": mean, "k.basis": basis_q, "k.basis_scale": col_scale,
             "k.alloc": torch.tensor(allocs, dtype=torch.uint8, device=k_mid.device).reshape(b, len(sizes)),
             "k.coeff_scale": coeff_scale, "k.coeff": pack_mixed(list(unsigned), widths)})
+        enc.exact_bits["k.coeff"] = mixed_exact_bits(widths, n, k_mid.device)
 
     def _basis_hat(self, enc: Encoded, dtype) -> torch.Tensor:
         return enc.codes["k.basis"].to(dtype) * enc.codes["k.basis_scale"].to(dtype)[:, None, :]
@@ -423,6 +430,7 @@ class Shard(Scheme):
         out = Encoded((b, h, n, d), k_new.dtype)
         _store_positions(out, pos, s)
         out.codes["k.coeff"] = pack_mixed(list((signed + levels[:, None, :]).to(torch.int64)), widths)
+        out.exact_bits["k.coeff"] = mixed_exact_bits(widths, n, k_new.device)
         points = self._vq_points(fwht(v_new), enc.codes["v.shift"], enc.codes["v.channel_max"])
         index, _ = assign(points, enc.codes["v.centroids"].to(torch.float32))
         out.codes["v.index"] = pack_bits(index.reshape(b, h, n, d // self.vq_group), self._index_width())

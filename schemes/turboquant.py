@@ -96,7 +96,8 @@ class TurboQuant(Scheme):
             book = beta_codebook(d, bits)
             idx = quantize(y, book)
             enc.codes[f"{prefix}.codes"] = pack_bits(idx, bits)
-            enc.side[f"{prefix}.codebook"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
+            # one table per width, shared by K and V: stored (and counted) once
+            enc.side[f"codebook.{bits}bit"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
             y_hat = dequantize(idx, book, x.dtype)
         if kind:
             residual = y - y_hat
@@ -114,7 +115,7 @@ class TurboQuant(Scheme):
         if bits < 1:
             return torch.zeros(enc.shape, dtype=enc.dtype, device=enc.codes[f"{prefix}.norm"].device)
         idx = unpack_bits(enc.codes[f"{prefix}.codes"], bits, d)
-        return enc.side[f"{prefix}.codebook"].to(enc.dtype)[idx]
+        return enc.side[f"codebook.{bits}bit"].to(enc.dtype)[idx]
 
     def _sketch_signs(self, enc: Encoded, prefix: str) -> torch.Tensor:
         return self._unpack_signs(enc.codes[f"{prefix}.sketch"], self.dim, enc.dtype)

@@ -153,8 +153,8 @@ def test_tq_kv_bits_count_the_decode_tokens_by_hand(tmp_path):
                  "--out", str(out)]) == 0
     frame = RunStore(out).trials()
     # tq-kv codes all S+N = 40 tokens: b code bits per element, a float32 norm per 16-element
-    # vector, and per tensor a float32 codebook of 2^b entries and 16 packed rotation signs
-    side = 2 * (4 * 32 + 16) / (2 * 40 * 16)
+    # vector, one float32 codebook of 2^b entries shared by K and V, and 16 packed rotation signs per tensor
+    side = (4 * 32 + 2 * 16) / (2 * 40 * 16)
     assert frame["bits_per_element"].tolist() == pytest.approx([2 + 32 / 16 + side] * 2, rel=1e-12)
 
 

@@ -174,7 +174,7 @@ def test_same_signs_give_identical_codes_and_reconstructions(name, bits):
         if key.endswith(("codes", "sketch")):
             assert torch.equal(enc_t.codes[key], enc_r.codes[key]), key
     for key in enc_t.side:
-        if not key.endswith("codebook"):
+        if not key.startswith("codebook"):
             assert torch.equal(enc_t.side[key], enc_r.side[key]), key
     for a, b in zip(t.decode(enc_t), r.decode(enc_r)):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
@@ -268,21 +268,24 @@ def test_score_on_codes_equals_the_decoded_inner_product():
 
 def hand_count(name, bits, n_heads, n_tokens, dim):
     """Bits of one trial's cache counted from the format: packed rows, float32 norms, packed signs,
-    float32 codebooks."""
+    one float32 codebook per code width in use (K and V share it)."""
     marks = re.fullmatch(r"(?:tq|plain)-([qf]?)k([qf]?)v", name).groups()  # sketch mark of K, V
     rotate = name.startswith("tq-")
     total = 0
+    widths = set()
     for mark in marks:
         mse_bits = bits - 1 if mark else bits
         row_bytes = lambda width: (dim * width + 7) // 8  # noqa: E731
         total += n_heads * n_tokens * 32                                          # norm
         if mse_bits:
-            total += n_heads * n_tokens * row_bytes(mse_bits) * 8 + 32 * 2 ** mse_bits
+            total += n_heads * n_tokens * row_bytes(mse_bits) * 8
+            widths.add(mse_bits)
         if rotate:
             total += n_heads * row_bytes(1) * 8
         if mark:
             total += n_heads * n_tokens * (32 + row_bytes(1) * 8)                   # ‖e‖ and sign(Pe)
             total += n_heads * row_bytes(1) * 8 * (dim if mark == "f" else 1)       # P
+    total += sum(32 * 2 ** w for w in widths)                                      # codebooks
     return total / (2 * n_heads * n_tokens * dim)
 
 

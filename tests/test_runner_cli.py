@@ -41,9 +41,9 @@ def test_run_writes_every_cell_and_column(tmp_path, capsys):
     peaks = manifest["peak_mem_mb_per_cell"]
     assert len(peaks) == 8 and all(p > 10 for p in peaks.values())   # a Python + torch process
     # measured bits, counted by hand: b code bits per element, a float32 norm per 16-element
-    # vector, and per tensor a float32 codebook of 2^b entries and 16 packed rotation signs
+    # vector, one float32 codebook of 2^b entries shared by K and V, and 16 packed rotation signs per tensor
     tq = frame[(frame.scheme == "tq-kv") & (frame.budget == 2)]
-    side = 2 * (4 * 32 + 16) / (2 * 32 * 16)
+    side = (4 * 32 + 2 * 16) / (2 * 32 * 16)
     assert tq["bits_per_element"].iloc[0] == pytest.approx(2 + 32 / 16 + side, rel=1e-12)
 
 
@@ -208,3 +208,15 @@ def test_sigkill_mid_sweep_then_resume_gives_exactly_the_uninterrupted_rows(tmp_
     resumed, clean = rows(out), rows(tmp_path / "clean")
     assert not resumed.duplicated(["scenario", "scheme", "budget", "dim", "seq_len", "queries", "trial"]).any()
     pd.testing.assert_frame_equal(resumed, clean)
+
+
+def test_other_failures_are_one_line_exit_1(tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / RESULTS_FILE).write_text("garbage")
+    assert main(["export", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "not a database" in err
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv", "--out", str(afile), *SMALL]) == 2

@@ -260,3 +260,18 @@ def test_clipped_coefficient_steps_beat_max_abs_on_gaussian_coefficients():
         max_abs = c.abs().amax(1) / levels
         err_max_abs = float(((c - _quantize_symmetric(c, max_abs, levels) * max_abs[:, None, :]) ** 2).mean())
         assert err < bound and err < err_max_abs
+
+
+def test_shard_per_trial_bits_do_not_depend_on_the_batch():
+    """Trials whose DP allocations differ pack coefficient rows of different lengths; each is
+    charged its own length (Encoded.exact_bits), not the batch's longest."""
+    from schemes.base import BitLedger
+    g = torch.Generator().manual_seed(0)
+    iso = torch.randn(1, 1, 150, 128, generator=g)
+    low = torch.randn(1, 1, 150, 4, generator=g) @ torch.randn(1, 1, 4, 128, generator=g)
+    k, v = torch.cat((iso, low)), torch.randn(2, 1, 150, 128, generator=g)
+    s = schemes.create("shard", budget=5, dim=128)
+    batched = BitLedger.per_trial_bits_per_element(s.encode(k, v))
+    alone = [float(BitLedger.per_trial_bits_per_element(s.encode(k[i:i + 1], v[i:i + 1]))[0]) for i in range(2)]
+    assert batched.tolist() == pytest.approx(alone, rel=1e-12)
+    assert alone[0] != alone[1]          # the case that needs the per-trial count

@@ -86,6 +86,8 @@ def run(args) -> int:
 
     config = config_from_args(args)
     out = args.out or Path("runs") / f"{'-'.join(config.scenarios)[:40]}-{datetime.now():%Y%m%d-%H%M%S}"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"harness run: --out {out} is a file; give a directory (new, or holding this run with --resume)")
     store = RunStore(out)
     try:
         result = run_sweep(config, store, resume=args.resume, progress=None if not args.quiet else False,

@@ -358,7 +358,7 @@ class ReferenceTurboQuant(Scheme):
             index = xp.searchsorted(xp.asarray(book.thresholds, dtype=self.compute_dtype), y)
             enc.codes[f"{tensor}.codes"] = to_tensor(pack_codes(index, bits, xp), xp, device=device)
             stored_centroids = xp.asarray(book.centroids, dtype=xp.float32)
-            enc.side[f"{tensor}.codebook"] = to_tensor(stored_centroids, xp, device=device)
+            enc.side[f"codebook.{bits}bit"] = to_tensor(stored_centroids, xp, device=device)  # shared by K and V
             y_hat = stored_centroids.astype(self.compute_dtype)[index]  # what decode will read back
         if self._sketch_kind(tensor):
             residual = y - y_hat
@@ -373,7 +373,7 @@ class ReferenceTurboQuant(Scheme):
         xp, bits = self.ns, self._mse_bits(tensor)
         if bits < 1:
             return xp.zeros(enc.shape, dtype=self.compute_dtype)
-        centroids = to_array(enc.side[f"{tensor}.codebook"], xp, self.compute_dtype)
+        centroids = to_array(enc.side[f"codebook.{bits}bit"], xp, self.compute_dtype)
         return centroids[unpack_codes(to_array(enc.codes[f"{tensor}.codes"], xp), bits, self.dim, xp)]
 
     def _sketch_part(self, enc: Encoded, tensor: str):
