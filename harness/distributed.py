@@ -8,6 +8,7 @@ schedule — so the rows equal a serial run's. A task whose worker dies is retri
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable
 
@@ -39,27 +40,41 @@ def compute_cell_task(config_json: dict, cell_key: tuple, memory_budget: int | N
     return compute_cell(SweepConfig.from_json(config_json), Cell(*cell_key), memory_budget)
 
 
-def run_distributed(config: SweepConfig, cells: list[Cell], *, workers: int | None, scheduler: str | None,
-                    memory_budget: int | None, on_cell: Callable[[Cell, list, float, float], None]) -> None:
+@contextlib.contextmanager
+def cluster(workers: int | None, scheduler: str | None, timeout: float = 10):
+    """A connected Dask client: a local cluster of `workers` single-threaded processes, or the
+    scheduler at `scheduler`. Connect before anything is written, so an unreachable scheduler
+    leaves no half-made run directory."""
     try:
-        from dask.distributed import Client, LocalCluster, as_completed
+        from dask.distributed import Client, LocalCluster
     except ImportError:
         raise ValueError("distributed sweeps need dask: pip install 'kvharness[distributed]'") from None
-    import torch
-    n_threads = torch.get_num_threads()  # the serial run's thread count: same reduction order, same rows
     if scheduler:
-        client, cluster = Client(scheduler), None
+        try:
+            client, local = Client(scheduler, timeout=timeout), None
+        except OSError as exc:
+            raise ConnectionError(f"no Dask scheduler answered at {scheduler} within {timeout:.0f} s ({exc})") from None
     else:
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=40)
-        client = Client(cluster)
+        local = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                             dashboard_address=None, silence_logs=40)
+        client = Client(local)
     try:
-        futures = {client.submit(compute_cell_task, config.to_json(), cell.key, memory_budget, n_threads,
-                                 pure=False, retries=2): cell for cell in cells}
-        for future in as_completed(futures):
-            rows, wall, peak = future.result()
-            on_cell(futures[future], rows, wall, peak)
+        yield client
     finally:
         client.close()
-        if cluster is not None:
-            cluster.close()
+        if local is not None:
+            local.close()
+
+
+def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_budget: int | None,
+                    on_cell: Callable[[Cell, list, float, float], None]) -> None:
+    """Submit every cell as a task on `client` and hand each finished one to on_cell (the single writer)."""
+    from dask.distributed import as_completed
+
+    import torch
+    n_threads = torch.get_num_threads()  # the serial run's thread count: same reduction order, same rows
+    futures = {client.submit(compute_cell_task, config.to_json(), cell.key, memory_budget, n_threads,
+                             pure=False, retries=2): cell for cell in cells}
+    for future in as_completed(futures):
+        rows, wall, peak = future.result()
+        on_cell(futures[future], rows, wall, peak)

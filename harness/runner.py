@@ -13,6 +13,7 @@ run_cell_chunk for how each kind of scheme compresses the N tokens.
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import inspect
 import itertools
 import sys
@@ -251,7 +252,18 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
     With workers (a local Dask cluster) or scheduler (an existing one) cells run as Dask tasks."""
     start = time.perf_counter()
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-    prepare_store(config, store, resume=resume)
+    with contextlib.ExitStack() as stack:
+        client = None
+        if workers or scheduler:
+            from .distributed import cluster
+            client = stack.enter_context(cluster(workers, scheduler))
+        prepare_store(config, store, resume=resume)
+        result = _run_cells(config, store, device, dtype, progress, memory_budget, client)
+    return RunResult(result[0], result[1], time.perf_counter() - start)
+
+
+def _run_cells(config, store, device, dtype, progress, memory_budget, client) -> tuple[int, int]:
+    """The cells not yet stored, serially or as tasks on a Dask client: (cells run, cells skipped)."""
     done = store.finished_cells()
     todo = [c for c in config.cells() if c.key not in done]
     if progress is None:
@@ -267,10 +279,9 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
             bar.update(1)
 
     try:
-        if workers or scheduler:
+        if client is not None:
             from .distributed import run_distributed
-            run_distributed(config, todo, workers=workers, scheduler=scheduler, memory_budget=memory_budget,
-                            on_cell=on_cell)
+            run_distributed(client, config, todo, memory_budget=memory_budget, on_cell=on_cell)
         else:
             _run_serial(config, todo, device, dtype, memory_budget, on_cell)
     finally:
@@ -280,4 +291,4 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
     manifest["finished_at"] = now()
     manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
     store.write_manifest(manifest)
-    return RunResult(len(todo), len(done), time.perf_counter() - start)
+    return len(todo), len(done)

@@ -309,7 +309,10 @@ class LowRankSVD(Scheme):
         b, h, s, d = k.shape
         r = svd_rank(s, d, self.budget)
         for prefix, x in (("k", k), ("v", v)):
-            shift = half_shift(x, n_lead=2)
+            # a coefficient is at most the token's norm ≤ √d·peak: scale by that bound (in float64,
+            # so the bound itself cannot overflow), not the peak, or fp16 coefficients overflow
+            bound = x.abs().amax(dim=(-1, -2)).double() * math.sqrt(d)
+            shift = half_shift(bound, n_lead=2)
             xs = shift_down(x, shift)
             _, _, vh = torch.linalg.svd(xs, full_matrices=False)
             basis = vh[..., :r, :].transpose(-1, -2).half()                    # (B, H, d, r), |entries| <= 1

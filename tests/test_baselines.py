@@ -183,3 +183,14 @@ def test_svd_matches_numpy_truncated_svd():
             assert ref_err <= err <= ref_err * 1.01 + 1e-3
             assert np.allclose(k_hat[i, j].numpy(), ref, atol=2e-2)
     assert scheme.bits(enc).total == 2 * (h * (s + d) * r * 16 + h * 16)
+
+
+def test_svd_coefficients_do_not_overflow_fp16_when_a_token_norm_exceeds_it():
+    """Peak 8000 (fp16-safe) but a row norm of ~90000: the stored fp16 coefficients must not be inf."""
+    x = torch.full((1, 1, 8, 128), 8000.0)
+    x[0, 0, :, ::2] = -8000.0
+    x = x * torch.linspace(0.5, 1.0, 8).view(1, 1, 8, 1)
+    s = schemes.create("svd", budget=4, dim=128)
+    k_hat, v_hat = s.decode(s.encode(x, x))
+    assert torch.isfinite(k_hat).all()
+    assert float(((k_hat - x) ** 2).sum() / (x ** 2).sum()) < 1e-3   # rank-1 data: near exact

@@ -26,3 +26,11 @@ def test_workers_flag_errors(tmp_path, capsys):
     assert main(ARGS + ["--out", str(tmp_path / "x"), "--workers", "0"]) == 2
     assert main(ARGS + ["--out", str(tmp_path / "x"), "--workers", "2", "--scheduler", "tcp://127.0.0.1:1"]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_unreachable_scheduler_is_one_line_exit_1_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert main(ARGS + ["--out", str(out), "--scheduler", "tcp://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no Dask scheduler answered at tcp://127.0.0.1:9" in err
+    assert not out.exists()
