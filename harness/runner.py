@@ -204,21 +204,12 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
 
 
 def compute_cell(config: SweepConfig, cell: Cell, memory_budget: int | None = None):
-    """One cell on its own (the distributed path): (rows, wall_s, peak_mem_mb)."""
-    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-    size = chunk_size(config, cell, device, memory_budget)
-    scheme = create_scheme(config, cell)
-    rows, wall, peak = [], 0.0, 0
-    for start in range(0, config.trials, size):
-        trials = range(start, min(start + size, config.trials))
-        data = draw_trials(config, cell, trials, device, dtype)
-        t0 = time.perf_counter()
-        reset_peak(device)
-        metrics, bits = run_cell_chunk(scheme, data)
-        peak = max(peak, peak_bytes(device) or 0)
-        rows.extend(_rows(config, cell, device, trials, metrics, bits))
-        wall += time.perf_counter() - t0
-    return rows, wall, peak / 2 ** 20
+    """One cell on its own (the distributed path): (rows, wall_s, peak_mem_mb), by the serial
+    runner's own chunk loop, so its rows equal a serial run's."""
+    finished = []
+    _run_serial(config, [cell], resolve_device(config.device), resolve_dtype(config.dtype), memory_budget,
+                lambda _cell, rows, wall, peak_mb: finished.append((rows, wall, peak_mb)))
+    return finished[0]
 
 
 def _run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell) -> None:

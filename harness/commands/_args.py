@@ -32,3 +32,14 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
                     raise argparse.ArgumentTypeError(str(exc)) from None
         return tuple(items)
     return parse
+
+
+def check_test_options(args, command: str) -> None:
+    """--alpha, --margin and --permutations of the commands that run statistical tests."""
+    from ..errors import UsageError
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"harness {command}: --alpha {args.alpha} must lie in (0, 1)")
+    if not args.margin > 0:
+        raise UsageError(f"harness {command}: --margin {args.margin} must be positive")
+    if args.permutations < 1:
+        raise UsageError(f"harness {command}: --permutations {args.permutations} must be a positive integer")

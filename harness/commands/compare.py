@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
+from ._args import check_test_options
 from ..store import RESULTS_FILE, RunStore
 
 NAME = "compare"
@@ -37,12 +38,7 @@ def _trials(directory: Path):
 def run(args) -> int:
     from stats.validation import CELL_COLUMNS, compare_runs, differing_variables
 
-    if not 0 < args.alpha < 1:
-        raise UsageError(f"harness compare: --alpha {args.alpha} must lie in (0, 1)")
-    if not args.margin > 0:
-        raise UsageError(f"harness compare: --margin {args.margin} must be positive")
-    if args.permutations < 1:
-        raise UsageError(f"harness compare: --permutations {args.permutations} must be a positive integer")
+    check_test_options(args, "compare")
     a, b = _trials(args.run_a), _trials(args.run_b)
     null = _trials(args.null) if args.null is not None else None
     table = compare_runs(a, b, null, alpha=args.alpha, margin=args.margin, n_permutations=args.permutations,

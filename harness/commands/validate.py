@@ -21,6 +21,7 @@ import schemes
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
+from ._args import check_test_options
 from ..sweep import IMPLS, SweepConfig
 
 NAME = "validate"
@@ -87,12 +88,7 @@ def _check(args) -> None:
     if args.against == args.scheme:
         raise UsageError("harness validate: --against names the same scheme as --scheme; omit it to compare "
                          "A with itself under --vary")
-    if not 0 < args.alpha < 1:
-        raise UsageError(f"harness validate: --alpha {args.alpha} must lie in (0, 1)")
-    if not args.margin > 0:
-        raise UsageError(f"harness validate: --margin {args.margin} must be positive")
-    if args.permutations < 1:
-        raise UsageError(f"harness validate: --permutations {args.permutations} must be a positive integer")
+    check_test_options(args, "validate")
     if args.trials < 2:
         raise UsageError(f"harness validate: --trials {args.trials} must be at least 2")
 
