@@ -2,16 +2,15 @@
 
 - `covariance`: C = XᵀX/n (uncentred, as SpectralQuant defines it, AMD paper §2);
 - `eigh_descending`: the exact symmetric eigendecomposition, eigenvalues in decreasing order;
-- `top_eigenvectors`: block power (subspace) iteration for the top-k eigenvectors, with a QR
-  orthonormalisation after every product and a Rayleigh–Ritz rotation at the end
-  (Golub & Van Loan, Matrix Computations, §8.2.4 "orthogonal iteration");
+- `top_eigenvectors`: block power (subspace) iteration with Rayleigh–Ritz for the top-k
+  eigenvectors (Golub & Van Loan, Matrix Computations, §8.2.4 "orthogonal iteration"), each
+  matrix of the batch stopping on its own;
 - `participation_ratio` / `effective_dimension`: d_eff = round(tr(C)²/‖C‖_F²);
 - `spectral_gap`: the relative gap (λ_k − λ_{k+1})/λ_1 at the d_eff boundary, which sets how
   fast the power iteration converges and how stable the semantic subspace is.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 
@@ -37,30 +36,50 @@ def _orthonormalise(v: torch.Tensor) -> torch.Tensor:
     return q * signs.unsqueeze(-2)
 
 
-def top_eigenvectors(cov: torch.Tensor, k: int, gen: np.random.Generator, *, max_iter: int = 1000,
-                     tol: float = 1e-12) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Top-k eigenpairs of symmetric PSD cov (..., d, d) by block power iteration.
+def top_eigenvectors(cov: torch.Tensor, k: int, start: torch.Tensor, *, n_converge: torch.Tensor | None = None,
+                     max_iter: int = 500, tol: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k eigenpairs of symmetric PSD cov (..., d, d) by block power (subspace) iteration with
+    a Rayleigh–Ritz step after every product (Saad, Numerical Methods for Large Eigenvalue
+    Problems, 2nd ed., Alg. 5.3): V ← orth(C V), then V ← V·eig(VᵀCV), Ritz values decreasing.
 
-    gen: the generator of the random start block (an explicit stream, never global state).
-    Returns (values (..., k) decreasing, vectors (..., d, k), iterations used). Stops when
-    the residual ‖C V − V (VᵀCV)‖_F of every matrix in the batch is below tol·‖C‖_F.
+    start: the start block (d, k), the same for every matrix (or (..., d, k)); it is an explicit
+    argument so that each matrix's result depends on that matrix alone. Each matrix stops on its
+    own once its leading n_converge (..., default k) Ritz pairs have residuals
+    ‖C v − θ v‖ ≤ tol·θ_1 (or after max_iter products); later products leave it untouched, so
+    the answer never depends on the other matrices of the batch. Pair j converges like
+    (λ_{k+1}/λ_j)^iterations, which is why callers ask for more vectors than they need.
+    Returns (values (..., k), vectors (..., d, k), iterations (...,) int64).
     """
-    d = cov.shape[-1]
+    *batch, d, _ = cov.shape
     if not 1 <= k <= d:
         raise ValueError(f"number of eigenvectors k={k} is outside 1..{d}")
-    start = torch.from_numpy(gen.standard_normal((*cov.shape[:-2], d, k))).to(cov.dtype).to(cov.device)
-    v = _orthonormalise(start)
-    scale = torch.linalg.matrix_norm(cov).clamp_min(torch.finfo(cov.dtype).tiny).unsqueeze(-1).unsqueeze(-1)
-    iterations = 0
-    for iterations in range(1, max_iter + 1):
-        v = _orthonormalise(cov @ v)
-        cv = cov @ v
-        residual = cv - v @ (v.transpose(-1, -2) @ cv)
-        if bool((torch.linalg.matrix_norm(residual / scale) <= tol).all()):
+    if start.shape[-2:] != (d, k):
+        raise ValueError(f"start block has shape {tuple(start.shape)}; expected (..., {d}, {k})")
+    flat = cov.reshape(-1, d, d)
+    n, device = flat.shape[0], cov.device
+    v = _orthonormalise(start.to(cov).expand(*batch, d, k).reshape(n, d, k))
+    need = torch.full((n,), k, dtype=torch.int64, device=device) if n_converge is None else \
+        n_converge.reshape(n).to(device=device, dtype=torch.int64).clamp(1, k)
+    values = torch.zeros(n, k, dtype=cov.dtype, device=device)
+    iterations = torch.zeros(n, dtype=torch.int64, device=device)
+    leading = torch.arange(k, device=device).unsqueeze(0) < need.unsqueeze(-1)       # (n, k)
+    active = torch.arange(n, device=device)
+    cv = flat @ v
+    for _ in range(max_iter):
+        if active.numel() == 0:
             break
-    # Rayleigh–Ritz: rotate within the converged subspace onto the eigenvectors.
-    ritz_values, ritz_vectors = eigh_descending(v.transpose(-1, -2) @ cov @ v)
-    return ritz_values, v @ ritz_vectors, iterations
+        c = flat[active]
+        q = _orthonormalise(cv[active])
+        cq = c @ q
+        theta, y = eigh_descending(q.transpose(-1, -2) @ cq)
+        ritz, c_ritz = q @ y, cq @ y
+        residual = torch.linalg.vector_norm(c_ritz - ritz * theta.unsqueeze(-2), dim=-2)     # (n_active, k)
+        scale = theta[:, :1].abs().clamp_min(torch.finfo(cov.dtype).tiny)
+        done = ((residual <= tol * scale) | ~leading[active]).all(-1)
+        v[active], values[active], cv[active] = ritz, theta, c_ritz
+        iterations[active] += 1
+        active = active[~done]
+    return values.reshape(*batch, k), v.reshape(*batch, d, k), iterations.reshape(batch)
 
 
 def participation_ratio(cov: torch.Tensor) -> torch.Tensor:
@@ -89,3 +108,38 @@ def spectral_gap(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     top = values[..., 0]
     return torch.where(top > 0, (lam_k - lam_next) / torch.where(top > 0, top, torch.ones_like(top)),
                        torch.zeros_like(top))
+
+
+OVERSAMPLE = 8
+
+
+def block_width(d_eff: torch.Tensor, d: int) -> torch.Tensor:
+    """Vectors the power iteration carries for a head of effective dimension d_eff: 2·d_eff + 8,
+    in multiples of 8, at most d. The surplus makes the leading d_eff + 1 pairs converge like
+    (λ_{2·d_eff+9}/λ_{d_eff+1})^t instead of stalling on a small gap at d_eff."""
+    return ((2 * d_eff + OVERSAMPLE + 7) // 8 * 8).clamp(max=d)
+
+
+def leading_basis(cov: torch.Tensor, d_eff: torch.Tensor, start: torch.Tensor, *, max_iter: int = 500,
+                  tol: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An orthonormal basis (..., d, d) of R^d whose leading columns are the top eigenvectors of
+    cov (..., d, d) by `top_eigenvectors` on a block of `block_width(d_eff)` vectors (the leading
+    d_eff + 1 pairs converged), completed by an orthonormal basis of the complement
+    (Householder QR). Matrices with the same block width are iterated together.
+
+    start (d, d): the start block, its first columns used. Returns (values (..., d): the block's
+    Ritz values, decreasing, NaN past the block; basis; iterations (...,) int64)."""
+    *batch, d, _ = cov.shape
+    flat, wanted = cov.reshape(-1, d, d), d_eff.reshape(-1).to(torch.int64)
+    widths = block_width(wanted, d)
+    basis = torch.empty_like(flat)
+    values = torch.full(flat.shape[:-1], float("nan"), dtype=cov.dtype, device=cov.device)
+    iterations = torch.zeros(flat.shape[0], dtype=torch.int64, device=cov.device)
+    for k in torch.unique(widths).tolist():
+        sel = torch.nonzero(widths == k).squeeze(-1)
+        vals, vecs, its = top_eigenvectors(flat[sel], k, start[:, :k], n_converge=wanted[sel] + 1,
+                                           max_iter=max_iter, tol=tol)
+        if k < d:
+            vecs = torch.cat((vecs, torch.linalg.qr(vecs, mode="complete").Q[..., k:]), -1)
+        basis[sel], values[sel, :k], iterations[sel] = vecs, vals, its
+    return values.reshape(*batch, d), basis.reshape(*batch, d, d), iterations.reshape(batch)

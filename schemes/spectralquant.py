@@ -2,9 +2,12 @@
 
 fit(k_cal, v_cal) calibrates, per trial and head and separately for K and V:
   1. C = XᵀX/n of the calibration tokens (float64, after dividing by the largest entry so
-     |x| ~ 1e±30 neither overflows nor underflows); its eigenbasis (exact `eigh`) ordered by
-     decreasing eigenvalue; d_eff = round(tr(C)²/‖C‖_F²) and the spectral gap at d_eff.
-     A zero or non-finite C (no information) falls back to the identity basis and d_eff = d.
+     |x| ~ 1e±30 neither overflows nor underflows); d_eff = round(tr(C)²/‖C‖_F²) straight
+     from C; the top eigenvectors by block power iteration (eigen.leading_basis: 2·d_eff + 8
+     vectors, Rayleigh–Ritz after every product, until the leading d_eff + 1 residuals are
+     below 1e-9·λ_1), completed to a basis of R^d by Householder QR; the spectral gap at
+     d_eff. A zero or non-finite C (no information) falls back to the identity basis and
+     d_eff = d. (The NumPy reference takes the exact `eigh` path instead.)
   2. The basis is stored as int8 with one float32 scale per column (BASIS_BITS = 8); encoder
      and decoder both use Q = QR(dequantised basis), which is exactly orthonormal, so the
      coarse storage costs only a slight misalignment, never an inconsistency.
@@ -20,8 +23,10 @@ fit(k_cal, v_cal) calibrates, per trial and head and separately for K and V:
      coordinates are a pure sketch.
 encode(k, v): per token store ‖x‖ (float32), z = Qᵀx/‖x‖, quantise z_k/σ_k with the unit
 Gaussian Lloyd–Max codebook of b_k bits. Selective QJL (a `q` before k or v): the residual
-e restricted to the d_eff semantic coordinates is sketched as sign(S e), S ∈ {±1}^{m×d_eff}
-(per head, from the scheme's seed), and decode adds √(π/2)/m·‖e‖·Sᵀsign(S e) there. A
+e restricted to the d_eff semantic coordinates is sketched as sign(S e), S an m×d matrix of
+i.i.d. N(0, 1) entries per head (Gaussian, as QJL Lemma 3.2 needs: ±1 entries over a handful
+of semantic coordinates overshoot by 3–4 % at 1–2 bits), drawn from a stored 64-bit seed,
+and decode adds √(π/2)/m·‖e‖·Sᵀsign(S e) there. A
 sketched K scores on the codes with the paper's asymmetric estimator
     score(q, k) = ‖k‖·(⟨q_Z, ẑ⟩ + √(π/2)/m·‖e‖·⟨S q_Z,sem, sign(S e)⟩)/√d,  q_Z = Qᵀq,
 exact (unquantised q) on every coordinate, tail included; it equals q·decode(K)/√d.
@@ -31,23 +36,25 @@ of a trial as one bit stream (packed, padded to the longest stream in the batch:
 smaller d_eff then carry padding — with one trial the stream is exact); norms; the int8
 basis and its scales; σ (float32); the allocation table (4 bits per coordinate); for
 sketched tensors d_eff (int16), the packed sketch and the residual norms; side: the unit
-Gaussian codebooks of the widths in use (float32) and the packed ±1 sketch matrices.
+Gaussian codebooks of the widths in use (float32) and the sketch seed (int64).
 """
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+import weakref
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from . import qjl
 from .base import Encoded, Scheme
-from .eigen import covariance, effective_dimension, eigh_descending, spectral_gap
+from .eigen import covariance, effective_dimension, leading_basis, spectral_gap
 from .lloyd_max import gaussian_codebook
 from .packing import pack_bits, unpack_bits
 from .registry import register_variant
-from .rng import generator, rademacher
+from .rng import generator, seed_sequence
 from .waterfill import MAX_BITS, waterfill
 
 BASIS_BITS = 8
@@ -64,16 +71,18 @@ class Calibration:
     basis_codes int8 (B, H, d, d) and basis_scale float32 (B, H, d): the stored basis;
     basis float64 (B, H, d, d): Q, its orthonormalisation (columns = coordinates);
     sigma float32 (B, H, d); widths int64 (B, H, d): MSE bits per coordinate;
-    d_eff int64 (B, H); eigenvalues float64 (B, H, d), decreasing; gap float64 (B, H).
+    d_eff int64 (B, H); eigenvalues float64 (B, H, d), decreasing, NaN past the power iteration's
+    block; gap float64 (B, H); iterations int64 (B, H): products the power iteration took.
     """
     basis_codes: torch.Tensor
     basis_scale: torch.Tensor
     basis: torch.Tensor
     sigma: torch.Tensor
-    widths: torch.Tensor
+    widths: torch.Tensor | None
     d_eff: torch.Tensor
     eigenvalues: torch.Tensor
     gap: torch.Tensor
+    iterations: torch.Tensor
 
 
 def _quantise_basis(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,6 +115,58 @@ def _normalise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _semantic_mask(d_eff: torch.Tensor, d: int) -> torch.Tensor:
     """(B, H, d) bool: the first d_eff coordinates of each head."""
     return torch.arange(d, device=d_eff.device) < d_eff.unsqueeze(-1)
+
+
+class _CalibrationMemo:
+    """The last few data-dependent calibrations, keyed by the calibration tensor itself.
+
+    Every sq/squ cell that shares a chunk of trials calibrates on the same k_cal / v_cal
+    tensors; eigen-analysis, basis and σ depend on nothing else (and the RNG family of the
+    start block), so they are computed once. A hit needs the very same tensor object, alive
+    (weak reference) and unmodified (its version counter), so a freed tensor whose memory is
+    reused can never be mistaken for it."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self.entries: list[tuple[weakref.ref, int, str, Calibration]] = []
+
+    def get(self, x: torch.Tensor, rng: str) -> Calibration | None:
+        for ref, version, family, cal in self.entries:
+            if ref() is x and version == x._version and family == rng:
+                return cal
+        return None
+
+    def put(self, x: torch.Tensor, rng: str, cal: Calibration) -> Calibration:
+        self.entries = [e for e in self.entries if e[0]() is not None][-(self.size - 1):]
+        self.entries.append((weakref.ref(x), x._version, rng, cal))
+        return cal
+
+
+_MEMO = _CalibrationMemo()
+
+
+_SHIFT = 64.0   # > 2·_CLAMP + the largest |threshold| (3.9 at 8 bits): keeps the widths' blocks apart
+_CLAMP = 30.0
+
+
+@functools.lru_cache(maxsize=None)
+def _all_thresholds(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(thresholds of the unit Gaussian codebooks of widths 1..8, block w shifted by _SHIFT·w,
+    float64; first[w] = the position of block w, (MAX_BITS + 1,) int64)."""
+    blocks = [gaussian_codebook(w, 1.0).thresholds + _SHIFT * w for w in range(1, MAX_BITS + 1)]
+    first = np.concatenate(([0, 0], np.cumsum([len(b) for b in blocks])[:-1]))
+    return (torch.tensor(np.concatenate(blocks), dtype=torch.float64, device=device),
+            torch.tensor(first, dtype=torch.int64, device=device))
+
+
+def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
+    """Index of the nearest centroid of the unit Gaussian Lloyd–Max codebook of each element's
+    width (0: index 0), for u (..., d) and widths broadcasting to it: one search for all
+    widths, element of width w looked up as clamp(u) + _SHIFT·w among the shifted blocks."""
+    thresholds, first = _all_thresholds(str(u.device))
+    shifted = u.to(torch.float64).clamp(-_CLAMP, _CLAMP) + _SHIFT * widths
+    idx = torch.bucketize(shifted, thresholds) - first[widths]
+    return torch.where(widths > 0, idx, torch.zeros_like(idx))
 
 
 _PLANES = torch.arange(MAX_BITS - 1, -1, -1)  # bit positions, most significant first
@@ -221,17 +282,27 @@ class SpectralQuant(Scheme):
         return widths
 
     def _calibrate(self, x: torch.Tensor, sketched: bool) -> Calibration:
+        """The calibration of x (B, H, n, d): the data-dependent part from the memo when the same
+        tensor was calibrated last (the cells of a sweep that share data), widths for this scheme."""
+        shared = _MEMO.get(x, self.rng)
+        if shared is None:
+            shared = _MEMO.put(x, self.rng, self._spectrum(x))
+        return replace(shared, widths=self._allocate(shared.sigma, shared.d_eff, sketched))
+
+    def _spectrum(self, x: torch.Tensor) -> Calibration:
+        """Everything but the widths: a function of x and the RNG family alone."""
         x64 = x.detach().to(torch.float64)
         peak = x64.abs().amax(dim=(-1, -2), keepdim=True)
         informative = torch.isfinite(peak) & (peak > 0)
         scaled = x64 / torch.where(informative, peak, torch.ones_like(peak))
         cov = covariance(scaled)
-        values, vectors = eigh_descending(cov)
-        eye = torch.eye(self.dim, dtype=torch.float64, device=x.device).expand_as(vectors)
-        ok = informative.squeeze(-1) & torch.isfinite(values).all(-1, keepdim=True)
-        vectors = torch.where(ok.unsqueeze(-1), vectors, eye)
+        eye = torch.eye(self.dim, dtype=torch.float64, device=x.device).expand_as(cov)
+        ok = informative.squeeze(-1) & torch.isfinite(cov).all(-1).all(-1, keepdim=True)    # (B, H, 1)
+        cov = torch.where(ok.unsqueeze(-1), cov, eye)
         d_eff = torch.where(ok.squeeze(-1), effective_dimension(cov), torch.full_like(ok.squeeze(-1), self.dim,
                                                                                       dtype=torch.int64))
+        values, vectors, iterations = leading_basis(cov, d_eff, self._start_block(x.device))
+        vectors = torch.where(ok.unsqueeze(-1), vectors, eye)
         values = torch.where(ok, values.clamp_min(0), torch.zeros_like(values))
         codes, scale = _quantise_basis(vectors)
         basis = _basis_from_codes(codes, scale)
@@ -243,8 +314,8 @@ class SpectralQuant(Scheme):
                             torch.full_like(sigma, 1 / math.sqrt(self.dim)))
         sigma = sigma.to(torch.float32)
         peak2 = torch.where(informative, peak, torch.ones_like(peak)).squeeze(-1) ** 2
-        return Calibration(codes, scale, basis, sigma, self._allocate(sigma, d_eff, sketched), d_eff,
-                           values * peak2, spectral_gap(values, d_eff))
+        return Calibration(codes, scale, basis, sigma, None, d_eff, values * peak2, spectral_gap(values, d_eff),
+                           iterations)
 
     def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor) -> "SpectralQuant":
         """Calibrate on k_cal, v_cal (B, H, n_cal, d): trial b's encoder uses trial b's basis."""
@@ -275,14 +346,23 @@ class SpectralQuant(Scheme):
         return {name: cal.eigenvalues for name, cal in self.calibration.items()}
 
     # --- randomness owned by the scheme: a function of (seed, tensor, head) only -----------------
-    def _sketch_side(self, tensor: str, n_heads: int, device) -> torch.Tensor:
-        signs = np.stack([rademacher(generator(self.rng, self.seed, tensor, "sq-sketch", h),
-                                     (self.n_projections, self.dim)) for h in range(n_heads)])
-        return pack_bits(torch.from_numpy(signs > 0).to(torch.uint8), 1).to(device)
+    def _start_block(self, device) -> torch.Tensor:
+        """The power iteration's start block (d, d): the same for every trial, head and scheme
+        seed, so that a calibration is a function of the data and can be shared (the memo)."""
+        gen = generator(self.rng, 0, "sq-power-start", self.dim)
+        return torch.from_numpy(gen.standard_normal((self.dim, self.dim))).to(device)
+
+    def _sketch_seed(self, tensor: str, device) -> torch.Tensor:
+        """The stored 63-bit seed (1,) int64 from which encoder and decoder draw the sketches."""
+        state = seed_sequence(self.seed, tensor, "sq-sketch").generate_state(1, np.uint64)[0]
+        return torch.tensor([int(state) >> 1], dtype=torch.int64, device=device)
 
     def _sketch_matrix(self, enc: Encoded, prefix: str, dtype) -> torch.Tensor:
-        packed = enc.side[f"{prefix}.sketch_matrix"]
-        return unpack_bits(packed, 1, self.dim).to(dtype) * 2 - 1                    # (H, m, d)
+        """S (H, m, d), i.i.d. N(0, 1) per head, drawn from the stored seed."""
+        seed = int(enc.side[f"{prefix}.sketch_seed"][0])
+        heads = [generator(self.rng, seed, h).standard_normal((self.n_projections, self.dim))
+                 for h in range(enc.shape[1])]
+        return torch.from_numpy(np.stack(heads)).to(device=enc.side[f"{prefix}.sketch_seed"].device, dtype=dtype)
 
     # --- one tensor ---------------------------------------------------------------------------
     def _encode_tensor(self, x: torch.Tensor, prefix: str, sketched: bool, enc: Encoded) -> None:
@@ -297,15 +377,12 @@ class SpectralQuant(Scheme):
         basis = cal.basis.to(device=x.device, dtype=x.dtype)
         z = u @ basis
         sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
-        idx = torch.zeros(z.shape, dtype=torch.int64, device=x.device)
         widths = cal.widths.to(x.device)
-        for width in range(1, MAX_BITS + 1):
-            used = (widths == width).unsqueeze(-2)
-            if bool(used.any()):
-                book = gaussian_codebook(width, 1.0)
-                enc.side[f"codebook.{width}bit"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
-                _, thresholds = book.tensors(x.device, x.dtype)
-                idx = torch.where(used, torch.bucketize((z / sigma).contiguous(), thresholds), idx)
+        for width in torch.unique(widths).tolist():
+            if width:
+                enc.side[f"codebook.{width}bit"] = torch.tensor(gaussian_codebook(width, 1.0).centroids,
+                                                                dtype=torch.float32, device=x.device)
+        idx = _nearest_centroids(z / sigma, widths.unsqueeze(-2))
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32)
         enc.codes[f"{prefix}.codes"] = pack_variable(idx, widths)
         # each trial's own stream, in whole bytes (the batch pads to the longest one)
@@ -316,7 +393,7 @@ class SpectralQuant(Scheme):
         enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
         if sketched:
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
-            enc.side[f"{prefix}.sketch_matrix"] = self._sketch_side(prefix, h, x.device)
+            enc.side[f"{prefix}.sketch_seed"] = self._sketch_seed(prefix, x.device)
             mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
             z_hat = self._dequantise(enc, idx, widths, sigma, x.dtype)
             residual = torch.where(mask, z - z_hat, torch.zeros_like(z))

@@ -15,8 +15,9 @@ it implements is the one schemes/spectralquant.py documents:
       min(2, budget) ≤ b_k ≤ 8; squ- budget bits on the d_eff leading coordinates,
       min(2, budget) on the rest; a sketched tensor's semantic coordinates give up one bit.
   encode: norm (float32), z = Qᵀ x/‖x‖, index of the nearest centroid of σ_k·(unit Gaussian
-    Lloyd–Max codebook of b_k bits); sketch: sign(S e_sem), S ∈ {±1}^{m×d} per head (columns
-    beyond d_eff unused), e_sem the residual on the semantic coordinates, ‖e_sem‖ (float32).
+    Lloyd–Max codebook of b_k bits); sketch: sign(S e_sem), S ∈ R^{m×d} i.i.d. N(0, 1) per
+    head (columns beyond d_eff unused) drawn from a stored int64 seed, e_sem the residual on
+    the semantic coordinates, ‖e_sem‖ (float32).
   decode: ẑ + √(π/2)/m·‖e‖·Sᵀsign(S e) on the semantic coordinates, x̂ = ‖x‖·Q ẑ.
   score (sketched K): ‖k‖·(⟨Qᵀq, ẑ⟩ + √(π/2)/m·‖e‖·⟨S (Qᵀq)_sem, sign(S e)⟩)/√d.
 
@@ -170,9 +171,11 @@ class ReferenceSpectralQuant(Scheme):
                                  for b in range(arr.shape[0])]
         return self
 
-    def _sketch_matrix(self, tensor: str, head: int) -> np.ndarray:
-        draw = generator(self.rng, self.seed, "reference", "spectralquant", tensor, head)
-        return 2.0 * draw.integers(0, 2, size=(PROJECTIONS, self.dim)) - 1.0
+    def _sketch_seed(self, tensor: str) -> int:
+        return int(generator(self.rng, self.seed, "reference", "spectralquant", tensor).integers(0, 2 ** 63))
+
+    def _sketch_matrix(self, seed: int, head: int) -> np.ndarray:
+        return generator(self.rng, seed, "reference-sketch", head).standard_normal((PROJECTIONS, self.dim))
 
     # --- one tensor ----------------------------------------------------------------------------
     def _encode_tensor(self, x_torch: torch.Tensor, tensor: str, enc: Encoded) -> None:
@@ -207,7 +210,7 @@ class ReferenceSpectralQuant(Scheme):
                 if sketched:
                     e = np.where(np.arange(d) < f.d_eff, z - z_hat, 0.0)
                     residual_norms[b, h] = np.sqrt(np.sum(e ** 2, axis=-1))
-                    sketch_rows.append(np.packbits(e @ self._sketch_matrix(tensor, h).T >= 0, axis=-1))
+                    sketch_rows.append(np.packbits(e @ self._sketch_matrix(self._sketch_seed(tensor), h).T >= 0, axis=-1))
             streams.append(np.packbits(np.concatenate([np.ravel(a) for a in bits])) if bits else np.zeros(0, np.uint8))
             sketches.append(sketch_rows)
         length = max(len(s) for s in streams)
@@ -232,8 +235,8 @@ class ReferenceSpectralQuant(Scheme):
             put("d_eff", np.array([[f.d_eff for f in row] for row in fits]).astype(np.int16))
             put("sketch", np.array(sketches))
             put("residual_norm", residual_norms.astype(np.float32))
-            signs = np.stack([self._sketch_matrix(tensor, h) for h in range(n_heads)])
-            enc.side[f"{tensor}.sketch_matrix"] = to_tensor(np.packbits(signs > 0, axis=-1), np, device=device)
+            enc.side[f"{tensor}.sketch_seed"] = torch.tensor([self._sketch_seed(tensor)], dtype=torch.int64,
+                                                             device=device)
 
     def _z_hat(self, enc: Encoded, tensor: str, b: int, h: int, stream_bits: np.ndarray, start: int):
         """(ẑ (S, d) with the QJL correction, Q (d, d), next stream position) of one (trial, head)."""
@@ -255,7 +258,7 @@ class ReferenceSpectralQuant(Scheme):
         if self._sketched(tensor):
             d_eff = int(codes("d_eff")[b, h])
             signs = np.unpackbits(codes("sketch")[b, h], axis=-1)[:, :PROJECTIONS] * 2.0 - 1.0
-            matrix = np.unpackbits(to_array(enc.side[f"{tensor}.sketch_matrix"], np)[h], axis=-1)[:, :d] * 2.0 - 1.0
+            matrix = self._sketch_matrix(int(enc.side[f"{tensor}.sketch_seed"][0]), h)
             residual_norm = codes("residual_norm")[b, h].astype(np.float64)
             correction = QJL_SCALE / PROJECTIONS * residual_norm[:, None] * (signs @ matrix)
             z_hat[:, :d_eff] += correction[:, :d_eff]
