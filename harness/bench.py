@@ -46,7 +46,8 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
     config = SweepConfig(scenarios=(shape.scenario,), schemes=(shape.scheme,), budgets=(shape.budget,),
                          dims=(shape.dim,), seq_lens=(shape.seq_len,), queries=(shape.queries,),
                          trials=shape.trials, device=device.type)
-    cell = Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries)
+    cell = Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries,
+                config.calib_tokens[0])
     data = draw_trials(config, cell, range(shape.trials), device, torch.float32)
     scheme = create_scheme(config, cell)
 

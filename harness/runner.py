@@ -2,8 +2,10 @@
 
 Seeds are data (STYLE.md §4): trial t of a cell draws from the streams
 (seed, "data", scenario, dim, seq_len, queries, heads, t, tensor, head), shared by every scheme
-and budget; a scheme's own randomness comes from (seed, "scheme", name, budget, dim). So a
-row depends only on (configuration, seed), never on chunking, order or resumption.
+and budget, and by every calibration size (the calibration sample has labels of its own, so
+cells that differ only in calib_tokens see the same K, V and Q); a scheme's own randomness
+comes from (seed, "scheme", name, budget, dim). So a row depends only on (configuration,
+seed), never on chunking, order or resumption.
 
 Decode phase (--decode-tokens N > 0): after the S prefill tokens, N tokens of a drifted
 distribution arrive (scenario streams of their own, so the prefill data do not depend on N).
@@ -32,7 +34,7 @@ from stats.metrics import exact_logits, trial_metrics
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .memory import peak_bytes, reset_peak
 from .provenance import now, provenance
-from .store import DIAGNOSTIC_COLUMNS, RunStore
+from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, RunStore
 from .sweep import Cell, SweepConfig, implementation
 
 DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
@@ -59,7 +61,7 @@ def bytes_per_trial(config: SweepConfig, cell: Cell) -> int:
     tokens = cell.seq_len + config.decode_tokens
     cache = config.heads * tokens * cell.dim
     attention = config.heads * cell.queries * tokens
-    calib = config.heads * config.calib_tokens * cell.dim
+    calib = config.heads * cell.calib_tokens * cell.dim
     return item * (12 * cache + 2 * calib + 2 * config.heads * cell.queries * cell.dim) + 8 * 8 * attention
 
 
@@ -74,7 +76,7 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -
     v_decode (B, H, N, d) and positions_decode (N,). decode_tokens is not part of the streams'
     labels: the prefill data are the same whatever N is."""
     scenario = scenarios.create(cell.scenario, **config.scenario_params.get(cell.scenario, {}))
-    shape = scenarios.TrialShape(config.heads, cell.seq_len, cell.queries, cell.dim, config.calib_tokens,
+    shape = scenarios.TrialShape(config.heads, cell.seq_len, cell.queries, cell.dim, cell.calib_tokens,
                                  config.decode_tokens)
     draws = []
     for t in trials:
@@ -165,22 +167,23 @@ def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
 def _rows(config: SweepConfig, cell: Cell, device: torch.device, trials: range,
           metrics: dict[str, np.ndarray], bits: np.ndarray):
     for i, t in enumerate(trials):
-        row = dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries"), cell.key))
+        row = dict(zip(CELL_COLUMNS, cell.key))
         row.update(trial=t, seed=config.seed, impl=config.impl, device=device.type, dtype=config.dtype,
-                   rng=config.rng, heads=config.heads, calib_tokens=config.calib_tokens,
-                   bits_per_element=float(bits[i]))
+                   rng=config.rng, heads=config.heads, bits_per_element=float(bits[i]))
         row.update({name: float(values[i]) for name, values in metrics.items()})
         yield row
 
 
 def _stored_config(manifest: dict | None) -> dict | None:
-    """The manifest's configuration, with fields added since it was written (decode_tokens) at
-    their defaults, so that an older run still resumes."""
+    """The manifest's configuration in today's form: fields added since it was written
+    (decode_tokens) at their defaults, a single calib_tokens as a list, so that an older run
+    still resumes."""
     if manifest is None or "config" not in manifest:
         return None
     defaults = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
                 for f in dataclasses.fields(SweepConfig) if f.default is not dataclasses.MISSING}
-    return {**{k: v for k, v in defaults.items() if k not in manifest["config"]}, **manifest["config"]}
+    return SweepConfig.upgrade_json({**{k: v for k, v in defaults.items() if k not in manifest["config"]},
+                                     **manifest["config"]})
 
 
 def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:

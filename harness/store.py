@@ -3,6 +3,8 @@ row per finished cell) and DIR/manifest.json (configuration and provenance).
 
 A cell's rows and its `cells` entry are written in one transaction, so an interrupted run
 keeps every finished cell and no partial one; `--resume` skips the cells already present.
+A store written before calib_tokens was part of a cell (its `cells` table lacks the column)
+is migrated when opened for writing (RunStore._connect).
 """
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ from typing import Iterable
 
 import pandas as pd
 
+from stats.cells import CELL_COLUMNS
 from stats.metrics import METRIC_NAMES
 
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
 
-CELL_COLUMNS = ("scenario", "scheme", "budget", "dim", "seq_len", "queries")
-CONFIG_COLUMNS = CELL_COLUMNS + ("trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
+CONFIG_COLUMNS = CELL_COLUMNS + ("trial", "seed", "impl", "device", "dtype", "rng", "heads")
 # Per-trial facts some schemes report (Scheme.diagnostics); NULL for the others.
 DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
 TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES + DIAGNOSTIC_COLUMNS
@@ -59,9 +61,37 @@ class RunStore:
                          for c in TRIAL_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS trials ({cols})")
         cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
-        con.execute(f"CREATE TABLE IF NOT EXISTS cells ({cell_cols}, n_trials INTEGER NOT NULL, "
-                    f"wall_s REAL NOT NULL, finished_at TEXT NOT NULL, peak_mem_mb REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
+        schema = (f"({cell_cols}, n_trials INTEGER NOT NULL, wall_s REAL NOT NULL, finished_at TEXT NOT NULL, "
+                  f"peak_mem_mb REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
+        present = [row[1] for row in con.execute("PRAGMA table_info(cells)")]
+        if present and "calib_tokens" not in present:
+            self._add_calib_tokens(con, schema, present)
+        con.execute(f"CREATE TABLE IF NOT EXISTS cells {schema}")
         return con
+
+    def _add_calib_tokens(self, con: sqlite3.Connection, schema: str, present: list[str]) -> None:
+        """Rebuild a `cells` table written before calib_tokens was part of a cell, in one
+        transaction: each cell's calib_tokens is that of its trials rows (one value per run
+        then), or the manifest's where a cell has none; it joins the primary key."""
+        config = (self.read_manifest() or {}).get("config") or {}
+        fallback = config.get("calib_tokens")
+        if isinstance(fallback, list):
+            fallback = fallback[0] if len(fallback) == 1 else None
+        old = [c for c in CELL_COLUMNS if c != "calib_tokens"]
+        rest = [c for c in present if c not in CELL_COLUMNS]
+        match = " AND ".join(f"t.{c} = cells_old.{c}" for c in old)
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            con.execute("ALTER TABLE cells RENAME TO cells_old")
+            con.execute(f"CREATE TABLE cells {schema}")
+            calib = f"COALESCE((SELECT MIN(t.calib_tokens) FROM trials t WHERE {match}), ?)"
+            con.execute(f"INSERT INTO cells ({', '.join(old + ['calib_tokens'] + rest)}) "
+                        f"SELECT {', '.join(old + [calib] + rest)} FROM cells_old", (fallback,))
+            con.execute("DROP TABLE cells_old")
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
 
     def finished_cells(self) -> set[tuple]:
         if not self.path.exists():
@@ -93,7 +123,7 @@ class RunStore:
             con.close()
 
     def peak_memory_mb(self) -> dict[str, float]:
-        """Peak memory (MiB) per finished cell, keyed 'scenario/scheme/b/d/S/Nq', for the manifest."""
+        """Peak memory (MiB) per finished cell, keyed 'scenario/scheme/b/d/S/Nq/n_cal', for the manifest."""
         return {"/".join(str(x) for x in row[: len(CELL_COLUMNS)]): row[-1]
                 for row in self.cells()[list(CELL_COLUMNS) + ["peak_mem_mb"]].itertuples(index=False)}
 

@@ -1,8 +1,10 @@
 """The sweep: a configuration whose cross product of flags gives the cells.
 
-A cell is one (scenario, scheme, budget, dim, seq_len, queries); cells that share
-(scenario, dim, seq_len, queries) share their data, trial by trial, so every scheme and
-budget is compared on the same draws.
+A cell is one (scenario, scheme, budget, dim, seq_len, queries, calib_tokens); cells that
+share (scenario, dim, seq_len, queries, calib_tokens) share their data, trial by trial, so
+every scheme and budget is compared on the same draws. Cells that differ only in calib_tokens
+share K, V and Q as well (the calibration sample has streams of its own): calibration sizes
+are compared on the same draws too.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ GRIDS = {
                               "spectral_decay", "outlier_channels"),
         "schemes": paper_schemes,
         "budgets": (2, 3, 4, 5, 6, 7), "dims": (64, 128, 256), "seq_lens": (1024,), "queries": (64,),
-        "trials": 200, "calib_tokens": 512,
+        "trials": 200, "calib_tokens": (512,),
     },
 }
 
@@ -64,14 +66,17 @@ class Cell:
     dim: int
     seq_len: int
     queries: int
+    calib_tokens: int
 
     @property
     def key(self) -> tuple:
-        return (self.scenario, self.scheme, self.budget, self.dim, self.seq_len, self.queries)
+        """The cell's identity, in field order (Cell(*key) rebuilds it; store.CELL_COLUMNS names it)."""
+        return (self.scenario, self.scheme, self.budget, self.dim, self.seq_len, self.queries, self.calib_tokens)
 
     @property
     def data_key(self) -> tuple:
-        return (self.scenario, self.dim, self.seq_len, self.queries)
+        """What the cell's drawn data depend on: cells with equal data_key run on one draw."""
+        return (self.scenario, self.dim, self.seq_len, self.queries, self.calib_tokens)
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class SweepConfig:
     trials: int = 200
     seed: int = 0
     heads: int = 1
-    calib_tokens: int = 512
+    calib_tokens: tuple[int, ...] = (512,)
     device: str = "auto"
     dtype: str = "float32"
     rng: str = "pcg64"
@@ -104,11 +109,11 @@ class SweepConfig:
         positive("--queries", self.queries)
         positive("--trials", (self.trials,))
         positive("--heads", (self.heads,))
-        positive("--calib-tokens", (self.calib_tokens,))
+        positive("--calib-tokens", self.calib_tokens)
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 0:
             raise ValueError(f"--decode-tokens {self.decode_tokens!r} must be a non-negative integer")
-        if not self.scenarios or not self.schemes or not self.budgets:
-            raise ValueError("the sweep is empty: give at least one scenario, scheme and budget")
+        if not self.scenarios or not self.schemes or not self.budgets or not self.calib_tokens:
+            raise ValueError("the sweep is empty: give at least one scenario, scheme, budget and calibration size")
         if self.device not in DEVICES:
             raise ValueError(f"unknown device {self.device!r}; valid: {', '.join(DEVICES)}")
         if self.dtype not in DTYPES:
@@ -120,8 +125,9 @@ class SweepConfig:
             raise ValueError(f"--seed {self.seed!r} must be a non-negative integer")
         for name in self.scenarios:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
-            for dim, seq_len, n_queries in itertools.product(self.dims, self.seq_lens, self.queries):
-                scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, self.calib_tokens,
+            for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,
+                                                                     self.calib_tokens):
+                scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal,
                                                           self.decode_tokens))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
@@ -131,13 +137,21 @@ class SweepConfig:
 
     def cells(self) -> list[Cell]:
         """Every cell, grouped so that cells sharing data are adjacent."""
-        return [Cell(sc, sch, b, d, s, nq) for sc, d, s, nq, sch, b in itertools.product(
-            self.scenarios, self.dims, self.seq_lens, self.queries, self.schemes, self.budgets)]
+        return [Cell(sc, sch, b, d, s, nq, cal) for sc, d, s, nq, cal, sch, b in itertools.product(
+            self.scenarios, self.dims, self.seq_lens, self.queries, self.calib_tokens, self.schemes, self.budgets)]
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
+    @staticmethod
+    def upgrade_json(data: dict) -> dict:
+        """A to_json dict written by an older version in today's form: calib_tokens was one int."""
+        if isinstance(data.get("calib_tokens"), int) and not isinstance(data["calib_tokens"], bool):
+            return {**data, "calib_tokens": [data["calib_tokens"]]}
+        return data
+
     @classmethod
     def from_json(cls, data: dict) -> "SweepConfig":
-        """The configuration of to_json's dict; fields added since it was written take their defaults."""
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        """The configuration of to_json's dict (or an older version's); fields added since it was
+        written take their defaults."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in cls.upgrade_json(data).items()})

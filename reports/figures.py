@@ -54,11 +54,17 @@ class ReportFigure:
     absent_reason: str | None = None
 
 
-def _main_slice(frame: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rows at the largest seq_len and queries (figures show one such slice; the summary
-    table has every cell), and words saying which slice it is."""
+def _main_slice(frame: pd.DataFrame, every_calibration: bool = False) -> tuple[pd.DataFrame, str]:
+    """The rows at the largest seq_len and queries and, unless every_calibration, the largest
+    calibration size (figures show one such slice, so no line or panel mixes settings; the
+    summary table has every cell), and words saying which slice it is (n_cal only when the
+    frame has several calibration sizes)."""
     s, nq = frame.seq_len.max(), frame.queries.max()
-    return frame[(frame.seq_len == s) & (frame.queries == nq)], f"S = {s} cached tokens, Nq = {nq} queries"
+    rows, where = frame[(frame.seq_len == s) & (frame.queries == nq)], f"S = {s} cached tokens, Nq = {nq} queries"
+    if not every_calibration and frame.calib_tokens.nunique() > 1:
+        n_cal = frame.calib_tokens.max()
+        rows, where = rows[rows.calib_tokens == n_cal], f"{where}, n_cal = {n_cal} calibration tokens"
+    return rows, where
 
 
 def _scale(ax, axis: str, values) -> None:
@@ -333,7 +339,9 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
     """Per-trial d_eff of K and V (the rounded participation ratio of each trial's calibration
     covariance, mean over heads; stored by the calibrated schemes sq-*, squ-*), one panel per
     (scenario, head dimension, calibration size), a box and a strip per (tensor, scheme); the
-    dashed line is the head dimension d, the largest possible d_eff."""
+    dashed line is the head dimension d, the largest possible d_eff. With several calibration
+    sizes a row is one (scenario, d) and a column one size, the row's panels on one y axis, so
+    a row reads as d_eff against n_cal."""
     trials = findings.trials
     title = "Effective dimension d_eff of the calibration covariance"
     if not {"d_eff_k", "d_eff_v"} <= set(trials.columns):
@@ -343,7 +351,7 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
     if calibrated.empty:
         return ReportFigure("d_eff", title, "", absent_reason="the run has no calibrated scheme (sq-*, squ-*), "
                             "so no d_eff")
-    calibrated, where = _main_slice(calibrated)
+    calibrated, where = _main_slice(calibrated, every_calibration=True)
     # d_eff is a property of the trial's calibration sample, not of the budget: one budget per
     # scheme keeps one point per trial instead of repeating each trial once per budget.
     keep = calibrated.groupby("scheme").budget.transform(lambda b: _mid(b.unique()))
@@ -354,22 +362,28 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
     panels = [tuple(k) for k in calibrated[["scenario", "dim", "calib_tokens"]].drop_duplicates()
               .sort_values(["scenario", "dim", "calib_tokens"]).itertuples(index=False)]
     names = sorted(calibrated.scheme.unique())
-    n_cols = min(3, len(panels))
-    n_rows = -(-len(panels) // n_cols)
+    sizes = sorted(calibrated.calib_tokens.unique())
+    if len(sizes) > 1:
+        rows = sorted({(sc, dim) for sc, dim, _ in panels})
+        n_rows, n_cols = len(rows), len(sizes)
+        place = {(sc, dim, cal): (rows.index((sc, dim)), sizes.index(cal)) for sc, dim, cal in panels}
+    else:
+        n_cols = min(3, len(panels))
+        n_rows = -(-len(panels) // n_cols)
+        place = {p: divmod(i, n_cols) for i, p in enumerate(panels)}
     fig, axes = _grid(n_rows, n_cols, width=max(3.6, 1.1 + 0.55 * len(names)), height=3.1)
     log_panels = 0
     slot = min(0.8 / len(names), 0.3)  # x width per scheme inside the K (or V) group
     group = slot * len(names)
-    for i, (sc, dim, cal) in enumerate(panels):
-        ax = axes[i // n_cols, i % n_cols]
-        sel = calibrated[(calibrated.scenario == sc) & (calibrated.dim == dim) & (calibrated.calib_tokens == cal)]
-        shown = []
+    for sc, dim, cal in panels:
+        ax = axes[place[(sc, dim, cal)]]
+        same_row = calibrated[(calibrated.scenario == sc) & (calibrated.dim == dim)]  # every calibration size
+        sel = same_row[same_row.calib_tokens == cal]
         for t, tensor in enumerate(("k", "v")):
             for j, name in enumerate(names):
                 values = sel.loc[sel.scheme == name, f"d_eff_{tensor}"].dropna().to_numpy(float)
                 if len(values) == 0:
                     continue
-                shown.append(values)
                 st = styles[name]
                 x = t - group / 2 + slot * (j + 0.5)
                 ax.boxplot(values, positions=[x], widths=0.75 * slot, showfliers=False, patch_artist=True,
@@ -381,7 +395,7 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
         ax.axhline(dim, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"d = {dim}", (1, dim), xycoords=("axes fraction", "data"), xytext=(-2, 2),
                     textcoords="offset points", ha="right", va="bottom", fontsize=7, color="dimgrey")
-        low = np.concatenate(shown).min()
+        low = np.nanmin(same_row[["d_eff_k", "d_eff_v"]].to_numpy(float))  # one axis per row
         if dim > 8 * low:  # a linear axis up to d would squash the boxes into its bottom eighth
             ax.set_yscale("log", base=2)
             ax.set_ylim(2.0 ** np.floor(np.log2(low)) / 1.15, dim * 1.4)  # a tick below the lowest box
@@ -397,8 +411,8 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
         ax.set_title(f"{sc}, d = {dim}, n_cal = {cal}", fontsize=9)
         ax.set_xlabel("tensor")
         ax.set_ylabel("d_eff (participation ratio of\nthe calibration covariance)")
-    for j in range(len(panels), n_rows * n_cols):
-        axes[j // n_cols, j % n_cols].set_visible(False)
+    for r, c in set(np.ndindex(n_rows, n_cols)) - set(place.values()):
+        axes[r, c].set_visible(False)
     head_dim = plt.Line2D([], [], color="grey", linestyle="--", label="head dimension d")
     _legend(fig, styles, names, extra=[head_dim])
     heads = sorted(calibrated.heads.unique())
@@ -408,9 +422,13 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
                f"whiskers reach the furthest trial within 1.5 IQR. {where}, b = {', '.join(map(str, budgets))} bits (d_eff does not depend "
                f"on the budget). The dashed line is the head dimension d, the largest possible d_eff"
                f"{'; panels where d exceeds 8 × the smallest d_eff use a log₂ axis' if log_panels else ''}. "
-               f"`--calib-tokens` sets n_cal and one run has a single calibration size; comparing runs at several "
-               f"calibration sizes shows d_eff's self-calibration (the AMD paper): it follows the calibration "
-               f"budget rather than recovering the data's true rank.")
+               + (f"Columns are the calibration sizes (each trial's samples from the same population at every size) "
+                  f"and a row's panels share their y axis, so a row shows d_eff's self-calibration (the AMD paper): "
+                  f"it follows the calibration budget rather than recovering the data's true rank."
+                  if len(sizes) > 1 else
+                  f"`--calib-tokens` sets n_cal; a run with several sizes (`--calib-tokens 32,128,512`) draws one "
+                  f"column per size on the same trials, which shows d_eff's self-calibration (the AMD paper): it "
+                  f"follows the calibration budget rather than recovering the data's true rank."))
     return ReportFigure("d_eff", title, caption, fig)
 
 

@@ -3,8 +3,8 @@ at each budget with their verdicts, the non-dominated (Pareto) cells and crossov
 budget axis. The statistics themselves come from stats/ (inference, dominance, validation).
 
 Everything is computed from the stored trial rows alone. A *setting* is one
-(scenario, dim, seq_len, queries): the cells of a setting share their data trial by trial,
-so its schemes and budgets are compared on the same draws.
+(scenario, dim, seq_len, queries, calib_tokens) (stats.cells): the cells of a setting share
+their data trial by trial, so its schemes and budgets are compared on the same draws.
 """
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from stats.cells import CELL_COLUMNS, SETTING_COLUMNS
 from stats.dominance import crossovers, pareto_front
 from stats.inference import cliffs_delta, holm, mann_whitney, tost
 from stats.validation import validate_samples
 
 from .summary import mean_ci
 
-SETTING = ("scenario", "dim", "seq_len", "queries")
-CELL = SETTING[:1] + ("scheme", "budget") + SETTING[1:]
+SETTING = SETTING_COLUMNS
+CELL = CELL_COLUMNS  # = SETTING[:1] + ("scheme", "budget") + SETTING[1:]
 PRIMARY = "d2_t"
 ESTIMATED = ("d2_t", "d2_k", "d2_v", "rel_mse_t", "rel_mse_k", "rel_mse_v", "t_rel_mse_konly",
              "t_rel_mse_vonly", "logit_rel_mse", "logit_slope", "kl_attn")
@@ -167,6 +168,12 @@ class Findings:
     @property
     def settings(self) -> list[tuple]:
         return [tuple(k) for k in self.cells[list(SETTING)].drop_duplicates().itertuples(index=False)]
+
+    @property
+    def calib_sizes(self) -> list[int]:
+        """The run's calibration sizes (calib_tokens), ascending; the report names a setting's
+        calibration size only when there are several."""
+        return sorted(int(n) for n in self.trials["calib_tokens"].unique())
 
 
 def analyse(trials: pd.DataFrame, null_trials: pd.DataFrame | None = None, n_permutations: int = 1000) -> Findings:

@@ -11,8 +11,8 @@ import jinja2
 
 from .figures import ReportFigure
 from .findings import Findings
-from .narrative import (CELL_HEADER, CROSSOVER_HEADER, WINNER_HEADER, cell_rows, crossover_rows, method_sentence,
-                        setting_summaries, verdict_note, winner_rows)
+from .narrative import (cell_header, cell_rows, crossover_header, crossover_rows, method_sentence,
+                        setting_summaries, verdict_note, winner_header, winner_rows)
 
 PNG_DPI = 110
 
@@ -147,8 +147,8 @@ def render_html(title: str, findings: Findings, figures: list[ReportFigure], man
         shown.append(entry)
     return env.from_string(_TEMPLATE).render(
         title=title, method=method_sentence(findings), summaries=setting_summaries(findings),
-        winner_header=WINNER_HEADER, winner_rows=winner_rows(findings), verdict_note=verdict_note(findings),
-        figures=shown, cell_header=CELL_HEADER, cell_rows=cell_rows(findings),
-        crossover_header=CROSSOVER_HEADER, crossover_rows=crossover_rows(findings),
+        winner_header=winner_header(findings), winner_rows=winner_rows(findings), verdict_note=verdict_note(findings),
+        figures=shown, cell_header=cell_header(findings), cell_rows=cell_rows(findings),
+        crossover_header=crossover_header(findings), crossover_rows=crossover_rows(findings),
         provenance=provenance_rows(manifest, findings, run_time),
         config_json=json.dumps((manifest or {}).get("config", {}), indent=2, sort_keys=True))

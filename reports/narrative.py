@@ -1,5 +1,8 @@
 """The words and tables of a report's summary, from Findings: plain strings (the HTML template
-escapes them; the PDF draws them), shared by html.py and pdf.py so both say the same."""
+escapes them; the PDF draws them), shared by html.py and pdf.py so both say the same.
+
+A setting's calibration size (n_cal, calib_tokens) is named, in labels and as a table column
+after Nq, only when the run has several; a single-calibration report reads as it always did."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,14 +36,28 @@ def p_equals(p: float) -> str:
     return f"p {text}" if text.startswith("<") else f"p = {text}"
 
 
-def setting_label(setting: tuple) -> str:
-    scenario, dim, seq_len, queries = setting
-    return f"{scenario}, d = {dim}, S = {seq_len}, Nq = {queries}"
+def setting_label(setting: tuple, with_n_cal: bool = False) -> str:
+    scenario, dim, seq_len, queries, n_cal = setting
+    return f"{scenario}, d = {dim}, S = {seq_len}, Nq = {queries}" + (f", n_cal = {n_cal}" if with_n_cal else "")
+
+
+def several_calibrations(findings: Findings) -> bool:
+    return len(findings.calib_sizes) > 1
+
+
+def _with_n_cal(findings: Findings, header: tuple, at: int = 4) -> tuple:
+    """header with an "n_cal" column at `at` (after Nq) when the run has several calibration sizes."""
+    return header[:at] + ("n_cal",) + header[at:] if several_calibrations(findings) else header
+
+
+def _n_cal(findings: Findings, value) -> tuple:
+    """The n_cal cell of a table row: (str(value),) with several calibration sizes, else ()."""
+    return (str(value),) if several_calibrations(findings) else ()
 
 
 @dataclass(frozen=True)
 class SettingSummary:
-    """What the summary says about one (scenario, dim, seq_len, queries)."""
+    """What the summary says about one (scenario, dim, seq_len, queries, calib_tokens)."""
     label: str
     front: str
     winners: list[str]
@@ -91,8 +108,9 @@ def _crossover_sentence(c) -> str:
 
 
 def setting_summaries(findings: Findings) -> dict[str, list[SettingSummary]]:
-    """Per scenario, one SettingSummary per (dim, seq_len, queries), in sorted order."""
+    """Per scenario, one SettingSummary per (dim, seq_len, queries, calib_tokens), in sorted order."""
     out: dict[str, list[SettingSummary]] = {}
+    several = several_calibrations(findings)
     for setting in sorted(findings.settings):
         cells = _select(findings.cells, setting)
         wins = _select(findings.winners, setting).sort_values("budget")
@@ -104,7 +122,7 @@ def setting_summaries(findings: Findings) -> dict[str, list[SettingSummary]]:
                          f"confident (an interval of the difference includes zero); all are listed in the "
                          f"crossover table.")
         out.setdefault(setting[0], []).append(SettingSummary(
-            setting_label(setting), _front_sentence(cells), [_winner_sentence(w) for w in wins.itertuples()],
+            setting_label(setting, several), _front_sentence(cells), [_winner_sentence(w) for w in wins.itertuples()],
             words or ["No crossovers: no pair of schemes swaps order between consecutive budgets."]))
     return out
 
@@ -113,11 +131,16 @@ WINNER_HEADER = ("scenario", "d", "S", "Nq", "b", "winner", "d₂(T) [95% CI]", 
                  "runner-up", "d₂(T) [95% CI]", "Holm p", "Cliff's δ", "comparison", "verdict")
 
 
+def winner_header(findings: Findings) -> tuple[str, ...]:
+    return _with_n_cal(findings, WINNER_HEADER)
+
+
 def winner_rows(findings: Findings) -> list[tuple[str, ...]]:
     rows = []
     for w in findings.winners.sort_values(list(SETTING) + ["budget"]).itertuples():
         has_runner = isinstance(w.runner_up, str)
-        rows.append((w.scenario, str(w.dim), str(w.seq_len), str(w.queries), str(w.budget), w.winner,
+        rows.append((w.scenario, str(w.dim), str(w.seq_len), str(w.queries), *_n_cal(findings, w.calib_tokens),
+                     str(w.budget), w.winner,
                      with_ci(w.winner_mean, w.winner_low, w.winner_high), num(w.winner_bits),
                      w.runner_up if has_runner else "—",
                      with_ci(w.runner_up_mean, w.runner_up_low, w.runner_up_high) if has_runner else "—",
@@ -130,11 +153,16 @@ CROSSOVER_HEADER = ("scenario", "d", "S", "Nq", "scheme A", "scheme B", "b low",
                     "Δ d₂(T) at low", "Δ d₂(T) at high", "b at flip", "better below", "confident")
 
 
+def crossover_header(findings: Findings) -> tuple[str, ...]:
+    return _with_n_cal(findings, CROSSOVER_HEADER)
+
+
 def crossover_rows(findings: Findings) -> list[tuple[str, ...]]:
     """Every crossover; Δ = mean d₂(T) of scheme A − scheme B (paired over trials)."""
     rows = []
     for c in findings.crossovers.sort_values(list(SETTING) + ["scheme_a", "scheme_b", "budget_low"]).itertuples():
-        rows.append((c.scenario, str(c.dim), str(c.seq_len), str(c.queries), c.scheme_a, c.scheme_b,
+        rows.append((c.scenario, str(c.dim), str(c.seq_len), str(c.queries), *_n_cal(findings, c.calib_tokens),
+                     c.scheme_a, c.scheme_b,
                      str(c.budget_low), str(c.budget_high), f"{c.delta_low:+.4g}", f"{c.delta_high:+.4g}",
                      f"{c.budget_cross:.2f}", c.better_below, "yes" if c.confident else "no"))
     return rows
@@ -144,10 +172,15 @@ CELL_HEADER = ("scenario", "scheme", "b", "d", "S", "Nq", "n", "bits/el", "d₂(
                "d₂(K) [95% CI]", "d₂(V) [95% CI]", "KL(attn)", "logit slope", "P(front)")
 
 
+def cell_header(findings: Findings) -> tuple[str, ...]:
+    return _with_n_cal(findings, CELL_HEADER, at=6)
+
+
 def cell_rows(findings: Findings) -> list[tuple[str, ...]]:
     rows = []
-    for c in findings.cells.sort_values(["scenario", "dim", "seq_len", "queries", "budget", "d2_t"]).itertuples():
+    for c in findings.cells.sort_values(list(SETTING) + ["budget", "d2_t"]).itertuples():
         rows.append((c.scenario, c.scheme, str(c.budget), str(c.dim), str(c.seq_len), str(c.queries),
+                     *_n_cal(findings, c.calib_tokens),
                      str(c.n_trials), num(c.bits_per_element), with_ci(c.d2_t, c.d2_t_low, c.d2_t_high),
                      with_ci(c.d2_k, c.d2_k_low, c.d2_k_high), with_ci(c.d2_v, c.d2_v_low, c.d2_v_high),
                      num(c.kl_attn), num(c.logit_slope),
@@ -157,9 +190,11 @@ def cell_rows(findings: Findings) -> list[tuple[str, ...]]:
 
 def method_sentence(findings: Findings) -> str:
     t = findings.trials
+    calib = (f"; calibration sizes n_cal = {', '.join(map(str, findings.calib_sizes))} tokens, on the same K, V and "
+             f"Q draws" if several_calibrations(findings) else "")
     return (f"{len(t)} trials in {len(findings.cells)} cells: scenarios {', '.join(sorted(t.scenario.unique()))}; "
             f"schemes {', '.join(sorted(t.scheme.unique()))}; budgets {', '.join(map(str, sorted(t.budget.unique())))} "
-            f"bits; head dimensions {', '.join(map(str, sorted(t.dim.unique())))}. Every number is the mean over "
+            f"bits; head dimensions {', '.join(map(str, sorted(t.dim.unique())))}{calib}. Every number is the mean over "
             f"trials with its 95% Student-t confidence interval in brackets. Schemes are compared on per-trial "
             f"d₂(T) with two-sided Mann–Whitney U tests, Holm-corrected within each (setting, budget) family "
             f"(α = {ALPHA}), with Cliff's δ as the effect size (δ < 0: the first-named scheme has the smaller error). "

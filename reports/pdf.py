@@ -15,8 +15,9 @@ from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from .figures import ReportFigure  # noqa: E402
 from .findings import Findings  # noqa: E402
-from .narrative import (CELL_HEADER, CROSSOVER_HEADER, WINNER_HEADER, cell_rows, crossover_rows,  # noqa: E402
-                        method_sentence, setting_summaries, verdict_note, winner_rows)
+from .narrative import (cell_header, cell_rows, crossover_header, crossover_rows,  # noqa: E402
+                        method_sentence, setting_summaries, several_calibrations, verdict_note, winner_header,
+                        winner_rows)
 
 PORTRAIT, LANDSCAPE = (8.27, 11.69), (11.69, 8.27)  # A4, inches
 _LINES_PER_PAGE, _WRAP = 62, 105
@@ -81,20 +82,24 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
     if absent:
         lines.append(("h2", "Figures not shown"))
         lines += [("p", f"{f.title}: {f.absent_reason}.") for f in absent]
+    winner_widths = [0.09, 0.025, 0.035, 0.025, 0.02, 0.065, 0.13, 0.045, 0.065, 0.13, 0.045, 0.045, 0.07, 0.1]
+    cell_widths = [0.09, 0.06, 0.02, 0.03, 0.03, 0.03, 0.025, 0.045, 0.13, 0.13, 0.13, 0.05, 0.05, 0.035]
+    if several_calibrations(findings):  # the n_cal column after Nq
+        winner_widths.insert(4, 0.035)
+        cell_widths.insert(6, 0.035)
     with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}), PdfPages(path) as pdf:
         _text_pages(pdf, lines)
-        _table_pages(pdf, "Winners at each budget (d₂(T), mean [95% CI])", WINNER_HEADER, winner_rows(findings),
-                     [0.09, 0.025, 0.035, 0.025, 0.02, 0.065, 0.13, 0.045, 0.065, 0.13, 0.045, 0.045, 0.07, 0.1])
+        _table_pages(pdf, "Winners at each budget (d₂(T), mean [95% CI])", winner_header(findings),
+                     winner_rows(findings), winner_widths)
         for f in figures:
             if f.figure is None:
                 continue
             f.figure.suptitle(f.title, fontsize=11, y=1.04)
             pdf.savefig(f.figure, bbox_inches="tight")
             f.figure.suptitle("")
-        _table_pages(pdf, "Every cell (mean [95% CI])", CELL_HEADER, cell_rows(findings),
-                     [0.09, 0.06, 0.02, 0.03, 0.03, 0.03, 0.025, 0.045, 0.13, 0.13, 0.13, 0.05, 0.05, 0.035])
+        _table_pages(pdf, "Every cell (mean [95% CI])", cell_header(findings), cell_rows(findings), cell_widths)
         if len(findings.crossovers):
-            _table_pages(pdf, "Crossovers along the budget axis (Δ = mean d₂(T) of A − B)", CROSSOVER_HEADER,
+            _table_pages(pdf, "Crossovers along the budget axis (Δ = mean d₂(T) of A − B)", crossover_header(findings),
                          crossover_rows(findings))
         _table_pages(pdf, "Provenance", ("item", "value"), provenance, [0.2, 0.75])
         info = pdf.infodict()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
+from stats.cells import CELL_COLUMNS
 
 
 SUMMARY_METRICS = ("d2_t", "rel_mse_k", "rel_mse_v", "kl_attn", "logit_slope")
@@ -21,7 +22,7 @@ def mean_ci(values: pd.Series, level: float = 0.95) -> tuple[float, float, float
 
 def summary_table(trials: pd.DataFrame, metrics=SUMMARY_METRICS) -> pd.DataFrame:
     """One row per cell: n_trials, bits_per_element and, per metric, mean, ci_low, ci_high."""
-    keys = ["scenario", "scheme", "budget", "dim", "seq_len", "queries"]
+    keys = list(CELL_COLUMNS)
     records = []
     for cell, group in trials.groupby(keys, sort=True):
         rec = dict(zip(keys, cell), n_trials=len(group), bits_per_element=group["bits_per_element"].mean())
@@ -32,11 +33,14 @@ def summary_table(trials: pd.DataFrame, metrics=SUMMARY_METRICS) -> pd.DataFrame
 
 
 def format_summary(table: pd.DataFrame, metric: str = "d2_t") -> str:
-    """A plain-text table: one line per cell with the metric's mean and 95% CI."""
-    lines = [f"{'scenario':<20} {'scheme':<10} {'b':>2} {'d':>4} {'S':>5} {'Nq':>4} {'bits/el':>8} "
-             f"{metric + ' mean [95% CI]':>34}"]
+    """A plain-text table: one line per cell with the metric's mean and 95% CI; an n_cal column
+    only when the table has several calibration sizes."""
+    several = table["calib_tokens"].nunique() > 1 if len(table) else False
+    lines = [f"{'scenario':<20} {'scheme':<10} {'b':>2} {'d':>4} {'S':>5} {'Nq':>4} "
+             + (f"{'n_cal':>6} " if several else "") + f"{'bits/el':>8} {metric + ' mean [95% CI]':>34}"]
     for r in table.itertuples(index=False):
         mean, lo, hi = getattr(r, metric), getattr(r, f"{metric}_ci_low"), getattr(r, f"{metric}_ci_high")
         lines.append(f"{r.scenario:<20} {r.scheme:<10} {r.budget:>2} {r.dim:>4} {r.seq_len:>5} {r.queries:>4} "
-                     f"{r.bits_per_element:>8.3f} {mean:>12.5f} [{lo:.5f}, {hi:.5f}]")
+                     + (f"{r.calib_tokens:>6} " if several else "")
+                     + f"{r.bits_per_element:>8.3f} {mean:>12.5f} [{lo:.5f}, {hi:.5f}]")
     return "\n".join(lines)

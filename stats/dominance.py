@@ -1,10 +1,11 @@
 """Dominance, crossover and amplification analyses of a run's trials, as tidy frames for the
 reports.
 
-Input: a trial frame (columns as harness/store.py TRIAL_COLUMNS). A *group* is one
-(scenario, dim, seq_len, queries): its cells share their data trial by trial, so bootstrap
-resamples draw trial indices once per replicate and apply them to every cell of the group
-(a paired bootstrap that keeps the comparison between schemes on the same draws).
+Input: a trial frame (columns as harness/store.py TRIAL_COLUMNS). A *group* is one setting
+(stats.cells): (scenario, dim, seq_len, queries, calib_tokens). Its cells share their data
+trial by trial, so bootstrap resamples draw trial indices once per replicate and apply them to
+every cell of the group (a paired bootstrap that keeps the comparison between schemes on the
+same draws).
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import itertools
 import numpy as np
 import pandas as pd
 
+from .cells import SETTING_COLUMNS
 from .inference import as_generator
 
-GROUP = ("scenario", "dim", "seq_len", "queries")
+GROUP = SETTING_COLUMNS
 POINT = ("scheme", "budget")
 
 
@@ -52,11 +54,11 @@ def _non_dominated(bits: np.ndarray, err: np.ndarray) -> np.ndarray:
 
 def pareto_front(trials: pd.DataFrame, error: str = "d2_t", level: float = 0.95, n_boot: int = 1000,
                  seed: int | np.random.Generator = 0) -> pd.DataFrame:
-    """Per group (scenario, dim, seq_len, queries), every (scheme, budget) point with its mean
-    measured bits_per_element, the mean of `error` (default d2_t) with a paired percentile
-    bootstrap interval, `non_dominated` (on the observed means: no other point has bits ≤ and
-    error ≤, one strict) and `p_non_dominated`, the fraction of bootstrap replicates in which
-    the point is non-dominated (its confidence of being on the front)."""
+    """Per group (scenario, dim, seq_len, queries, calib_tokens), every (scheme, budget) point
+    with its mean measured bits_per_element, the mean of `error` (default d2_t) with a paired
+    percentile bootstrap interval, `non_dominated` (on the observed means: no other point has
+    bits ≤ and error ≤, one strict) and `p_non_dominated`, the fraction of bootstrap replicates
+    in which the point is non-dominated (its confidence of being on the front)."""
     _check(trials, GROUP + POINT + ("trial", "bits_per_element", error))
     gen = as_generator(seed, "pareto")
     tail = (1 - level) / 2

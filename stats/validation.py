@@ -41,12 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from .cells import CELL_COLUMNS
 from .energy import EnergyResult, energy_test
 from .inference import holm, ks_critical_value, ks_tests, tost
 from .metrics import SIX_D
 
 IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")
-CELL_COLUMNS = ("scenario", "scheme", "budget", "dim", "seq_len", "queries")
 VERDICTS = ("codec-difference", "implementation-variance", "equivalent", "inconclusive")
 DEFAULT_MARGIN = 0.10  # TOST margin, relative to the pooled mean of each metric
 
@@ -207,7 +207,8 @@ def decide(main: Comparison, nulls: list[Comparison], a: pd.DataFrame, b: pd.Dat
 def same_data(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     """True when a and b were evaluated on the same draws trial by trial: one root seed and one
     RNG family, equal in both, and the same set of trial indices (the runner derives a trial's
-    data from (seed, rng, scenario, dim, seq_len, queries, trial) alone)."""
+    K, V and Q from (seed, rng, scenario, dim, seq_len, queries, trial) alone: calib_tokens
+    changes only the calibration sample)."""
     columns = ("trial", "seed", "rng", "scenario", "dim", "seq_len", "queries")
     if any(c not in a.columns or c not in b.columns for c in columns):
         return False
@@ -245,12 +246,12 @@ def differing_variables(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[st
 def compare_runs(frame_a: pd.DataFrame, frame_b: pd.DataFrame, null: pd.DataFrame | None = None, *,
                  alpha: float = 0.05, margin: float = DEFAULT_MARGIN, n_permutations: int = 1000,
                  seed: int = 0) -> pd.DataFrame:
-    """One verdict per cell present in both runs (matched on scenario, scheme, budget, dim,
-    seq_len, queries). `null`, optional, is a third run whose cells differ from frame_a's only
-    in an implementation variable: cell by cell, frame_a vs null is the null comparison;
-    without it a detected difference is `inconclusive` (module doc, rule 4). Returns the cell
-    columns, verdict, reason, n_a, n_b, n_null, energy_statistic, energy_p, min_p_holm and
-    ks_p_<metric> per six-D metric."""
+    """One verdict per cell present in both runs (matched on CELL_COLUMNS: scenario, scheme,
+    budget, dim, seq_len, queries, calib_tokens). `null`, optional, is a third run whose cells
+    differ from frame_a's only in an implementation variable: cell by cell, frame_a vs null is
+    the null comparison; without it a detected difference is `inconclusive` (module doc, rule
+    4). Returns the cell columns, verdict, reason, n_a, n_b, n_null, energy_statistic,
+    energy_p, min_p_holm and ks_p_<metric> per six-D metric."""
     for name, frame in (("frame_a", frame_a), ("frame_b", frame_b)) + ((("null", null),) if null is not None else ()):
         missing = [c for c in CELL_COLUMNS + SIX_D if c not in frame.columns]
         if missing:

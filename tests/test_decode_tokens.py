@@ -24,13 +24,14 @@ ROPE = ["--scenario", "rope_lowrank", "--budget", "4", "--heads", "2", "--dim", 
 
 def _config(**overrides) -> SweepConfig:
     base = dict(scenarios=("rope_lowrank",), schemes=("tq-kv",), budgets=(4,), dims=(16,), seq_lens=(96,),
-                queries=(4,), trials=2, heads=2, calib_tokens=16, device="cpu")
+                queries=(4,), trials=2, heads=2, calib_tokens=(16,), device="cpu")
     return SweepConfig(**{**base, **overrides})
 
 
 def _draw(config: SweepConfig, trials=range(2)):
     s = config.seq_lens[0]
-    cell = Cell(config.scenarios[0], config.schemes[0], config.budgets[0], config.dims[0], s, config.queries[0])
+    cell = Cell(config.scenarios[0], config.schemes[0], config.budgets[0], config.dims[0], s, config.queries[0],
+                config.calib_tokens[0])
     return runner.draw_trials(config, cell, trials, torch.device("cpu"), torch.float64)
 
 

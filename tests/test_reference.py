@@ -188,8 +188,8 @@ def per_trial_metrics(create, name, bits, n_trials=60, dim=32, seq_len=64, n_que
     distribution integrates over the random signs as well as the data (one fixed FULL matrix
     would shift every trial's error alike). The metrics are computed in one batch."""
     config = SweepConfig(scenarios=("gaussian",), schemes=(name,), dims=(dim,), seq_lens=(seq_len,),
-                         queries=(n_queries,), trials=n_trials, calib_tokens=4)
-    data = draw_trials(config, Cell("gaussian", name, bits, dim, seq_len, n_queries), range(n_trials),
+                         queries=(n_queries,), trials=n_trials, calib_tokens=(4,))
+    data = draw_trials(config, Cell("gaussian", name, bits, dim, seq_len, n_queries, 4), range(n_trials),
                        torch.device("cpu"), torch.float64)
     k_hats, v_hats, logits = [], [], []
     for t in range(n_trials):

@@ -174,7 +174,7 @@ def test_names_from_configuration_and_plugins_are_escaped():
     evil = '<img src=x onerror="alert(1)">&co'
     frame = pd.concat([frame.assign(scheme=evil), frame.assign(scheme="tq-kv")], ignore_index=True)
     frame = frame.assign(scenario="<b>scn</b>", budget=2, dim=16, seq_len=8, queries=4, trial=list(range(6)) * 2,
-                         seed=0, impl="torch", device="cpu", dtype="float32", rng="pcg64")
+                         seed=0, impl="torch", device="cpu", dtype="float32", rng="pcg64", heads=1, calib_tokens=512)
     manifest = {"config": {"note": "<script>alert(2)</script>"}, "provenance": {"git_sha": "<i>sha</i>"}}
     page = render_html("<u>title</u>", analyse(frame, n_permutations=20), [], manifest, "1 s")
     for raw in (evil, "<b>scn</b>", "<script>", "<i>sha</i>", "<u>title</u>"):
@@ -269,7 +269,7 @@ def test_d_eff_figure_drawn_from_the_calibrated_rows(tmp_path):
 
     out = tmp_path / "sq"
     assert main(["run", *SQ_RUN, "--out", str(out)]) == 0
-    assert RunStore(out).read_manifest()["config"]["calib_tokens"] == 256
+    assert RunStore(out).read_manifest()["config"]["calib_tokens"] == [256]
     assert main(["report", str(out), "--permutations", "50"]) == 0
     page = (out / "report.html").read_text(encoding="utf-8")
     block = _figure_block(page, "d_eff")

@@ -58,7 +58,7 @@ def test_same_command_same_rows_and_paired_data(tmp_path):
 def test_rows_do_not_depend_on_chunking(tmp_path):
     # squ-kv: d_eff (so its stream length) differs between trials of spectral_decay
     config = SweepConfig(scenarios=("spectral_decay",), schemes=("tq-kv", "tq-fkv", "squ-kv"), budgets=(3,),
-                         dims=(16,), seq_lens=(32,), queries=(4,), trials=7, device="cpu", calib_tokens=24)
+                         dims=(16,), seq_lens=(32,), queries=(4,), trials=7, device="cpu", calib_tokens=(24,))
     one, many = RunStore(tmp_path / "one"), RunStore(tmp_path / "many")
     runner.run_sweep(config, one, progress=False)
     runner.run_sweep(config, many, progress=False, memory_budget=1)   # one trial per chunk

@@ -38,7 +38,7 @@ def sample(gen, n=60, loc=0.3, sd=0.01, shift=0.0, seed=0, scheme="x"):
     frame = pd.DataFrame(gen.normal(loc + shift, sd, size=(n, len(SIX_D))), columns=list(SIX_D))
     frame["trial"] = np.arange(n)
     for column, value in dict(scenario="gaussian", scheme=scheme, budget=2, dim=16, seq_len=64, queries=8,
-                              seed=seed, rng="pcg64", impl="torch", device="cpu", dtype="float32").items():
+                              calib_tokens=512, seed=seed, rng="pcg64", impl="torch", device="cpu", dtype="float32").items():
         frame[column] = value
     return frame
 
@@ -173,8 +173,8 @@ def group_frame(gen, points, n=50, sd=1e-3):
     rows = []
     for (scheme, budget), (bits, err) in points.items():
         for t, e in enumerate(gen.normal(err, sd, size=n)):
-            rows.append(dict(scenario="gaussian", dim=16, seq_len=64, queries=8, scheme=scheme, budget=budget,
-                             trial=t, bits_per_element=bits, d2_t=e))
+            rows.append(dict(scenario="gaussian", dim=16, seq_len=64, queries=8, calib_tokens=512, scheme=scheme,
+                             budget=budget, trial=t, bits_per_element=bits, d2_t=e))
     return pd.DataFrame(rows)
 
 

@@ -55,7 +55,9 @@ def run(args) -> int:
     print(f"{len(table)} matched cells ({n_a - len(table)} only in RUN_A, {n_b - len(table)} only in RUN_B); "
           f"runs differ in: {', '.join(differ) or 'no implementation variable'}; "
           f"null: {args.null if args.null else 'none'}")
+    several = table["calib_tokens"].nunique() > 1  # name the calibration size only then, as the report does
     for row in table.itertuples(index=False):
-        cell = " ".join(f"{getattr(row, c)}" for c in CELL_COLUMNS)
+        cell = " ".join(f"{getattr(row, c)}" for c in CELL_COLUMNS if c != "calib_tokens")
+        cell += f" n_cal={row.calib_tokens}" if several else ""
         print(f"{cell}: {row.verdict} (energy p {row.energy_p:.3g}, min Holm p {row.min_p_holm:.3g})")
     return 0

@@ -22,7 +22,7 @@ HELP = "run a sweep (the cross product of the flags) into a run directory"
 # flag overrides a --grid preset, which overrides the built-in default.
 FIELDS = {"scenario": ("scenarios", None), "scheme": ("schemes", None), "budget": ("budgets", (2, 3, 4)),
           "dim": ("dims", (128,)), "seq_len": ("seq_lens", (1024,)), "queries": ("queries", (64,)),
-          "trials": ("trials", 200), "heads": ("heads", 1), "calib_tokens": ("calib_tokens", 512),
+          "trials": ("trials", 200), "heads": ("heads", 1), "calib_tokens": ("calib_tokens", (512,)),
           "seed": ("seed", 0), "device": ("device", "auto"), "dtype": ("dtype", "float32"),
           "rng": ("rng", "pcg64"), "impl": ("impl", "torch"), "decode_tokens": ("decode_tokens", 0)}
 
@@ -39,7 +39,8 @@ def add_arguments(p):
     p.add_argument("--queries", type=comma_list(int), help="queries Nq (default 64)")
     p.add_argument("--trials", type=int, help="trials per cell (default 200)")
     p.add_argument("--heads", type=int, help="heads H per trial (default 1)")
-    p.add_argument("--calib-tokens", type=int, help="calibration tokens per head (default 512)")
+    p.add_argument("--calib-tokens", type=comma_list(int), help="calibration tokens per head, a sweep axis: "
+                   "cells differing only in it share their K, V and Q draws (default 512)")
     p.add_argument("--decode-tokens", type=int, help="N tokens of a drifted distribution after the S prefill "
                    "tokens, compressed as they arrive; metrics on the S+N cache (default 0: no decode phase)")
     p.add_argument("--seed", type=int, help="root seed (default 0)")
