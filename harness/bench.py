@@ -4,7 +4,9 @@
   vs the independent reference implementation;
 - schemes: encode+decode vectors/s per scheme;
 - attention: achieved fraction of the machine's measured matmul throughput in the metrics'
-  attention step (q kᵀ and softmax · v as batched matmuls).
+  attention step (q kᵀ and softmax · v as batched matmuls);
+- grid (`--grid NAME`): the wall time of a whole preset grid, every cell run by the runner's
+  own chunk loop on a sample of its trials, extrapolated to the grid's trial count.
 """
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ import torch
 
 import schemes
 
-from .runner import create_scheme, draw_trials, run_cell_chunk
-from .sweep import Cell, SweepConfig, implementation
+from .runner import _run_serial, create_scheme, draw_trials, run_cell_chunk
+from .sweep import Cell, SweepConfig, grid, implementation
 
 
 @dataclass(frozen=True)
@@ -114,3 +116,31 @@ def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] |
             "runner": runner_throughput(shape, device),
             "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names, budgets, impls),
             "attention": attention_efficiency(shape, device)}
+
+
+def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
+    """Wall time of the preset grid `name` (as `run --grid NAME` would run it, without the store):
+    every cell on `sample_trials` trials, then scaled by grid trials / sample_trials. Fixed
+    per-cell costs (scheme set-up, codebooks, calibration of a chunk) are scaled too, so the
+    extrapolation errs high. Also per scheme family and per head dimension, and the largest
+    peak memory of a cell."""
+    preset = grid(name)
+    config = SweepConfig(**{**preset, "trials": sample_trials, "device": device.type})
+    config.validate()
+    cells: dict[Cell, tuple[float, float]] = {}
+    t0 = time.perf_counter()
+    _run_serial(config, config.cells(), device, torch.float32, None,
+                lambda cell, rows, wall, peak_mb: cells.__setitem__(cell, (wall, peak_mb)))
+    measured = time.perf_counter() - t0
+    scale = preset["trials"] / sample_trials
+    by_family: dict[str, float] = {}
+    by_dim: dict[int, float] = {}
+    for cell, (wall, _) in cells.items():
+        family = cell.scheme.split("-")[0]
+        by_family[family] = by_family.get(family, 0.0) + wall * scale
+        by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + wall * scale
+    return {"grid": name, "cells": len(cells), "sample_trials": sample_trials, "grid_trials": preset["trials"],
+            "measured_s": measured, "estimated_grid_s": measured * scale,
+            "sample_trials_per_s": len(cells) * sample_trials / measured,
+            "estimated_s_by_family": by_family, "estimated_s_by_dim": by_dim,
+            "peak_mem_mb_max": max((peak for _, peak in cells.values()), default=0.0)}

@@ -95,11 +95,15 @@ def _quantise_basis(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _basis_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Q = orthonormalised dequantised basis, float64 (..., d, d); the same on encode and decode."""
+    """Q = orthonormalised dequantised basis, float64 (..., d, d); the same on encode and decode
+    (remembered for the very tensors it was computed from: _BASES)."""
+    known = _BASES.get((codes, scale))
+    if known is not None:
+        return known
     u = codes.to(torch.float64) * scale.to(torch.float64).unsqueeze(-2)
     q, r = torch.linalg.qr(u)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
-    return q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2)
+    return _BASES.put((codes, scale), q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2))
 
 
 def _normalise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,32 +121,35 @@ def _semantic_mask(d_eff: torch.Tensor, d: int) -> torch.Tensor:
     return torch.arange(d, device=d_eff.device) < d_eff.unsqueeze(-1)
 
 
-class _CalibrationMemo:
-    """The last few data-dependent calibrations, keyed by the calibration tensor itself.
+class _IdentityMemo:
+    """The last few results of a pure function of tensors, keyed by the tensors themselves.
 
-    Every sq/squ cell that shares a chunk of trials calibrates on the same k_cal / v_cal
-    tensors; eigen-analysis, basis and σ depend on nothing else (and the RNG family of the
-    start block), so they are computed once. A hit needs the very same tensor object, alive
-    (weak reference) and unmodified (its version counter), so a freed tensor whose memory is
-    reused can never be mistaken for it."""
+    A hit needs the very same tensor objects, alive (weak references) and unmodified (their
+    version counters), and the same tag, so a freed tensor whose memory is reused can never be
+    mistaken for one seen before. Used for what every sq/squ cell sharing a chunk of trials
+    would otherwise recompute: the calibration of k_cal / v_cal (eigen-analysis, basis, σ:
+    functions of the data and the RNG family of the start block) and the decoder's
+    orthonormalised basis (a function of the stored codes)."""
 
-    def __init__(self, size: int = 4):
+    def __init__(self, size: int):
         self.size = size
-        self.entries: list[tuple[weakref.ref, int, str, Calibration]] = []
+        self.entries: list[tuple[tuple, tuple, object, object]] = []
 
-    def get(self, x: torch.Tensor, rng: str) -> Calibration | None:
-        for ref, version, family, cal in self.entries:
-            if ref() is x and version == x._version and family == rng:
-                return cal
+    def get(self, tensors: tuple[torch.Tensor, ...], tag: object = None):
+        for refs, versions, stored_tag, value in self.entries:
+            if stored_tag == tag and all(r() is t for r, t in zip(refs, tensors)) and \
+                    versions == tuple(t._version for t in tensors):
+                return value
         return None
 
-    def put(self, x: torch.Tensor, rng: str, cal: Calibration) -> Calibration:
-        self.entries = [e for e in self.entries if e[0]() is not None][-(self.size - 1):]
-        self.entries.append((weakref.ref(x), x._version, rng, cal))
-        return cal
+    def put(self, tensors: tuple[torch.Tensor, ...], value, tag: object = None):
+        self.entries = [e for e in self.entries if all(r() is not None for r in e[0])][-(self.size - 1):]
+        self.entries.append((tuple(weakref.ref(t) for t in tensors), tuple(t._version for t in tensors), tag, value))
+        return value
 
 
-_MEMO = _CalibrationMemo()
+_CALIBRATIONS = _IdentityMemo(4)   # K and V of the current chunk, with room
+_BASES = _IdentityMemo(4)
 
 
 _SHIFT = 64.0   # > 2·_CLAMP + the largest |threshold| (3.9 at 8 bits): keeps the widths' blocks apart
@@ -284,9 +291,9 @@ class SpectralQuant(Scheme):
     def _calibrate(self, x: torch.Tensor, sketched: bool) -> Calibration:
         """The calibration of x (B, H, n, d): the data-dependent part from the memo when the same
         tensor was calibrated last (the cells of a sweep that share data), widths for this scheme."""
-        shared = _MEMO.get(x, self.rng)
+        shared = _CALIBRATIONS.get((x,), self.rng)
         if shared is None:
-            shared = _MEMO.put(x, self.rng, self._spectrum(x))
+            shared = _CALIBRATIONS.put((x,), self._spectrum(x), self.rng)
         return replace(shared, widths=self._allocate(shared.sigma, shared.d_eff, sketched))
 
     def _spectrum(self, x: torch.Tensor) -> Calibration:

@@ -23,3 +23,20 @@ def test_bench_bad_input(capsys):
     assert main(["bench", "--trials", "0"]) == 2
     assert main(["bench", "--scheme", "nope"]) == 2
     assert "unknown scheme 'nope'" in capsys.readouterr().err
+
+
+def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
+    from harness import sweep
+    monkeypatch.setitem(sweep.GRIDS, "tiny", {
+        "scenarios": ("gaussian", "lowrank_aligned"), "schemes": ("tq-kv", "sq-kv"), "budgets": (2, 3),
+        "dims": (16,), "seq_lens": (32,), "queries": (4,), "trials": 12, "calib_tokens": (32,)})
+    assert main(["bench", "--grid", "tiny", "--trials", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["cells"] == 2 * 2 * 2 and result["sample_trials"] == 3 and result["grid_trials"] == 12
+    assert abs(result["estimated_grid_s"] - 4 * result["measured_s"]) < 1e-9 * result["estimated_grid_s"]
+    # the cells' own times, scaled, are part of the whole (which adds drawing the data)
+    assert sum(result["estimated_s_by_family"].values()) <= result["estimated_grid_s"]
+    assert abs(sum(result["estimated_s_by_family"].values()) - sum(result["estimated_s_by_dim"].values())) < 1e-6
+    assert set(result["estimated_s_by_family"]) == {"tq", "sq"} and result["peak_mem_mb_max"] >= 0
+    assert main(["bench", "--grid", "tiny", "--trials", "3"]) == 0
+    assert "estimated at 12 trials" in capsys.readouterr().out

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
-from ..bench import BenchShape, run_bench
+from ..bench import BenchShape, grid_time, run_bench
 from ..devices import DEVICES, resolve_device
 from ..errors import UsageError
+from ..sweep import GRIDS
 from ._args import comma_list
 
 NAME = "bench"
@@ -27,6 +28,9 @@ def add_arguments(p):
     p.add_argument("--trials", type=int, default=d.trials)
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--grid", choices=tuple(GRIDS), default=None,
+                   help="time a whole preset grid instead (paper: the AMD paper's), on --trials trials per "
+                        "cell, extrapolated to the grid's trial count")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -42,6 +46,8 @@ def run(args) -> int:
             schemes.create(name, budget=args.budget, dim=args.dim)
     except ValueError as exc:
         raise UsageError(f"harness bench: {exc}") from None
+    if args.grid:
+        return _print_grid(grid_time(args.grid, args.trials, device), args.json)
     shape = BenchShape(scheme=args.scheme, budget=args.budget, dim=args.dim, seq_len=args.seq_len,
                        queries=args.queries, trials=args.trials, repeats=args.repeats)
     for b in args.budgets or ():
@@ -68,4 +74,17 @@ def run(args) -> int:
     a = result["attention"]
     print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
           f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
+    return 0
+
+
+def _print_grid(result: dict, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"grid {result['grid']}: {result['cells']} cells, {result['sample_trials']} trials each in "
+          f"{result['measured_s']:.1f} s ({result['sample_trials_per_s']:.1f} trials/s); "
+          f"estimated at {result['grid_trials']} trials: {result['estimated_grid_s'] / 60:.1f} min")
+    for title, table in (("scheme family", result["estimated_s_by_family"]), ("head dim", result["estimated_s_by_dim"])):
+        print(f"  by {title}: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in table.items()))
+    print(f"  largest peak memory of a cell: {result['peak_mem_mb_max']:.0f} MiB")
     return 0
