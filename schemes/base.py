@@ -29,7 +29,9 @@ class Encoded:
     codes: dict[str, torch.Tensor] = field(default_factory=dict)
     side: dict[str, torch.Tensor] = field(default_factory=dict)
     # For a codes entry padded to the longest trial of the batch (variable-length streams), the
-    # bits each trial's own copy occupies, (B,): its ledger then does not depend on the batch.
+    # bits each trial's own copy occupies, (B,); for a side entry that only some trials need
+    # (the codebook of a width only some trials use), its bits for the trials that need it and
+    # 0 for the others: a trial's ledger then does not depend on the batch it was coded in.
     exact_bits: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -77,7 +79,9 @@ class BitLedger:
         for key, t in enc.codes.items():
             exact = enc.exact_bits.get(key)
             total += exact.detach().cpu().double() if exact is not None else float(stored_bits(t) // b)
-        total += float(sum(stored_bits(t) for t in enc.side.values()))
+        for key, t in enc.side.items():
+            exact = enc.exact_bits.get(key)
+            total += exact.detach().cpu().double() if exact is not None else float(stored_bits(t))
         return total / (2 * h * s * d)
 
 

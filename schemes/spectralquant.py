@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from . import qjl
-from .base import Encoded, Scheme
+from .base import Encoded, Scheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, spectral_gap
 from .lloyd_max import gaussian_codebook
 from .packing import pack_bits, unpack_bits
@@ -387,8 +387,11 @@ class SpectralQuant(Scheme):
         widths = cal.widths.to(x.device)
         for width in torch.unique(widths).tolist():
             if width:
-                enc.side[f"codebook.{width}bit"] = torch.tensor(gaussian_codebook(width, 1.0).centroids,
-                                                                dtype=torch.float32, device=x.device)
+                key = f"codebook.{width}bit"          # shared by K and V: counted once for a trial using it
+                book = enc.side[key] = torch.tensor(gaussian_codebook(width, 1.0).centroids, dtype=torch.float32,
+                                                    device=x.device)
+                needs = (widths == width).flatten(1).any(-1) * stored_bits(book)                    # (B,)
+                enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
         idx = _nearest_centroids(z / sigma, widths.unsqueeze(-2))
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32)
         enc.codes[f"{prefix}.codes"] = pack_variable(idx, widths)

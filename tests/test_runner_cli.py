@@ -56,15 +56,18 @@ def test_same_command_same_rows_and_paired_data(tmp_path):
 
 
 def test_rows_do_not_depend_on_chunking(tmp_path):
-    # squ-kv: d_eff (so its stream length) differs between trials of spectral_decay
-    config = SweepConfig(scenarios=("spectral_decay",), schemes=("tq-kv", "tq-fkv", "squ-kv"), budgets=(3,),
-                         dims=(16,), seq_lens=(32,), queries=(4,), trials=7, device="cpu", calib_tokens=(24,))
+    # sq/squ: d_eff (so the stream length and the code widths in use) differs between trials of
+    # spectral_decay, and on lowrank_aligned at d = 64 the power iteration runs on a partial block
+    config = SweepConfig(scenarios=("spectral_decay", "lowrank_aligned"), schemes=("tq-kv", "tq-fkv", "squ-kv", "sq-qkv"),
+                         budgets=(3,), dims=(64,), seq_lens=(32,), queries=(4,), trials=7, device="cpu",
+                         calib_tokens=(96,))
     one, many = RunStore(tmp_path / "one"), RunStore(tmp_path / "many")
     runner.run_sweep(config, one, progress=False)
     runner.run_sweep(config, many, progress=False, memory_budget=1)   # one trial per chunk
     a, b = one.trials(), many.trials()
-    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-5, atol=1e-7)
-    assert a[a.scheme == "squ-kv"]["bits_per_element"].nunique() > 1   # the case the ledger must get right
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    for name in ("squ-kv", "sq-qkv"):                                  # the cases the ledger must get right
+        assert a[(a.scheme == name) & (a.scenario == "spectral_decay")]["bits_per_element"].nunique() > 1
 
 
 def test_interrupted_run_keeps_finished_cells_and_resume_completes(tmp_path, monkeypatch):

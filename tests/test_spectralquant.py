@@ -18,6 +18,7 @@ import schemes
 from scenarios.base import TrialShape
 from schemes.eigen import covariance, effective_dimension, eigh_descending, participation_ratio, spectral_gap, \
     top_eigenvectors
+from schemes.base import BitLedger
 from schemes.rng import generator
 from schemes.spectralquant import BASIS_BITS, N_PROJECTIONS, pack_variable, unpack_variable
 from schemes.waterfill import distortion, waterfill
@@ -324,7 +325,8 @@ def test_reference_agrees_with_torch(name, scenario):
             enc = scheme.encode(data["k"], data["v"])
             k_hat, v_hat = scheme.decode(enc)
             errors[impl].append([float(((x_hat - data[x]) ** 2).sum() / (data[x] ** 2).sum())
-                                 for x, x_hat in (("k", k_hat), ("v", v_hat))] + [scheme.bits(enc).components])
+                                 for x, x_hat in (("k", k_hat), ("v", v_hat))] +
+                                [(scheme.bits(enc).components, BitLedger.per_trial_bits_per_element(enc).tolist())])
         for x in ("k", "v"):
             d_eff = fitted["torch"].d_eff[x]
             assert d_eff.tolist() == [[int(f.d_eff) for f in row] for row in fitted["reference"].fits[x]]

@@ -229,8 +229,14 @@ class ReferenceSpectralQuant(Scheme):
         widths = np.array([[f.widths for f in row] for row in fits]).astype(np.uint8)
         table_bits = (widths[..., None] >> np.arange(3, -1, -1)) & 1                    # 4 bits per entry
         put("widths", np.packbits(table_bits.reshape(*widths.shape[:2], -1), axis=-1))
+        # per-trial ledger: a trial's own stream in whole bytes, and the codebooks of the widths it uses
+        enc.exact_bits[f"{tensor}.codes"] = torch.tensor([8 * len(s) for s in streams], dtype=torch.int64)
         for w in sorted(used_widths):
-            enc.side[f"codebook.{w}bit"] = torch.from_numpy(unit_gaussian_codebook(w).astype(np.float32)).to(device)
+            key = f"codebook.{w}bit"
+            enc.side[key] = torch.from_numpy(unit_gaussian_codebook(w).astype(np.float32)).to(device)
+            uses = np.array([any(int(v) == w for f in row for v in f.widths) for row in fits])
+            earlier = enc.exact_bits[key].numpy() if key in enc.exact_bits else 0
+            enc.exact_bits[key] = torch.from_numpy(np.maximum(uses * 32 * 2 ** w, earlier).astype(np.int64))
         if sketched:
             put("d_eff", np.array([[f.d_eff for f in row] for row in fits]).astype(np.int16))
             put("sketch", np.array(sketches))
