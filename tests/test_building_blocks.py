@@ -154,3 +154,14 @@ def test_quantize_picks_the_nearest_centroid(dim):
     idx = quantize(x, book)
     brute = torch.argmin((x[:, None] - torch.tensor(book.centroids)[None]).abs(), dim=1)
     assert torch.equal(idx, brute)
+
+
+@given(st.integers(1, 8), st.integers(1, 21), st.integers(0, 2 ** 32 - 1))
+def test_packing_matches_a_bit_string_built_by_hand(width, n, seed):
+    """Both packing paths (int64 words; bytewise for widths dividing 8) against the row's bits
+    written out as text, big-endian, zero-padded to whole bytes."""
+    codes = torch.from_numpy(np.random.default_rng(seed).integers(0, 2 ** width, size=(3, n)))
+    for row, packed in zip(codes.tolist(), pack_bits(codes, width).tolist()):
+        text = "".join(format(c, f"0{width}b") for c in row)
+        text += "0" * (-len(text) % 8)
+        assert packed == [int(text[i:i + 8], 2) for i in range(0, len(text), 8)]
