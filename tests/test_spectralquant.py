@@ -334,6 +334,10 @@ def test_reference_agrees_with_torch(name, scenario):
             power = fitted["torch"].eigenvalues[x]
             lead = torch.arange(64) <= d_eff.unsqueeze(-1)          # the d_eff + 1 converged pairs
             assert torch.allclose(power[lead], exact[lead], rtol=1e-7, atol=1e-12 * float(exact.max()))
+        diagnostics = [fitted[impl].diagnostics() for impl in ("torch", "reference")]
+        assert diagnostics[0].keys() == diagnostics[1].keys()
+        for key in diagnostics[0]:                                   # what the run store records
+            assert torch.allclose(diagnostics[0][key], diagnostics[1][key], rtol=1e-6), key
     for (_, _, bits_t), (_, _, bits_r) in zip(errors["torch"], errors["reference"]):
         assert bits_t == bits_r
     for i in (0, 1):

@@ -132,6 +132,17 @@ class ReferenceSpectralQuant(Scheme):
     def _sketched(self, tensor: str) -> bool:
         return self.sketch_k if tensor == "k" else self.sketch_v
 
+    def diagnostics(self) -> dict[str, torch.Tensor]:
+        """Per trial, the mean over heads of d_eff and of the relative gap (λ_k − λ_{k+1})/λ_1 at
+        k = d_eff (λ_{d+1} = 0), for the run store."""
+        out = {}
+        for tensor, rows in self.fits.items():
+            gaps = [[float((np.append(f.eigenvalues, 0.0)[f.d_eff - 1] - np.append(f.eigenvalues, 0.0)[f.d_eff])
+                           / f.eigenvalues[0]) if f.eigenvalues[0] > 0 else 0.0 for f in row] for row in rows]
+            out[f"d_eff_{tensor}"] = torch.tensor([np.mean([f.d_eff for f in row]) for row in rows], dtype=torch.float64)
+            out[f"spectral_gap_{tensor}"] = torch.tensor(np.mean(gaps, axis=1), dtype=torch.float64)
+        return out
+
     # --- calibration -----------------------------------------------------------------------------
     def _fit_head(self, x: np.ndarray, sketched: bool) -> _HeadFit:
         d = self.dim
