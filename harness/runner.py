@@ -72,7 +72,7 @@ def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, budget: in
 
 def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -> dict[str, torch.Tensor]:
     """The scenario's data for the given trials, stacked to (B, H, n, d) tensors on device:
-    k, v, q, k_cal, v_cal, positions (S,); with config.decode_tokens = N > 0 also k_decode,
+    k, v, q, k_cal, v_cal, positions (S,), trials (B,) (the trial indices, on the CPU); with config.decode_tokens = N > 0 also k_decode,
     v_decode (B, H, N, d) and positions_decode (N,). decode_tokens is not part of the streams'
     labels: the prefill data are the same whatever N is."""
     scenario = scenarios.create(cell.scenario, **config.scenario_params.get(cell.scenario, {}))
@@ -88,6 +88,7 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -
     out = {name: torch.from_numpy(np.stack([d[name] for d in draws])).to(device=device, dtype=dtype)
            for name in tensors}
     out["positions"] = torch.from_numpy(draws[0]["positions"]).to(device)
+    out["trials"] = torch.tensor(list(trials), dtype=torch.int64)
     if config.decode_tokens:
         s = cell.seq_len
         decode_positions = draws[0].get("positions_decode", np.arange(s, s + config.decode_tokens))
@@ -99,6 +100,13 @@ def _encode(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions:
     # Schemes that undo RoPE (Shard) take the tokens' positions; the rest ignore them.
     takes_positions = "positions" in inspect.signature(scheme.encode).parameters
     return scheme.encode(k, v, **({"positions": positions} if takes_positions else {}))
+
+
+def _fit(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> None:
+    # Schemes that draw randomness per trial at calibration (SpectralQuant's sketches) take the
+    # trial indices, so a trial's draw does not depend on the chunk it is in; the rest ignore them.
+    takes_trials = "trials" in inspect.signature(scheme.fit).parameters
+    scheme.fit(data["k_cal"], data["v_cal"], **({"trials": data["trials"]} if takes_trials else {}))
 
 
 def has_decode_path(scheme: schemes.Scheme) -> bool:
@@ -129,7 +137,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
       calibrated and eviction schemes (sq-*, svd, h2o, streaming, kivi's residual window) see the
       decode tokens as part of the cache they summarise, i.e. the most favourable case for them.
     """
-    scheme.fit(data["k_cal"], data["v_cal"])
+    _fit(scheme, data)
     if "k_decode" not in data:
         enc = _encode(scheme, data["k"], data["v"], data["positions"])
         k_hat, v_hat = scheme.decode(enc)

@@ -24,8 +24,9 @@ fit(k_cal, v_cal) calibrates, per trial and head and separately for K and V:
 encode(k, v): per token store ‖x‖ (float32), z = Qᵀx/‖x‖, quantise z_k/σ_k with the unit
 Gaussian Lloyd–Max codebook of b_k bits. Selective QJL (a `q` before k or v): the residual
 e restricted to the d_eff semantic coordinates is sketched as sign(S e), S an m×d matrix of
-i.i.d. N(0, 1) entries per head (Gaussian, as QJL Lemma 3.2 needs: ±1 entries over a handful
-of semantic coordinates overshoot by 3–4 % at 1–2 bits), drawn from a stored 64-bit seed,
+i.i.d. N(0, 1) entries per trial and head (Gaussian, as QJL Lemma 3.2 needs: ±1 entries over
+a handful of semantic coordinates overshoot by 3–4 % at 1–2 bits), drawn at calibration from a
+stored 64-bit seed per trial (trials are then independent in the sketch draw as well),
 and decode adds √(π/2)/m·‖e‖·Sᵀsign(S e) there. A
 sketched K scores on the codes with the paper's asymmetric estimator
     score(q, k) = ‖k‖·(⟨q_Z, ẑ⟩ + √(π/2)/m·‖e‖·⟨S q_Z,sem, sign(S e)⟩)/√d,  q_Z = Qᵀq,
@@ -35,8 +36,8 @@ Storage (codes, per trial; side, shared): the variable-width codes of all heads 
 of a trial as one bit stream (packed, padded to the longest stream in the batch: trials with
 smaller d_eff then carry padding — with one trial the stream is exact); norms; the int8
 basis and its scales; σ (float32); the allocation table (4 bits per coordinate); for
-sketched tensors d_eff (int16), the packed sketch and the residual norms; side: the unit
-Gaussian codebooks of the widths in use (float32) and the sketch seed (int64).
+sketched tensors d_eff (int16), the packed sketch, the residual norms and the sketch seed
+(int64); side: the unit Gaussian codebooks of the widths in use (float32).
 """
 from __future__ import annotations
 
@@ -260,6 +261,7 @@ class SpectralQuant(Scheme):
     sketch_v: bool = False
     n_projections: int = N_PROJECTIONS
     calibration: dict[str, Calibration] = field(default_factory=dict, repr=False)
+    trials: torch.Tensor | None = field(default=None, repr=False)   # (B,) trial indices of the last fit
 
     def validate(self) -> None:
         super().validate()
@@ -324,10 +326,18 @@ class SpectralQuant(Scheme):
         return Calibration(codes, scale, basis, sigma, None, d_eff, values * peak2, spectral_gap(values, d_eff),
                            iterations)
 
-    def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor) -> "SpectralQuant":
-        """Calibrate on k_cal, v_cal (B, H, n_cal, d): trial b's encoder uses trial b's basis."""
+    def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor, trials: torch.Tensor | None = None) -> "SpectralQuant":
+        """Calibrate on k_cal, v_cal (B, H, n_cal, d): trial b's encoder uses trial b's basis and
+        the sketches drawn for trial index trials[b] (B,) (default 0..B−1): like the basis, the
+        sketches are fixed at calibration, once per trial, so trials are independent replicates
+        of the codec's randomness too."""
         self._check(k_cal, "k_cal")
         self._check(v_cal, "v_cal")
+        b = k_cal.shape[0]
+        trials = torch.arange(b) if trials is None else torch.as_tensor(trials, dtype=torch.int64).cpu()
+        if trials.shape != (b,):
+            raise ValueError(f"trials must hold one index per calibration trial, shape ({b},); got {tuple(trials.shape)}")
+        self.trials = trials
         self.calibration = {"k": self._calibrate(k_cal, self.sketch_k), "v": self._calibrate(v_cal, self.sketch_v)}
         return self
 
@@ -359,17 +369,19 @@ class SpectralQuant(Scheme):
         gen = generator(self.rng, 0, "sq-power-start", self.dim)
         return torch.from_numpy(gen.standard_normal((self.dim, self.dim))).to(device)
 
-    def _sketch_seed(self, tensor: str, device) -> torch.Tensor:
-        """The stored 63-bit seed (1,) int64 from which encoder and decoder draw the sketches."""
-        state = seed_sequence(self.seed, tensor, "sq-sketch").generate_state(1, np.uint64)[0]
-        return torch.tensor([int(state) >> 1], dtype=torch.int64, device=device)
+    def _sketch_seeds(self, tensor: str, device) -> torch.Tensor:
+        """The stored 63-bit seeds (B,) int64, one per trial, from which encoder and decoder draw
+        the sketches: a function of (scheme seed, tensor, trial index)."""
+        seeds = [int(seed_sequence(self.seed, tensor, "sq-sketch", int(t)).generate_state(1, np.uint64)[0]) >> 1
+                 for t in self.trials]
+        return torch.tensor(seeds, dtype=torch.int64, device=device)
 
     def _sketch_matrix(self, enc: Encoded, prefix: str, dtype) -> torch.Tensor:
-        """S (H, m, d), i.i.d. N(0, 1) per head, drawn from the stored seed."""
-        seed = int(enc.side[f"{prefix}.sketch_seed"][0])
-        heads = [generator(self.rng, seed, h).standard_normal((self.n_projections, self.dim))
-                 for h in range(enc.shape[1])]
-        return torch.from_numpy(np.stack(heads)).to(device=enc.side[f"{prefix}.sketch_seed"].device, dtype=dtype)
+        """S (B, H, m, d), i.i.d. N(0, 1) per trial and head, drawn from the stored seeds."""
+        seeds = enc.codes[f"{prefix}.sketch_seed"]
+        draws = [[generator(self.rng, int(seed), h).standard_normal((self.n_projections, self.dim))
+                  for h in range(enc.shape[1])] for seed in seeds.tolist()]
+        return torch.from_numpy(np.array(draws)).to(device=seeds.device, dtype=dtype)
 
     # --- one tensor ---------------------------------------------------------------------------
     def _encode_tensor(self, x: torch.Tensor, prefix: str, sketched: bool, enc: Encoded) -> None:
@@ -403,7 +415,7 @@ class SpectralQuant(Scheme):
         enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
         if sketched:
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
-            enc.side[f"{prefix}.sketch_seed"] = self._sketch_seed(prefix, x.device)
+            enc.codes[f"{prefix}.sketch_seed"] = self._sketch_seeds(prefix, x.device)
             mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
             z_hat = self._dequantise(enc, idx, widths, sigma, x.dtype)
             residual = torch.where(mask, z - z_hat, torch.zeros_like(z))

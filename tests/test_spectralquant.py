@@ -255,7 +255,7 @@ def test_sketched_ledger_counts_sketch_and_residual_norm():
     assert ledger["codes.k.codes"] == 8 * math.ceil(((3 - 1) * d_eff + 2 * (32 - d_eff)) * 24 / 8)
     assert ledger["codes.k.sketch"] == N_PROJECTIONS * 24
     assert ledger["codes.k.residual_norm"] == 32 * 24
-    assert ledger["side.k.sketch_seed"] == 64        # the Gaussian sketches are drawn from it
+    assert ledger["codes.k.sketch_seed"] == 64       # per trial: its Gaussian sketches are drawn from it
     assert "codes.v.sketch" not in ledger
 
 
@@ -395,3 +395,21 @@ def test_one_search_finds_the_nearest_centroid_of_every_width(seed, spread):
         distance = (u[:, w:w + 1] - centroids).abs()
         assert torch.allclose(distance.gather(1, idx[:, w:w + 1]), distance.min(1, keepdim=True).values,
                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["torch", "reference"])
+def test_sketches_are_drawn_per_trial_index(impl):
+    """A trial's sketches depend on its index, not on the batch it is coded in; two trials
+    with the same data but other indices get other sketches."""
+    from schemes import reference
+    make = schemes.create if impl == "torch" else reference.create
+    data = _draw("spectral_decay", n_trials=2, seq_len=16, dim=32)
+    both = make("sq-qkqv", budget=3, dim=32).fit(data["k_cal"], data["v_cal"], trials=torch.tensor([5, 6]))
+    enc = both.encode(data["k"], data["v"])
+    one = {x: data[x][1:] for x in ("k", "v", "k_cal", "v_cal")}
+    alone = make("sq-qkqv", budget=3, dim=32).fit(one["k_cal"], one["v_cal"], trials=torch.tensor([6]))
+    enc_alone = alone.encode(one["k"], one["v"])
+    for key in ("k.sketch", "v.sketch", "k.sketch_seed"):
+        assert torch.equal(enc.codes[key][1:], enc_alone.codes[key])
+    moved = make("sq-qkqv", budget=3, dim=32).fit(one["k_cal"], one["v_cal"], trials=torch.tensor([7]))
+    assert not torch.equal(moved.encode(one["k"], one["v"]).codes["k.sketch_seed"], enc_alone.codes["k.sketch_seed"])

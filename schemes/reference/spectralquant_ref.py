@@ -16,7 +16,7 @@ it implements is the one schemes/spectralquant.py documents:
       min(2, budget) on the rest; a sketched tensor's semantic coordinates give up one bit.
   encode: norm (float32), z = Qᵀ x/‖x‖, index of the nearest centroid of σ_k·(unit Gaussian
     Lloyd–Max codebook of b_k bits); sketch: sign(S e_sem), S ∈ R^{m×d} i.i.d. N(0, 1) per
-    head (columns beyond d_eff unused) drawn from a stored int64 seed, e_sem the residual on
+    trial and head (columns beyond d_eff unused) drawn from a stored int64 seed per trial, e_sem the residual on
     the semantic coordinates, ‖e_sem‖ (float32).
   decode: ẑ + √(π/2)/m·‖e‖·Sᵀsign(S e) on the semantic coordinates, x̂ = ‖x‖·Q ẑ.
   score (sketched K): ‖k‖·(⟨Qᵀq, ẑ⟩ + √(π/2)/m·‖e‖·⟨S (Qᵀq)_sem, sign(S e)⟩)/√d.
@@ -120,6 +120,7 @@ class ReferenceSpectralQuant(Scheme):
     sketch_v: bool = False
     scheme_name: str = field(default="", repr=False)
     fits: dict = field(default_factory=dict, repr=False)
+    trial_ids: list = field(default_factory=list, repr=False)
 
     @property
     def name(self) -> str:
@@ -172,8 +173,10 @@ class ReferenceSpectralQuant(Scheme):
             widths[:d_eff] -= 1
         return _HeadFit(codes, scale, basis, sigma, widths, d_eff, values * peak ** 2 if peak > 0 else values)
 
-    def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor) -> "ReferenceSpectralQuant":
-        """k_cal, v_cal (B, H, n, d): one calibration per trial and head."""
+    def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor, trials=None) -> "ReferenceSpectralQuant":
+        """k_cal, v_cal (B, H, n, d): one calibration per trial and head; trial b's sketches are
+        drawn for trial index trials[b] (default b)."""
+        self.trial_ids = list(range(k_cal.shape[0])) if trials is None else [int(t) for t in trials]
         for tensor, x in (("k", k_cal), ("v", v_cal)):
             if x.dim() != 4 or x.shape[-1] != self.dim:
                 raise ValueError(f"{tensor}_cal must have shape (B, H, n, {self.dim}); got {tuple(x.shape)}")
@@ -182,8 +185,8 @@ class ReferenceSpectralQuant(Scheme):
                                  for b in range(arr.shape[0])]
         return self
 
-    def _sketch_seed(self, tensor: str) -> int:
-        return int(generator(self.rng, self.seed, "reference", "spectralquant", tensor).integers(0, 2 ** 63))
+    def _sketch_seed(self, tensor: str, trial: int) -> int:
+        return int(generator(self.rng, self.seed, "reference", "spectralquant", tensor, trial).integers(0, 2 ** 63))
 
     def _sketch_matrix(self, seed: int, head: int) -> np.ndarray:
         return generator(self.rng, seed, "reference-sketch", head).standard_normal((PROJECTIONS, self.dim))
@@ -199,6 +202,7 @@ class ReferenceSpectralQuant(Scheme):
             raise ValueError(f"fitted on (B, H) = {(len(fits), len(fits[0]))}, asked to encode "
                              f"{(n_trials, n_heads)}; fit on calibration data of the same trials")
         sketched = self._sketched(tensor)
+        seeds = [self._sketch_seed(tensor, t) for t in self.trial_ids]
         streams, norms, residual_norms, sketches = [], np.zeros(x.shape[:3]), np.zeros(x.shape[:3]), []
         used_widths = set()
         for b in range(n_trials):
@@ -221,7 +225,7 @@ class ReferenceSpectralQuant(Scheme):
                 if sketched:
                     e = np.where(np.arange(d) < f.d_eff, z - z_hat, 0.0)
                     residual_norms[b, h] = np.sqrt(np.sum(e ** 2, axis=-1))
-                    sketch_rows.append(np.packbits(e @ self._sketch_matrix(self._sketch_seed(tensor), h).T >= 0, axis=-1))
+                    sketch_rows.append(np.packbits(e @ self._sketch_matrix(seeds[b], h).T >= 0, axis=-1))
             streams.append(np.packbits(np.concatenate([np.ravel(a) for a in bits])) if bits else np.zeros(0, np.uint8))
             sketches.append(sketch_rows)
         length = max(len(s) for s in streams)
@@ -252,8 +256,7 @@ class ReferenceSpectralQuant(Scheme):
             put("d_eff", np.array([[f.d_eff for f in row] for row in fits]).astype(np.int16))
             put("sketch", np.array(sketches))
             put("residual_norm", residual_norms.astype(np.float32))
-            enc.side[f"{tensor}.sketch_seed"] = torch.tensor([self._sketch_seed(tensor)], dtype=torch.int64,
-                                                             device=device)
+            put("sketch_seed", np.array(seeds, dtype=np.int64))
 
     def _z_hat(self, enc: Encoded, tensor: str, b: int, h: int, stream_bits: np.ndarray, start: int):
         """(ẑ (S, d) with the QJL correction, Q (d, d), next stream position) of one (trial, head)."""
@@ -275,7 +278,7 @@ class ReferenceSpectralQuant(Scheme):
         if self._sketched(tensor):
             d_eff = int(codes("d_eff")[b, h])
             signs = np.unpackbits(codes("sketch")[b, h], axis=-1)[:, :PROJECTIONS] * 2.0 - 1.0
-            matrix = self._sketch_matrix(int(enc.side[f"{tensor}.sketch_seed"][0]), h)
+            matrix = self._sketch_matrix(int(codes("sketch_seed")[b]), h)
             residual_norm = codes("residual_norm")[b, h].astype(np.float64)
             correction = QJL_SCALE / PROJECTIONS * residual_norm[:, None] * (signs @ matrix)
             z_hat[:, :d_eff] += correction[:, :d_eff]
