@@ -6,7 +6,7 @@
 - attention: achieved fraction of the machine's measured matmul throughput in the metrics'
   attention step (q kᵀ and softmax · v as batched matmuls);
 - grid (`--grid NAME`): the wall time of a whole preset grid, every cell run by the runner's
-  own chunk loop on a sample of its trials, extrapolated to the grid's trial count.
+  own chunk loop on n and 2n trials, extrapolated linearly to the grid's trial count.
 """
 from __future__ import annotations
 
@@ -118,29 +118,43 @@ def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] |
             "attention": attention_efficiency(shape, device)}
 
 
-def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
-    """Wall time of the preset grid `name` (as `run --grid NAME` would run it, without the store):
-    every cell on `sample_trials` trials, then scaled by grid trials / sample_trials. Fixed
-    per-cell costs (scheme set-up, codebooks, calibration of a chunk) are scaled too, so the
-    extrapolation errs high. Also per scheme family and per head dimension, and the largest
-    peak memory of a cell."""
-    preset = grid(name)
-    config = SweepConfig(**{**preset, "trials": sample_trials, "device": device.type})
-    config.validate()
+def _time_cells(config: SweepConfig, device: torch.device) -> tuple[float, dict[Cell, tuple[float, float]]]:
+    """(wall time of the whole sweep, {cell: (its own wall time, peak MiB)}) by the runner's own
+    chunk loop, nothing stored."""
     cells: dict[Cell, tuple[float, float]] = {}
     t0 = time.perf_counter()
     _run_serial(config, config.cells(), device, torch.float32, None,
                 lambda cell, rows, wall, peak_mb: cells.__setitem__(cell, (wall, peak_mb)))
-    measured = time.perf_counter() - t0
-    scale = preset["trials"] / sample_trials
+    return time.perf_counter() - t0, cells
+
+
+def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
+    """Wall time of the preset grid `name` (as `run --grid NAME` would run it, without the store),
+    from two passes over every cell, on n = sample_trials and on 2n trials: time = a + b·trials
+    per cell and in all, extrapolated to the grid's trial count (the fixed part a — scheme
+    set-up, codebooks, per-cell Python — counted once, not scaled). Also per scheme family and
+    head dimension, and the largest peak memory of a cell."""
+    preset = grid(name)
+    full = preset["trials"]
+    passes = {}
+    for n in (sample_trials, 2 * sample_trials):
+        config = SweepConfig(**{**preset, "trials": n, "device": device.type})
+        config.validate()
+        passes[n] = _time_cells(config, device)
+    (t1, cells1), (t2, cells2) = passes[sample_trials], passes[2 * sample_trials]
+
+    def extrapolate(small: float, large: float) -> float:
+        return small + (large - small) * (full - sample_trials) / sample_trials
     by_family: dict[str, float] = {}
     by_dim: dict[int, float] = {}
-    for cell, (wall, _) in cells.items():
+    for cell, (wall1, _) in cells1.items():
+        estimate = extrapolate(wall1, cells2[cell][0])
         family = cell.scheme.split("-")[0]
-        by_family[family] = by_family.get(family, 0.0) + wall * scale
-        by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + wall * scale
-    return {"grid": name, "cells": len(cells), "sample_trials": sample_trials, "grid_trials": preset["trials"],
-            "measured_s": measured, "estimated_grid_s": measured * scale,
-            "sample_trials_per_s": len(cells) * sample_trials / measured,
+        by_family[family] = by_family.get(family, 0.0) + estimate
+        by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + estimate
+    return {"grid": name, "cells": len(cells1), "sample_trials": [sample_trials, 2 * sample_trials],
+            "grid_trials": full, "measured_s": [t1, t2], "estimated_grid_s": extrapolate(t1, t2),
+            "fixed_s": 2 * t1 - t2, "per_trial_s": (t2 - t1) / sample_trials,
+            "trials_per_s": len(cells1) * sample_trials / (t2 - t1) if t2 > t1 else float("inf"),
             "estimated_s_by_family": by_family, "estimated_s_by_dim": by_dim,
-            "peak_mem_mb_max": max((peak for _, peak in cells.values()), default=0.0)}
+            "peak_mem_mb_max": max((peak for _, peak in list(cells1.values()) + list(cells2.values())), default=0.0)}

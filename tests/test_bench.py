@@ -32,10 +32,11 @@ def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
         "dims": (16,), "seq_lens": (32,), "queries": (4,), "trials": 12, "calib_tokens": (32,)})
     assert main(["bench", "--grid", "tiny", "--trials", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["cells"] == 2 * 2 * 2 and result["sample_trials"] == 3 and result["grid_trials"] == 12
-    assert abs(result["estimated_grid_s"] - 4 * result["measured_s"]) < 1e-9 * result["estimated_grid_s"]
-    # the cells' own times, scaled, are part of the whole (which adds drawing the data)
-    assert sum(result["estimated_s_by_family"].values()) <= result["estimated_grid_s"]
+    assert result["cells"] == 2 * 2 * 2 and result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
+    (t1, t2), estimate = result["measured_s"], result["estimated_grid_s"]
+    # the line through (3, t1) and (6, t2), at 12 trials
+    assert abs(estimate - (t1 + (t2 - t1) * 3)) < 1e-9 * max(abs(estimate), 1)
+    assert abs(result["fixed_s"] + result["per_trial_s"] * 3 - t1) < 1e-9 * max(t1, 1)
     assert abs(sum(result["estimated_s_by_family"].values()) - sum(result["estimated_s_by_dim"].values())) < 1e-6
     assert set(result["estimated_s_by_family"]) == {"tq", "sq"} and result["peak_mem_mb_max"] >= 0
     assert main(["bench", "--grid", "tiny", "--trials", "3"]) == 0

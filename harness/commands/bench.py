@@ -29,8 +29,8 @@ def add_arguments(p):
     p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--grid", choices=tuple(GRIDS), default=None,
-                   help="time a whole preset grid instead (paper: the AMD paper's), on --trials trials per "
-                        "cell, extrapolated to the grid's trial count")
+                   help="time a whole preset grid instead (paper: the AMD paper's), on --trials and twice as "
+                        "many trials per cell, extrapolated linearly to the grid's trial count")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -81,9 +81,11 @@ def _print_grid(result: dict, as_json: bool) -> int:
     if as_json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"grid {result['grid']}: {result['cells']} cells, {result['sample_trials']} trials each in "
-          f"{result['measured_s']:.1f} s ({result['sample_trials_per_s']:.1f} trials/s); "
-          f"estimated at {result['grid_trials']} trials: {result['estimated_grid_s'] / 60:.1f} min")
+    (n1, n2), (t1, t2) = result["sample_trials"], result["measured_s"]
+    print(f"grid {result['grid']}: {result['cells']} cells, timed on {n1} and {n2} trials per cell: "
+          f"{t1:.1f} s and {t2:.1f} s (fixed {result['fixed_s']:.1f} s + {result['per_trial_s']:.2f} s per trial "
+          f"of every cell, {result['trials_per_s']:.1f} trials/s)")
+    print(f"  estimated at {result['grid_trials']} trials: {result['estimated_grid_s'] / 60:.1f} min")
     for title, table in (("scheme family", result["estimated_s_by_family"]), ("head dim", result["estimated_s_by_dim"])):
         print(f"  by {title}: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in table.items()))
     print(f"  largest peak memory of a cell: {result['peak_mem_mb_max']:.0f} MiB")
