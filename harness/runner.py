@@ -4,8 +4,9 @@ Seeds are data (STYLE.md §4): trial t of a cell draws from the streams
 (seed, "data", scenario, dim, seq_len, queries, heads, t, tensor, head), shared by every scheme
 and budget, and by every calibration size (the calibration sample has labels of its own, so
 cells that differ only in calib_tokens see the same K, V and Q); a scheme's own randomness
-comes from (seed, "scheme", name, budget, dim). So a row depends only on (configuration,
-seed), never on chunking, order or resumption.
+comes from (seed, "scheme", name, budget, dim), and, for a scheme whose fit takes them, from
+the trial indices (SpectralQuant's per-trial sketches). So a row depends only on
+(configuration, seed), never on chunking, order or resumption.
 
 Decode phase (--decode-tokens N > 0): after the S prefill tokens, N tokens of a drifted
 distribution arrive (scenario streams of their own, so the prefill data do not depend on N).

@@ -22,7 +22,10 @@ from stats.metrics import METRIC_NAMES
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
 
-CONFIG_COLUMNS = CELL_COLUMNS + ("trial", "seed", "impl", "device", "dtype", "rng", "heads")
+# The trials table's column order is that of results.sqlite since its first version (calib_tokens
+# after heads), though calib_tokens is now part of the cell.
+CONFIG_COLUMNS = tuple(c for c in CELL_COLUMNS if c != "calib_tokens") + (
+    "trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
 # Per-trial facts some schemes report (Scheme.diagnostics); NULL for the others.
 DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
 TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES + DIAGNOSTIC_COLUMNS

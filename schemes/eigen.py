@@ -45,8 +45,10 @@ def top_eigenvectors(cov: torch.Tensor, k: int, start: torch.Tensor, *, n_conver
     start: the start block (d, k), the same for every matrix (or (..., d, k)); it is an explicit
     argument so that each matrix's result depends on that matrix alone. Each matrix stops on its
     own once its leading n_converge (..., default k) Ritz pairs have residuals
-    ‖C v − θ v‖ ≤ tol·θ_1 (or after max_iter products); later products leave it untouched, so
-    the answer never depends on the other matrices of the batch. Pair j converges like
+    ‖C v − θ v‖ ≤ tol·θ_1 (or after max_iter products, which the returned count shows); later
+    products leave it untouched, so the answer does not depend on the other matrices of the
+    batch (bit for bit on the CPU, where batched LAPACK/BLAS work matrix by matrix; a GPU may
+    pick other kernels for other batch sizes, so there it agrees to rounding). Pair j converges like
     (λ_{k+1}/λ_j)^iterations, which is why callers ask for more vectors than they need.
     Returns (values (..., k), vectors (..., d, k), iterations (...,) int64).
     """

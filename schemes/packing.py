@@ -33,7 +33,7 @@ def _pack_bytewise(codes: torch.Tensor, width: int) -> torch.Tensor:
     c = codes.to(torch.uint8)
     if n % per_byte:
         c = torch.nn.functional.pad(c, (0, per_byte - n % per_byte))
-    c = c.view(*lead, -1, per_byte)
+    c = c.view(*lead, -(-n // per_byte), per_byte)
     packed = c[..., 0] << (8 - width)
     for j in range(1, per_byte):
         packed |= c[..., j] << (8 - width * (j + 1))

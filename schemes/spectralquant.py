@@ -25,8 +25,10 @@ encode(k, v): per token store ‖x‖ (float32), z = Qᵀx/‖x‖, quantise z_k
 Gaussian Lloyd–Max codebook of b_k bits. Selective QJL (a `q` before k or v): the residual
 e restricted to the d_eff semantic coordinates is sketched as sign(S e), S an m×d matrix of
 i.i.d. N(0, 1) entries per trial and head (Gaussian, as QJL Lemma 3.2 needs: ±1 entries over
-a handful of semantic coordinates overshoot by 3–4 % at 1–2 bits), drawn at calibration from a
-stored 64-bit seed per trial (trials are then independent in the sketch draw as well),
+a handful of semantic coordinates overshoot by 3–4 % at 1–2 bits); trial b's matrices are
+drawn from a 63-bit seed of its own (a function of the scheme seed and the trial index given
+to fit), stored as an int64 with the codes and redrawn from it by the decoder, so trials are
+independent in the sketch draw as well,
 and decode adds √(π/2)/m·‖e‖·Sᵀsign(S e) there. A
 sketched K scores on the codes with the paper's asymmetric estimator
     score(q, k) = ‖k‖·(⟨q_Z, ẑ⟩ + √(π/2)/m·‖e‖·⟨S q_Z,sem, sign(S e)⟩)/√d,  q_Z = Qᵀq,
@@ -127,25 +129,39 @@ class _IdentityMemo:
 
     A hit needs the very same tensor objects, alive (weak references) and unmodified (their
     version counters), and the same tag, so a freed tensor whose memory is reused can never be
-    mistaken for one seen before. Used for what every sq/squ cell sharing a chunk of trials
-    would otherwise recompute: the calibration of k_cal / v_cal (eigen-analysis, basis, σ:
-    functions of the data and the RNG family of the start block) and the decoder's
+    mistaken for one seen before; an entry is dropped as soon as one of its tensors is freed,
+    so the memo never keeps a result alive longer than its inputs. Inference-mode tensors have
+    no version counter and are never remembered. Used for what every sq/squ cell sharing a
+    chunk of trials would otherwise recompute: the calibration of k_cal / v_cal (eigen-analysis,
+    basis, σ: functions of the data and the RNG family of the start block) and the decoder's
     orthonormalised basis (a function of the stored codes)."""
 
     def __init__(self, size: int):
         self.size = size
-        self.entries: list[tuple[tuple, tuple, object, object]] = []
+        self.entries: dict[int, tuple[tuple, tuple, object, object]] = {}
+        self._next = 0
+
+    @staticmethod
+    def _trackable(tensors) -> bool:
+        return not any(t.is_inference() for t in tensors)
 
     def get(self, tensors: tuple[torch.Tensor, ...], tag: object = None):
-        for refs, versions, stored_tag, value in self.entries:
+        if not self._trackable(tensors):
+            return None
+        for refs, versions, stored_tag, value in self.entries.values():
             if stored_tag == tag and all(r() is t for r, t in zip(refs, tensors)) and \
                     versions == tuple(t._version for t in tensors):
                 return value
         return None
 
     def put(self, tensors: tuple[torch.Tensor, ...], value, tag: object = None):
-        self.entries = [e for e in self.entries if all(r() is not None for r in e[0])][-(self.size - 1):]
-        self.entries.append((tuple(weakref.ref(t) for t in tensors), tuple(t._version for t in tensors), tag, value))
+        if not self._trackable(tensors):
+            return value
+        key, self._next = self._next, self._next + 1
+        while len(self.entries) >= self.size:
+            del self.entries[min(self.entries)]                        # the oldest
+        refs = tuple(weakref.ref(t, lambda _, k=key: self.entries.pop(k, None)) for t in tensors)
+        self.entries[key] = (refs, tuple(t._version for t in tensors), tag, value)
         return value
 
 
@@ -174,6 +190,8 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
     thresholds, first = _all_thresholds(str(u.device))
     shifted = u.to(torch.float64).clamp(-_CLAMP, _CLAMP) + _SHIFT * widths
     idx = torch.bucketize(shifted, thresholds) - first[widths]
+    # NaN sorts past every block: give it the top index of its own width, as a per-width search would
+    idx = torch.minimum(idx, (1 << widths) - 1)
     return torch.where(widths > 0, idx, torch.zeros_like(idx))
 
 
@@ -328,9 +346,8 @@ class SpectralQuant(Scheme):
 
     def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor, trials: torch.Tensor | None = None) -> "SpectralQuant":
         """Calibrate on k_cal, v_cal (B, H, n_cal, d): trial b's encoder uses trial b's basis and
-        the sketches drawn for trial index trials[b] (B,) (default 0..B−1): like the basis, the
-        sketches are fixed at calibration, once per trial, so trials are independent replicates
-        of the codec's randomness too."""
+        the sketch seed of trial index trials[b] (B,) (default 0..B−1), so trials are independent
+        replicates of the codec's randomness too."""
         self._check(k_cal, "k_cal")
         self._check(v_cal, "v_cal")
         b = k_cal.shape[0]
@@ -362,7 +379,8 @@ class SpectralQuant(Scheme):
     def eigenvalues(self) -> dict[str, torch.Tensor]:
         return {name: cal.eigenvalues for name, cal in self.calibration.items()}
 
-    # --- randomness owned by the scheme: a function of (seed, tensor, head) only -----------------
+    # --- randomness owned by the scheme: sketches a function of (seed, tensor, trial index, head);
+    #     the power iteration's start block of the dimension alone ----------------------------------
     def _start_block(self, device) -> torch.Tensor:
         """The power iteration's start block (d, d): the same for every trial, head and scheme
         seed, so that a calibration is a function of the data and can be shared (the memo)."""

@@ -1,6 +1,8 @@
 """harness bench reports figures and ratios measured in one run (values are not asserted as times)."""
 import json
 
+import pytest
+
 from harness.cli import main
 
 
@@ -26,18 +28,29 @@ def test_bench_bad_input(capsys):
 
 
 def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
-    from harness import sweep
+    """Every cell of the grid is run (twice: n and 2n trials); with cell times a + b·trials the
+    estimate is the grid's a + b·12 per cell, summed."""
+    from harness import bench, sweep
     monkeypatch.setitem(sweep.GRIDS, "tiny", {
         "scenarios": ("gaussian", "lowrank_aligned"), "schemes": ("tq-kv", "sq-kv"), "budgets": (2, 3),
         "dims": (16,), "seq_lens": (32,), "queries": (4,), "trials": 12, "calib_tokens": (32,)})
+    real = bench._time_cells
+    seen = {}
+
+    def synthetic(config, device):
+        _, cells = real(config, device)                      # the cells really run ...
+        seen[config.trials] = set(cells)
+        fixed, per_trial = {"tq-kv": 0.5, "sq-kv": 2.0}, {"tq-kv": 0.1, "sq-kv": 0.3}
+        timed = {c: (fixed[c.scheme] + per_trial[c.scheme] * config.trials, 1.0) for c in cells}
+        return sum(t for t, _ in timed.values()) + 1.0, timed   # ... timed as a + b·trials (+1 s of drawing)
+    monkeypatch.setattr(bench, "_time_cells", synthetic)
     assert main(["bench", "--grid", "tiny", "--trials", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["cells"] == 2 * 2 * 2 and result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
-    (t1, t2), estimate = result["measured_s"], result["estimated_grid_s"]
-    # the line through (3, t1) and (6, t2), at 12 trials
-    assert abs(estimate - (t1 + (t2 - t1) * 3)) < 1e-9 * max(abs(estimate), 1)
-    assert abs(result["fixed_s"] + result["per_trial_s"] * 3 - t1) < 1e-9 * max(t1, 1)
-    assert abs(sum(result["estimated_s_by_family"].values()) - sum(result["estimated_s_by_dim"].values())) < 1e-6
-    assert set(result["estimated_s_by_family"]) == {"tq", "sq"} and result["peak_mem_mb_max"] >= 0
+    assert seen[3] == seen[6] and len(seen[3]) == result["cells"] == 2 * 2 * 2
+    assert result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
+    per_cell = {"tq": 0.5 + 0.1 * 12, "sq": 2.0 + 0.3 * 12}
+    assert abs(result["estimated_grid_s"] - (4 * per_cell["tq"] + 4 * per_cell["sq"] + 1.0)) < 1e-9
+    assert result["estimated_s_by_family"] == pytest.approx({k: 4 * v for k, v in per_cell.items()})
+    assert abs(result["per_trial_s"] - 4 * (0.1 + 0.3)) < 1e-12 and abs(result["fixed_s"] - (4 * 2.5 + 1)) < 1e-9
     assert main(["bench", "--grid", "tiny", "--trials", "3"]) == 0
     assert "estimated at 12 trials" in capsys.readouterr().out

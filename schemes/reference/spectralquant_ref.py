@@ -177,6 +177,9 @@ class ReferenceSpectralQuant(Scheme):
         """k_cal, v_cal (B, H, n, d): one calibration per trial and head; trial b's sketches are
         drawn for trial index trials[b] (default b)."""
         self.trial_ids = list(range(k_cal.shape[0])) if trials is None else [int(t) for t in trials]
+        if len(self.trial_ids) != k_cal.shape[0]:
+            raise ValueError(f"trials must hold one index per calibration trial ({k_cal.shape[0]}); "
+                             f"got {len(self.trial_ids)}")
         for tensor, x in (("k", k_cal), ("v", v_cal)):
             if x.dim() != 4 or x.shape[-1] != self.dim:
                 raise ValueError(f"{tensor}_cal must have shape (B, H, n, {self.dim}); got {tuple(x.shape)}")
