@@ -28,15 +28,15 @@ i.i.d. N(0, 1) entries per trial and head (Gaussian, as QJL Lemma 3.2 needs: ±1
 a handful of semantic coordinates overshoot by 3–4 % at 1–2 bits); trial b's matrices are
 drawn from a 63-bit seed of its own (a function of the scheme seed and the trial index given
 to fit), stored as an int64 with the codes and redrawn from it by the decoder, so trials are
-independent in the sketch draw as well,
-and decode adds √(π/2)/m·‖e‖·Sᵀsign(S e) there. A
+independent in the sketch draw as well; decode adds √(π/2)/m·‖e‖·Sᵀsign(S e) there. A
 sketched K scores on the codes with the paper's asymmetric estimator
     score(q, k) = ‖k‖·(⟨q_Z, ẑ⟩ + √(π/2)/m·‖e‖·⟨S q_Z,sem, sign(S e)⟩)/√d,  q_Z = Qᵀq,
 exact (unquantised q) on every coordinate, tail included; it equals q·decode(K)/√d.
 
 Storage (codes, per trial; side, shared): the variable-width codes of all heads and tokens
-of a trial as one bit stream (packed, padded to the longest stream in the batch: trials with
-smaller d_eff then carry padding — with one trial the stream is exact); norms; the int8
+of a trial as one bit stream (packed, padded to the longest stream in the batch; the per-trial
+ledger counts each trial's own stream, and a side codebook only for the trials using its
+width, so a trial's bits do not depend on its batch); norms; the int8
 basis and its scales; σ (float32); the allocation table (4 bits per coordinate); for
 sketched tensors d_eff (int16), the packed sketch, the residual norms and the sketch seed
 (int64); side: the unit Gaussian codebooks of the widths in use (float32).
