@@ -432,6 +432,49 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
     return ReportFigure("d_eff", title, caption, fig)
 
 
+def calibration_figure(findings: Findings, styles) -> ReportFigure:
+    """Mean d₂(T) (95% CI bars) against the calibration size n_cal, one line per scheme, one
+    panel per (scenario, head dimension), at the run's middle budget: how much calibration a
+    calibrated codec needs, against the data-independent ones (flat lines: same K, V, Q draws
+    at every n_cal)."""
+    title = "Error against the calibration size"
+    cells, where = _main_slice(findings.cells, every_calibration=True)
+    sizes = sorted(cells.calib_tokens.unique())
+    if len(sizes) < 2:
+        return ReportFigure("calibration", title, "", absent_reason=f"the run has one calibration size (n_cal = "
+                            f"{sizes[0]}); give --calib-tokens several values to see the error against it")
+    budget = _mid(sorted(cells.budget.unique()))
+    cells = cells[cells.budget == budget]
+    panels = sorted({(sc, dim) for sc, dim in cells[["scenario", "dim"]].itertuples(index=False)})
+    n_cols = min(3, len(panels))
+    n_rows = -(-len(panels) // n_cols)
+    fig, axes = _grid(n_rows, n_cols)
+    for i, (sc, dim) in enumerate(panels):
+        ax = axes[divmod(i, n_cols)]
+        sel = cells[(cells.scenario == sc) & (cells.dim == dim)]
+        for name, g in sel.groupby("scheme"):
+            g = g.sort_values("calib_tokens")
+            st = styles[name]
+            ax.errorbar(g.calib_tokens, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t], color=st.colour,
+                        marker=st.marker, linestyle=st.line, markersize=4, linewidth=1.2, capsize=2)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        _scale(ax, "y", np.r_[sel.d2_t, sel.d2_t_high])
+        ax.axvline(dim, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(f"{sc}, d = {dim}, b = {budget}", fontsize=9)
+        ax.set_xlabel("calibration tokens n_cal")
+        ax.set_ylabel(f"d₂(T) {_UNIT_D2}")
+    for r, c in set(np.ndindex(n_rows, n_cols)) - {divmod(i, n_cols) for i in range(len(panels))}:
+        axes[r, c].set_visible(False)
+    at_d = plt.Line2D([], [], color="grey", linestyle="--", label="n_cal = d")
+    _legend(fig, styles, cells.scheme.unique(), extra=[at_d])
+    caption = (f"{where}, budget {budget} bits. Points are cell means of d₂(T) with 95% confidence intervals; "
+               f"every calibration size sees the same K, V and Q draws, so schemes that ignore calibration are "
+               f"flat. Left of the dashed line (n_cal < d) the calibration covariance is rank-deficient.")
+    return ReportFigure("calibration", title, caption, fig)
+
+
 def absent_figures(findings: Findings) -> list[ReportFigure]:
     """Figures of the issue whose data a run store does not hold (yet), with the reason."""
     columns = set(findings.trials.columns)
@@ -451,7 +494,7 @@ def build_figures(findings: Findings) -> list[ReportFigure]:
         figures = [dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),
                    error_space_figure(findings, styles), significance_figure(findings, styles),
                    isolation_figure(findings, styles), amplification_figure(findings, styles),
-                   d_eff_figure(findings, styles)]
+                   d_eff_figure(findings, styles), calibration_figure(findings, styles)]
     return figures + absent_figures(findings)
 
 

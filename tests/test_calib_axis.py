@@ -147,3 +147,32 @@ def test_report_separates_calibration_sizes(run_dir, capsys):
     assert main(["compare", str(run_dir), str(run_dir), "--permutations", "20"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("4 matched cells") and lines[1].startswith("spectral_decay sq-kv 3 16 32 4 n_cal=16:")
+
+
+def test_calibration_figure_draws_each_scheme_against_n_cal(run_dir):
+    """The points drawn are the cells' mean d₂(T) at each calibration size (tq-kv flat: it
+    ignores calibration and sees the same draws); a one-size run says why the figure is absent."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import calibration_figure, scheme_styles
+    from reports.findings import analyse
+    trials = RunStore(run_dir).trials()
+    findings = analyse(trials, n_permutations=20)
+    styles = scheme_styles(trials.scheme.unique())
+    figure = calibration_figure(findings, styles)
+    try:
+        (ax,) = [a for a in figure.figure.axes if a.get_visible()]
+        rgba = plt.matplotlib.colors.to_rgba
+        drawn = {}
+        for name in ("sq-kv", "tq-kv"):
+            (line,) = [ln for ln in ax.lines if rgba(ln.get_color()) == rgba(styles[name].colour)
+                       and ln.get_marker() == styles[name].marker]           # not the error bars' caps
+            expected = [trials[(trials.scheme == name) & (trials.calib_tokens == n)].d2_t.mean() for n in (16, 64)]
+            np.testing.assert_allclose(np.asarray(line.get_xdata(), float), [16, 64])
+            np.testing.assert_allclose(np.asarray(line.get_ydata(), float), expected, rtol=1e-12)
+            drawn[name] = np.asarray(line.get_ydata(), float)
+        assert drawn["tq-kv"][0] == pytest.approx(drawn["tq-kv"][1]) and drawn["sq-kv"][0] != drawn["sq-kv"][1]
+    finally:
+        plt.close(figure.figure)
+    single = calibration_figure(analyse(trials[trials.calib_tokens == 64], n_permutations=20), styles)
+    assert single.figure is None and "one calibration size (n_cal = 64)" in single.absent_reason
