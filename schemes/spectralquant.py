@@ -133,8 +133,9 @@ class _IdentityMemo:
     so the memo never keeps a result alive longer than its inputs. Inference-mode tensors have
     no version counter and are never remembered. Used for what every sq/squ cell sharing a
     chunk of trials would otherwise recompute: the calibration of k_cal / v_cal (eigen-analysis,
-    basis, σ: functions of the data and the RNG family of the start block) and the decoder's
-    orthonormalised basis (a function of the stored codes)."""
+    basis, σ: functions of the data and the RNG family of the start block), the decoder's
+    orthonormalised basis (a function of the stored codes), and the sketch matrices of a cache
+    (functions of its stored seeds), which its encode, decode and score would each redraw."""
 
     def __init__(self, size: int):
         self.size = size
@@ -167,6 +168,7 @@ class _IdentityMemo:
 
 _CALIBRATIONS = _IdentityMemo(4)   # K and V of the current chunk, with room
 _BASES = _IdentityMemo(4)
+_SKETCHES = _IdentityMemo(4)
 
 
 _SHIFT = 64.0   # > 2·_CLAMP + the largest |threshold| (3.9 at 8 bits): keeps the widths' blocks apart
@@ -395,11 +397,16 @@ class SpectralQuant(Scheme):
         return torch.tensor(seeds, dtype=torch.int64, device=device)
 
     def _sketch_matrix(self, enc: Encoded, prefix: str, dtype) -> torch.Tensor:
-        """S (B, H, m, d), i.i.d. N(0, 1) per trial and head, drawn from the stored seeds."""
+        """S (B, H, m, d), i.i.d. N(0, 1) per trial and head, drawn from the stored seeds (once per
+        seeds tensor: encode, decode and score of one cache share the draw, _SKETCHES)."""
         seeds = enc.codes[f"{prefix}.sketch_seed"]
-        draws = [[generator(self.rng, int(seed), h).standard_normal((self.n_projections, self.dim))
-                  for h in range(enc.shape[1])] for seed in seeds.tolist()]
-        return torch.from_numpy(np.array(draws)).to(device=seeds.device, dtype=dtype)
+        tag = (self.rng, enc.shape[1], self.n_projections, self.dim)
+        drawn = _SKETCHES.get((seeds,), tag)
+        if drawn is None:
+            draws = [[generator(self.rng, int(seed), h).standard_normal((self.n_projections, self.dim))
+                      for h in range(enc.shape[1])] for seed in seeds.tolist()]
+            drawn = _SKETCHES.put((seeds,), torch.from_numpy(np.array(draws)).to(seeds.device), tag)
+        return drawn.to(dtype)
 
     # --- one tensor ---------------------------------------------------------------------------
     def _encode_tensor(self, x: torch.Tensor, prefix: str, sketched: bool, enc: Encoded) -> None:
