@@ -124,24 +124,31 @@ def _pvalue_array(pvalues) -> np.ndarray:
     return p
 
 
+def _adjust(pvalues, adjust_sorted) -> np.ndarray:
+    """Adjusted p-values of the non-NaN entries (the family, m of them), NaN kept:
+    adjust_sorted(ascending p-values) -> their adjusted values, in the same order."""
+    p = _pvalue_array(pvalues)
+    out = np.full_like(p, np.nan)
+    ok = ~np.isnan(p)
+    q = p[ok]
+    if len(q) == 0:
+        return out
+    order = np.argsort(q, kind="stable")
+    adjusted = np.empty(len(q))
+    adjusted[order] = adjust_sorted(q[order])
+    out[ok] = adjusted
+    return out
+
+
 def holm(pvalues) -> np.ndarray:
     """Holm step-down adjusted p-values (controls the family-wise error rate). NaN entries
     are not part of the family and stay NaN. Reject H_i at level α iff adjusted p_i ≤ α.
 
     Adjusted p_(i) = max_{j ≤ i} min(1, (m − j + 1) p_(j)) over the sorted p-values."""
-    p = _pvalue_array(pvalues)
-    out = np.full_like(p, np.nan)
-    ok = ~np.isnan(p)
-    q = p[ok]
-    m = len(q)
-    if m == 0:
-        return out
-    order = np.argsort(q, kind="stable")
-    scaled = np.minimum(1.0, (m - np.arange(m)) * q[order])
-    adjusted = np.empty(m)
-    adjusted[order] = np.maximum.accumulate(scaled)
-    out[ok] = adjusted
-    return out
+    def step_down(q):
+        m = len(q)
+        return np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * q))
+    return _adjust(pvalues, step_down)
 
 
 def benjamini_hochberg(pvalues) -> np.ndarray:
@@ -149,19 +156,10 @@ def benjamini_hochberg(pvalues) -> np.ndarray:
     independence or positive dependence). NaN entries stay NaN and are not counted.
 
     Adjusted p_(i) = min_{j ≥ i} min(1, m p_(j) / j) over the sorted p-values."""
-    p = _pvalue_array(pvalues)
-    out = np.full_like(p, np.nan)
-    ok = ~np.isnan(p)
-    q = p[ok]
-    m = len(q)
-    if m == 0:
-        return out
-    order = np.argsort(q, kind="stable")
-    scaled = np.minimum(1.0, q[order] * m / np.arange(1, m + 1))
-    adjusted = np.empty(m)
-    adjusted[order] = np.minimum.accumulate(scaled[::-1])[::-1]
-    out[ok] = adjusted
-    return out
+    def step_up(q):
+        m = len(q)
+        return np.minimum.accumulate(np.minimum(1.0, q * m / np.arange(1, m + 1))[::-1])[::-1]
+    return _adjust(pvalues, step_up)
 
 
 # --- bootstrap ---------------------------------------------------------------------------
