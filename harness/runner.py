@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import contextlib
-import inspect
 import itertools
 import sys
 import time
@@ -28,7 +27,7 @@ import torch
 
 import scenarios
 import schemes
-from schemes.base import BitLedger
+from schemes.base import BitLedger, call_with_optional
 from schemes.rng import generator, seed_sequence
 from stats.metrics import exact_logits, trial_metrics
 
@@ -99,15 +98,13 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -
 
 def _encode(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
     # Schemes that undo RoPE (Shard) take the tokens' positions; the rest ignore them.
-    takes_positions = "positions" in inspect.signature(scheme.encode).parameters
-    return scheme.encode(k, v, **({"positions": positions} if takes_positions else {}))
+    return call_with_optional(scheme.encode, k, v, positions=positions)
 
 
 def _fit(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> None:
     # Schemes that draw randomness per trial at calibration (SpectralQuant's sketches) take the
     # trial indices, so a trial's draw does not depend on the chunk it is in; the rest ignore them.
-    takes_trials = "trials" in inspect.signature(scheme.fit).parameters
-    scheme.fit(data["k_cal"], data["v_cal"], **({"trials": data["trials"]} if takes_trials else {}))
+    call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
 
 
 def has_decode_path(scheme: schemes.Scheme) -> bool:

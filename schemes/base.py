@@ -6,6 +6,7 @@ not depend on which others share the batch.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -84,6 +85,14 @@ class BitLedger:
             total += exact.detach().cpu().double() if exact is not None else float(stored_bits(t))
         return total / (2 * h * s * d)
 
+
+
+def call_with_optional(method, *args, **optional):
+    """method(*args, **the optional keywords its signature names): how the runner hands a scheme
+    what only some schemes take (encode's token `positions`, fit's trial indices `trials`)
+    without widening the protocol for every other one."""
+    taken = inspect.signature(method).parameters
+    return method(*args, **{name: value for name, value in optional.items() if name in taken})
 
 @dataclass
 class Scheme:

@@ -6,13 +6,12 @@ every name in `schemes.available()`; EXPECTED_FAILURES lists exceptions with the
 """
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
 
 import schemes
-from schemes.base import BitLedger, stored_bits
+from schemes.base import BitLedger, call_with_optional, stored_bits
 
 DIM = 64
 SHAPE = (3, 2, 48, DIM)  # B, H, S, d — small enough for every scheme, two heads
@@ -38,10 +37,10 @@ def _data(seed: int = 0, shape=SHAPE, dtype=torch.float32):
 
 def _roundtrip(scheme, k, v, trials=None):
     """fit, encode, decode; `trials` (the trial indices) go to a fit that takes them."""
-    if trials is not None and "trials" in inspect.signature(scheme.fit).parameters:
-        scheme.fit(k, v, trials=trials)
-    else:
+    if trials is None:
         scheme.fit(k, v)
+    else:
+        call_with_optional(scheme.fit, k, v, trials=trials)
     enc = scheme.encode(k, v)
     return enc, scheme.decode(enc)
 
