@@ -465,8 +465,8 @@ def calibration_figure(findings: Findings, styles) -> ReportFigure:
         ax.set_title(f"{sc}, d = {dim}, b = {budget}", fontsize=9)
         ax.set_xlabel("calibration tokens n_cal")
         ax.set_ylabel(f"d₂(T) {_UNIT_D2}")
-    for r, c in set(np.ndindex(n_rows, n_cols)) - {divmod(i, n_cols) for i in range(len(panels))}:
-        axes[r, c].set_visible(False)
+    for j in range(len(panels), n_rows * n_cols):
+        axes[divmod(j, n_cols)].set_visible(False)
     at_d = plt.Line2D([], [], color="grey", linestyle="--", label="n_cal = d")
     _legend(fig, styles, cells.scheme.unique(), extra=[at_d])
     caption = (f"{where}, budget {budget} bits. Points are cell means of d₂(T) with 95% confidence intervals; "
