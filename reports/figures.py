@@ -152,21 +152,21 @@ def rate_distortion_figures(findings: Findings, styles) -> list[ReportFigure]:
             for c, (m, label) in enumerate(metrics):
                 ax = axes[r, c]
                 for name, g in sel.groupby("scheme"):
-                    g = g.sort_values("bits_per_element")
+                    g = g.sort_values("storage")
                     st = styles[name]
-                    ax.plot(g.bits_per_element, g[m], color=st.colour, marker=st.marker, linestyle=st.line,
+                    ax.plot(g.storage, g[m], color=st.colour, marker=st.marker, linestyle=st.line,
                             markersize=4, linewidth=1.2)
-                    ax.fill_between(g.bits_per_element, g[f"{m}_low"], g[f"{m}_high"], color=st.colour,
+                    ax.fill_between(g.storage, g[f"{m}_low"], g[f"{m}_high"], color=st.colour,
                                     alpha=0.18, linewidth=0)
                 if m == "d2_t":
-                    front = sel[sel.on_front].sort_values("bits_per_element")
-                    ax.step(front.bits_per_element, front.d2_t, where="post", color=_FRONT_COLOUR,
+                    front = sel[sel.on_front].sort_values("storage")
+                    ax.step(front.storage, front.d2_t, where="post", color=_FRONT_COLOUR,
                             linewidth=0.8, linestyle=(0, (1, 1)))
-                    ax.scatter(front.bits_per_element, front.d2_t, s=70, facecolors="none",
+                    ax.scatter(front.storage, front.d2_t, s=70, facecolors="none",
                                edgecolors=_FRONT_COLOUR, linewidths=0.9, zorder=5)
                 _scale(ax, "y", np.r_[sel[m], sel[f"{m}_low"].clip(lower=sel[m].min() / 10)])
                 ax.set_title(f"{sc}: {label}", fontsize=9)
-                ax.set_xlabel("measured bits per element (bits)")
+                ax.set_xlabel("measured storage (bits per element)")
                 ax.set_ylabel(f"d₂({m[-1].upper()}) {_UNIT_D2}")
         front_handle = plt.Line2D([], [], color=_FRONT_COLOUR, marker="o", markerfacecolor="none",
                                   linestyle=(0, (1, 1)), label="Pareto front")
@@ -212,37 +212,39 @@ def error_space_figure(findings: Findings, styles) -> ReportFigure:
 
 
 def significance_figure(findings: Findings, styles) -> ReportFigure:
-    """Cliff's δ of d2_T between every pair of schemes (row vs column), annotated with the
-    δ and a star where the Holm-corrected Mann–Whitney p-value is below 0.05."""
-    title = "Pairwise differences in d₂(T): effect size and corrected significance"
+    """The effect size on d2_T between every pair of schemes (row vs column) at each storage
+    level, annotated with the effect and a star where the Holm-corrected p-value is below 0.05
+    (paired Wilcoxon and rank-biserial r where the trials are paired, else Mann–Whitney and
+    Cliff's δ: both lie in [−1, 1])."""
+    title = "Pairwise differences in d₂(T) at equal storage: effect size and corrected significance"
     tests = findings.tests
     if tests.empty:
-        return ReportFigure("significance", title, "", absent_reason="the run has one scheme per cell; "
-                            "pairwise comparisons need two or more schemes")
+        return ReportFigure("significance", title, "", absent_reason="no storage level holds two or more schemes; "
+                            "pairwise comparisons at equal storage need them (harness report --storage-levels)")
     tests, where = _main_slice(tests)
     dim = tests.dim.max()
     tests = tests[tests.dim == dim]
-    scen, budgets = sorted(tests.scenario.unique()), sorted(tests.budget.unique())
+    scen, levels = sorted(tests.scenario.unique()), sorted(tests.storage_level.unique())
     names = sorted(set(tests.scheme_a) | set(tests.scheme_b))
     size = max(3.2, 0.42 * len(names) + 1.4)
-    fig, axes = plt.subplots(len(scen), len(budgets), figsize=(size * len(budgets) + 1.2, size * len(scen)),
+    fig, axes = plt.subplots(len(scen), len(levels), figsize=(size * len(levels) + 1.2, size * len(scen)),
                              squeeze=False)
     for r, sc in enumerate(scen):
-        for c, b in enumerate(budgets):
-            sel = tests[(tests.scenario == sc) & (tests.budget == b)]
-            delta = pd.DataFrame(np.nan, index=names, columns=names)
+        for c, level in enumerate(levels):
+            sel = tests[(tests.scenario == sc) & (tests.storage_level == level)]
+            effect = pd.DataFrame(np.nan, index=names, columns=names)
             note = pd.DataFrame("", index=names, columns=names)
             for t in sel.itertuples():
                 star = "*" if t.p_holm < 0.05 else ""
-                delta.loc[t.scheme_a, t.scheme_b], delta.loc[t.scheme_b, t.scheme_a] = t.cliffs_delta, -t.cliffs_delta
-                note.loc[t.scheme_a, t.scheme_b] = f"{t.cliffs_delta:+.2f}{star}"
-                note.loc[t.scheme_b, t.scheme_a] = f"{-t.cliffs_delta:+.2f}{star}"
+                effect.loc[t.scheme_a, t.scheme_b], effect.loc[t.scheme_b, t.scheme_a] = t.effect, -t.effect
+                note.loc[t.scheme_a, t.scheme_b] = f"{t.effect:+.2f}{star}"
+                note.loc[t.scheme_b, t.scheme_a] = f"{-t.effect:+.2f}{star}"
             if len(names) > 12:  # numbers would not fit: stars only
                 note = note.map(lambda t: "*" if t.endswith("*") else "")
-            sns.heatmap(delta, ax=axes[r, c], vmin=-1, vmax=1, cmap="RdBu_r", annot=note, fmt="",
+            sns.heatmap(effect, ax=axes[r, c], vmin=-1, vmax=1, cmap="RdBu_r", annot=note, fmt="",
                         annot_kws={"fontsize": 6}, cbar=False, square=True, linewidths=0.4,
                         linecolor="white")
-            axes[r, c].set_title(f"{sc}, b = {b} bits", fontsize=9)
+            axes[r, c].set_title(f"{sc}, {level:g} bits/element", fontsize=9)
             axes[r, c].set_xlabel("scheme (column)")
             axes[r, c].set_ylabel("scheme (row)")
             axes[r, c].tick_params(labelsize=7)
@@ -251,10 +253,11 @@ def significance_figure(findings: Findings, styles) -> ReportFigure:
     # one colour bar for every panel, so all panels keep the same size
     bar = fig.add_axes((0.945, 0.25, 0.012, 0.5))
     fig.colorbar(matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(-1, 1), "RdBu_r"), cax=bar,
-                 label="Cliff's δ (row − column)")
-    caption = (f"d = {dim}, {where}. Cell (row, column): Cliff's δ = P(row error > column error) − "
-               f"P(row < column) on per-trial d₂(T); δ < 0 (blue) means the row scheme is better. "
-               f"* marks a Holm-corrected two-sided Mann–Whitney p < 0.05 within each panel's family.")
+                 label="effect, row vs column (−1 … 1)")
+    caption = (f"d = {dim}, {where}, at each storage level (schemes absent from a level cannot reach it without "
+               f"extrapolation). Cell (row, column): for paired trials the matched-pairs rank-biserial r of the "
+               f"per-trial d₂(T) differences (Wilcoxon signed-rank), otherwise Cliff's δ (Mann–Whitney); < 0 (blue) "
+               f"means the row scheme is better. * marks a Holm-corrected p < 0.05 within each panel's family.")
     return ReportFigure("significance", title, caption, fig)
 
 

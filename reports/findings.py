@@ -1,10 +1,14 @@
-"""What a run found, as tidy frames: per-cell estimates, pairwise scheme comparisons, winners
-at each budget with their verdicts, the non-dominated (Pareto) cells and crossovers along the
-budget axis. The statistics themselves come from stats/ (inference, dominance, validation).
+"""What a run found, as tidy frames: per-cell estimates, the non-dominated (Pareto) cells on
+measured storage, every scheme at common storage levels (stats.equal_storage), pairwise tests
+and the winner at each storage level with its verdict, and crossovers along the storage axis.
+The statistics themselves come from stats/ (equal_storage, paired, inference, dominance,
+validation).
 
 Everything is computed from the stored trial rows alone. A *setting* is one
 (scenario, dim, seq_len, queries, calib_tokens) (stats.cells): the cells of a setting share
-their data trial by trial, so its schemes and budgets are compared on the same draws.
+their data trial by trial, so its schemes are compared on the same draws, with paired tests.
+No headline compares values whose storage differs by more than stats.equal_storage.TOLERANCE
+(5 %): winners are ranked at a storage level, never at a nominal budget.
 """
 from __future__ import annotations
 
@@ -14,8 +18,11 @@ import numpy as np
 import pandas as pd
 from stats.cells import CELL_COLUMNS, SETTING_COLUMNS
 from stats.dominance import crossovers, pareto_front
-from stats.inference import cliffs_delta, holm, mann_whitney, tost
-from stats.validation import validate_samples
+from stats.equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, storage_column
+from stats.inference import holm, tost
+from stats.metrics import SIX_D
+from stats.paired import two_sample
+from stats.validation import same_data, validate_samples
 
 from .summary import mean_ci
 
@@ -27,142 +34,172 @@ ESTIMATED = ("d2_t", "d2_k", "d2_v", "rel_mse_t", "rel_mse_k", "rel_mse_v", "t_r
 ALPHA = 0.05
 N_BOOT = 1000  # bootstrap replicates of the Pareto-front confidence and the crossover intervals
 EQUIVALENCE_MARGIN = 0.05  # relative: "equivalent" means the means differ by less than 5% of the runner-up's
+SETTING_LEVEL = list(SETTING) + [LEVEL]
 
 
 def cell_estimates(trials: pd.DataFrame, metrics=ESTIMATED) -> pd.DataFrame:
-    """One row per cell: n_trials, bits_per_element (measured, mean over trials) and, per
+    """One row per cell: n_trials, bits_per_element (measured per-cache bits, mean over trials),
+    storage (the storage the comparisons use, stats.equal_storage.storage_column) and, per
     metric, the mean with its Student-t 95% confidence interval (columns m, m_low, m_high)."""
+    storage = storage_column(trials)
     records = []
     for key, group in trials.groupby(list(CELL), sort=True):
-        rec = dict(zip(CELL, key), n_trials=len(group), bits_per_element=float(group["bits_per_element"].mean()))
+        rec = dict(zip(CELL, key), n_trials=len(group), bits_per_element=float(group["bits_per_element"].mean()),
+                   storage=float(group[storage].mean()))
         for m in metrics:
             rec[m], rec[f"{m}_low"], rec[f"{m}_high"] = mean_ci(group[m])
         records.append(rec)
     return pd.DataFrame.from_records(records)
 
 
-def pairwise_tests(trials: pd.DataFrame, metric: str = PRIMARY) -> pd.DataFrame:
-    """Every pair of schemes at each (setting, budget): two-sided Mann–Whitney U p-value on the
-    per-trial metric, Holm-adjusted within the (setting, budget) family, and Cliff's δ (the
-    effect size that matches U). Rows: setting, budget, scheme_a, scheme_b, mean_a, mean_b,
-    p_value, p_holm, cliffs_delta; δ < 0 means scheme_a has the smaller (better) error."""
+def _by_scheme(group: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    return {s: g.sort_values("trial") for s, g in group.groupby("scheme", sort=True)}
+
+
+def pairwise_tests(equal: pd.DataFrame, metric: str = PRIMARY) -> pd.DataFrame:
+    """Every pair of schemes at each (setting, storage level) of an equal-storage frame
+    (stats.equal_storage.at_storage): paired Wilcoxon signed-rank test and rank-biserial r when
+    the two ran on the same trials (stats.validation.same_data), else Mann–Whitney U and
+    Cliff's δ; Holm-adjusted within the (setting, level) family. Rows: setting, storage_level,
+    scheme_a, scheme_b, mean_a, mean_b, test, paired, p_value, p_holm, effect; effect < 0 means
+    scheme_a has the smaller (better) error."""
     records = []
-    for key, group in trials.groupby(list(SETTING) + ["budget"], sort=True):
-        frames = {s: g for s, g in group.groupby("scheme", sort=True)}
+    for key, group in equal.groupby(SETTING_LEVEL, sort=True):
+        frames = _by_scheme(group)
         names = sorted(frames)
         family = []
         for i, a in enumerate(names):
             for b in names[i + 1:]:
                 x, y = frames[a][metric].to_numpy(float), frames[b][metric].to_numpy(float)
-                p = float(mann_whitney(frames[a], frames[b], [metric]).p_value.iloc[0])
-                family.append(dict(zip(list(SETTING) + ["budget"], key), scheme_a=a, scheme_b=b,
-                                   mean_a=float(x.mean()), mean_b=float(y.mean()), p_value=p,
-                                   cliffs_delta=cliffs_delta(x, y)))
-        if family:
-            for rec, adj in zip(family, holm([r["p_value"] for r in family])):
-                rec["p_holm"] = float(adj)
-            records.extend(family)
-    columns = list(SETTING) + ["budget", "scheme_a", "scheme_b", "mean_a", "mean_b", "p_value", "p_holm", "cliffs_delta"]
+                paired = same_data(frames[a], frames[b])
+                test, effect = two_sample(x, y, paired, metric)
+                family.append(dict(zip(SETTING_LEVEL, key), scheme_a=a, scheme_b=b, mean_a=float(np.nanmean(x)),
+                                   mean_b=float(np.nanmean(y)), test=test.test, paired=paired,
+                                   p_value=test.p_value, effect=effect))
+        for rec, adj in zip(family, holm([r["p_value"] for r in family])):
+            rec["p_holm"] = float(adj)
+        records.extend(family)
+    columns = SETTING_LEVEL + ["scheme_a", "scheme_b", "mean_a", "mean_b", "test", "paired", "p_value", "p_holm",
+                               "effect"]
     return pd.DataFrame.from_records(records, columns=columns)
 
 
-def _pair(tests: pd.DataFrame, key: tuple, a: str, b: str) -> tuple[float, float]:
-    """(p_holm, δ of a vs b) for one pair at one (setting, budget); δ sign follows (a, b)."""
+def _pair(tests: pd.DataFrame, key: tuple, a: str, b: str) -> dict:
+    """The test of a vs b at one (setting, level), effect signed as a vs b."""
     sel = tests
-    for col, val in zip(list(SETTING) + ["budget"], key):
+    for col, val in zip(SETTING_LEVEL, key):
         sel = sel[sel[col] == val]
     row = sel[(sel.scheme_a == a) & (sel.scheme_b == b)]
-    if len(row):
-        return float(row.p_holm.iloc[0]), float(row.cliffs_delta.iloc[0])
-    row = sel[(sel.scheme_a == b) & (sel.scheme_b == a)]
-    return float(row.p_holm.iloc[0]), -float(row.cliffs_delta.iloc[0])
+    sign = 1.0
+    if not len(row):
+        row, sign = sel[(sel.scheme_a == b) & (sel.scheme_b == a)], -1.0
+    r = row.iloc[0]
+    return {"test": r.test, "paired": bool(r.paired), "p_holm": float(r.p_holm), "effect": sign * float(r.effect)}
 
 
-def winners(trials: pd.DataFrame, cells: pd.DataFrame, tests: pd.DataFrame, metric: str = PRIMARY) -> pd.DataFrame:
-    """Per (setting, budget): the scheme with the lowest mean metric, the runner-up, the Holm
-    p-value and Cliff's δ of winner vs runner-up, `significant` (p_holm < ALPHA) and `comparison`:
-    'difference' when significant; otherwise a TOST (Welch) of the means with the margin
-    EQUIVALENCE_MARGIN × the runner-up's mean decides 'equivalent' or 'inconclusive'."""
+def _placement(frame: pd.DataFrame) -> str:
+    """How a scheme's values at a level were obtained, in words: 'b = 3' or 'b = 2–3 interpolated'."""
+    r = frame.iloc[0]
+    if r.source == "measured":
+        return f"b = {r.budget_low}"
+    return f"b = {r.budget_low}–{r.budget_high} interpolated"
+
+
+def winners(equal: pd.DataFrame, tests: pd.DataFrame, metric: str = PRIMARY) -> pd.DataFrame:
+    """Per (setting, storage level): the scheme with the lowest mean metric at that storage, the
+    runner-up (the next scheme at the same level, so within the storage tolerance of the
+    winner), their means with Student-t 95% intervals and storages, how each was placed at the
+    level (measured cell or interpolation), the test of winner vs runner-up (paired when
+    paired) with its Holm p-value and effect, and `comparison`: 'difference' when p_holm <
+    ALPHA; otherwise a TOST (paired when paired) with the margin EQUIVALENCE_MARGIN × the
+    runner-up's mean decides 'equivalent' or 'inconclusive'."""
     records = []
-    for key, group in cells.groupby(list(SETTING) + ["budget"], sort=True):
-        ranked = group.sort_values([metric, "scheme"])
-        best = ranked.iloc[0]
-        rec = dict(zip(list(SETTING) + ["budget"], key), winner=best.scheme, winner_mean=best[metric],
-                   winner_low=best[f"{metric}_low"], winner_high=best[f"{metric}_high"],
-                   winner_bits=best.bits_per_element, n_schemes=len(ranked))
-        if len(ranked) > 1:
-            second = ranked.iloc[1]
-            p, delta = _pair(tests, key, best.scheme, second.scheme)
-            rec.update(runner_up=second.scheme, runner_up_mean=second[metric],
-                       runner_up_low=second[f"{metric}_low"], runner_up_high=second[f"{metric}_high"],
-                       p_holm=p, cliffs_delta=delta, significant=p < ALPHA)
-            if p < ALPHA:
+    for key, group in equal.groupby(SETTING_LEVEL, sort=True):
+        frames = _by_scheme(group)
+        means = sorted((float(np.nanmean(f[metric])), s) for s, f in frames.items())
+        best = means[0][1]
+        mean, low, high = mean_ci(frames[best][metric])
+        rec = dict(zip(SETTING_LEVEL, key), winner=best, winner_mean=mean, winner_low=low, winner_high=high,
+                   winner_storage=float(frames[best].storage.mean()), winner_source=_placement(frames[best]),
+                   n_schemes=len(frames))
+        if len(means) > 1:
+            second = means[1][1]
+            mean, low, high = mean_ci(frames[second][metric])
+            test = _pair(tests, key, best, second)
+            rec.update(runner_up=second, runner_up_mean=mean, runner_up_low=low, runner_up_high=high,
+                       runner_up_storage=float(frames[second].storage.mean()),
+                       runner_up_source=_placement(frames[second]), **test, significant=test["p_holm"] < ALPHA)
+            if test["p_holm"] < ALPHA:
                 rec["comparison"] = "difference"
             else:
-                pick = trials
-                for col, val in zip(list(SETTING) + ["budget"], key):
-                    pick = pick[pick[col] == val]
-                x = pick[pick.scheme == best.scheme][metric]
-                y = pick[pick.scheme == second.scheme][metric]
-                margin = EQUIVALENCE_MARGIN * float(second[metric])
-                equal = margin > 0 and tost(x, y, margin, ALPHA).equivalent
-                rec["comparison"] = "equivalent" if equal else "inconclusive"
+                margin = EQUIVALENCE_MARGIN * mean
+                x, y = frames[best][metric].to_numpy(float), frames[second][metric].to_numpy(float)
+                equal_means = margin > 0 and tost(x, y, margin, ALPHA, paired=test["paired"]).equivalent
+                rec["comparison"] = "equivalent" if equal_means else "inconclusive"
         else:
             rec.update(runner_up=None, runner_up_mean=np.nan, runner_up_low=np.nan, runner_up_high=np.nan,
-                       p_holm=np.nan, cliffs_delta=np.nan, significant=False, comparison="only scheme")
+                       runner_up_storage=np.nan, runner_up_source=None, test=None, paired=False, p_holm=np.nan,
+                       effect=np.nan, significant=False, comparison="only scheme")
         records.append(rec)
-    return pd.DataFrame.from_records(records)
+    columns = SETTING_LEVEL + ["winner", "winner_mean", "winner_low", "winner_high", "winner_storage",
+                               "winner_source", "n_schemes", "runner_up", "runner_up_mean", "runner_up_low",
+                               "runner_up_high", "runner_up_storage", "runner_up_source", "test", "paired", "p_holm",
+                               "effect", "significant", "comparison"]
+    return pd.DataFrame.from_records(records, columns=columns)
 
 
 def with_front(cells: pd.DataFrame, trials: pd.DataFrame, metric: str = PRIMARY) -> pd.DataFrame:
-    """cells plus `on_front` (not dominated on (measured bits per element, mean metric) within
-    its setting) and `p_front` (the paired-bootstrap confidence of being on the front), from
+    """cells plus `on_front` (not dominated on (measured storage, mean metric) within its
+    setting) and `p_front` (the paired-bootstrap confidence of being on the front), from
     stats.dominance.pareto_front."""
-    front = pareto_front(trials, error=metric, n_boot=N_BOOT)
+    front = pareto_front(trials, error=metric, n_boot=N_BOOT, bits=storage_column(trials))
     front = front[list(SETTING) + ["scheme", "budget", "non_dominated", "p_non_dominated"]].rename(
         columns={"non_dominated": "on_front", "p_non_dominated": "p_front"})
     return cells.merge(front, on=list(SETTING) + ["scheme", "budget"], how="left", validate="one_to_one")
 
 
-def cell_samples(trials: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
-    """Each cell's trial rows, keyed by the CELL tuple."""
-    return {tuple(k): g for k, g in trials.groupby(list(CELL), sort=True)}
+def _samples(equal: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
+    """Each (setting, level, scheme)'s rows of an equal-storage frame, in trial order."""
+    return {tuple(k): g.sort_values("trial") for k, g in equal.groupby(SETTING_LEVEL + ["scheme"], sort=True)}
 
 
-def validations(trials: pd.DataFrame, winners_frame: pd.DataFrame, null_trials: pd.DataFrame | None,
+def validations(equal: pd.DataFrame, winners_frame: pd.DataFrame, null_equal: pd.DataFrame | None,
                 n_permutations: int) -> pd.DataFrame:
     """The codec-difference / implementation-variance verdict (stats.validation's rule) of the
-    winner against the runner-up at each (setting, budget). The implementation null is the
-    same two cells in `null_trials`, a second run that differs only in an implementation
-    variable (RNG family, seed, impl, device, dtype); without one, a detected difference
-    stays 'inconclusive' (nothing to attribute it to)."""
-    main = cell_samples(trials)
-    null = cell_samples(null_trials) if null_trials is not None else {}
+    winner against the runner-up at each (setting, storage level), on their six-D errors at that
+    storage. The implementation null is the same two schemes at the same level in `null_equal`,
+    a second run that differs only in an implementation variable (RNG family, seed, impl,
+    device, dtype); without one, a detected difference stays 'inconclusive' (nothing to
+    attribute it to)."""
+    main = _samples(equal)
+    null = _samples(null_equal) if null_equal is not None else {}
     records = []
     for i, w in enumerate(winners_frame.itertuples()):
         if not isinstance(w.runner_up, str):
             continue
-        setting = tuple(getattr(w, c) for c in SETTING)
-        key_a = (setting[0], w.winner, w.budget) + setting[1:]
-        key_b = (setting[0], w.runner_up, w.budget) + setting[1:]
+        key = tuple(getattr(w, c) for c in SETTING_LEVEL)
+        key_a, key_b = key + (w.winner,), key + (w.runner_up,)
         pairs = [(main[k], null[k]) for k in (key_a, key_b) if k in null]
         result = validate_samples(main[key_a], main[key_b], pairs, alpha=ALPHA,
                                   n_permutations=n_permutations, seed=i)
-        records.append(dict(zip(list(SETTING) + ["budget"], setting + (w.budget,)), validation=result.verdict,
+        records.append(dict(zip(SETTING_LEVEL, key), validation=result.verdict,
                             validation_reason=result.reason, n_null=len(pairs),
                             energy_p=result.main.energy.p_value))
-    columns = list(SETTING) + ["budget", "validation", "validation_reason", "n_null", "energy_p"]
+    columns = SETTING_LEVEL + ["validation", "validation_reason", "n_null", "energy_p"]
     return pd.DataFrame.from_records(records, columns=columns)
 
 
 @dataclass(frozen=True)
 class Findings:
-    """Everything the summary says, as frames (one row per cell, pair, budget or crossover)."""
+    """Everything the summary says, as frames (one row per cell, pair, storage level or crossover)."""
     trials: pd.DataFrame
     cells: pd.DataFrame       # cell_estimates + on_front, p_front
-    tests: pd.DataFrame       # pairwise_tests on PRIMARY
-    winners: pd.DataFrame     # winners + validation verdicts
-    crossovers: pd.DataFrame  # stats.dominance.crossovers on PRIMARY
+    equal: pd.DataFrame       # stats.equal_storage.at_storage: PRIMARY and the six-D errors at each level
+    tests: pd.DataFrame       # pairwise_tests on PRIMARY at each storage level
+    winners: pd.DataFrame     # winners per storage level + validation verdicts
+    crossovers: pd.DataFrame  # stats.dominance.crossovers on PRIMARY along the storage levels
+    levels: tuple = ()
+    storage: str = "bits_per_element"  # the column storage is read from
     has_null: bool = False
 
     @property
@@ -176,13 +213,58 @@ class Findings:
         return sorted(int(n) for n in self.trials["calib_tokens"].unique())
 
 
-def analyse(trials: pd.DataFrame, null_trials: pd.DataFrame | None = None, n_permutations: int = 1000) -> Findings:
-    """Findings of a run's trials; `null_trials`, optional, is a run of the same cells that
+def analyse(trials: pd.DataFrame, null_trials: pd.DataFrame | None = None, n_permutations: int = 1000,
+            levels=None) -> Findings:
+    """Findings of a run's trials at the storage levels `levels` (bits per element; default
+    stats.equal_storage.default_levels); `null_trials`, optional, is a run of the same cells that
     differs only in an implementation variable, the null of the verdicts."""
+    levels = default_levels(trials) if levels is None else tuple(levels)
+    metrics = (PRIMARY,) + tuple(m for m in SIX_D if m != PRIMARY)
     cells = with_front(cell_estimates(trials), trials)
-    tests = pairwise_tests(trials)
-    wins = winners(trials, cells, tests)
-    wins = wins.merge(validations(trials, wins, null_trials, n_permutations), on=list(SETTING) + ["budget"],
-                      how="left")
-    return Findings(trials, cells, tests, wins, crossovers(trials, error=PRIMARY, n_boot=N_BOOT),
+    equal = at_storage(trials, metrics, levels)
+    tests = pairwise_tests(equal)
+    wins = winners(equal, tests)
+    null_equal = at_storage(null_trials, metrics, levels) if null_trials is not None else None
+    wins = wins.merge(validations(equal, wins, null_equal, n_permutations), on=SETTING_LEVEL, how="left")
+    cross = crossovers(equal, error=PRIMARY, n_boot=N_BOOT, axis=LEVEL)
+    return Findings(trials, cells, equal, tests, wins, cross, levels, storage_column(trials),
                     null_trials is not None)
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    """Rows as JSON-ready dicts: numpy scalars as Python numbers, NaN and None as null."""
+    out = []
+    for row in frame.to_dict(orient="records"):
+        clean = {}
+        for k, v in row.items():
+            if isinstance(v, np.generic):
+                v = v.item()
+            if isinstance(v, float) and not np.isfinite(v):
+                v = None
+            clean[k] = v
+        out.append(clean)
+    return out
+
+
+def to_json(findings: Findings) -> dict:
+    """The findings as one JSON-ready object: the storage levels and how values are placed at
+    them, the Pareto front of every setting, the best codec at each storage level with its
+    runner-up, test and verdict, and the crossovers along the storage axis."""
+    front_columns = ["scheme", "budget", "storage", "bits_per_element", "d2_t", "d2_t_low", "d2_t_high", "p_front",
+                     "n_trials"]
+    fronts = []
+    for setting in sorted(findings.settings):
+        cells = findings.cells
+        for col, val in zip(SETTING, setting):
+            cells = cells[cells[col] == val]
+        points = cells[cells.on_front].sort_values(["storage", "d2_t"])[front_columns]
+        fronts.append({"setting": _records(pd.DataFrame([dict(zip(SETTING, setting))]))[0],
+                       "points": _records(points)})
+    wins = findings.winners.rename(columns={"validation": "verdict", "validation_reason": "verdict_reason"})
+    verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str))][
+        SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason"]]
+    return {"n_trials": int(len(findings.trials)), "n_cells": int(len(findings.cells)),
+            "metric": PRIMARY, "alpha": ALPHA, "equivalence_margin": EQUIVALENCE_MARGIN,
+            "storage": {"column": findings.storage, "levels": list(findings.levels), "tolerance": TOLERANCE},
+            "has_null": findings.has_null, "fronts": fronts, "winners": _records(wins),
+            "verdicts": _records(verdicts), "crossovers": _records(findings.crossovers)}

@@ -11,7 +11,7 @@ import jinja2
 
 from .figures import ReportFigure
 from .findings import Findings
-from .narrative import (cell_header, cell_rows, crossover_header, crossover_rows, method_sentence,
+from .narrative import (FRONT_HEADER, cell_header, cell_rows, crossover_header, crossover_rows, method_sentence,
                         setting_summaries, verdict_note, winner_header, winner_rows)
 
 PNG_DPI = 110
@@ -52,22 +52,25 @@ nav ul { columns: 2; }
 
 <section id="summary">
 <h2>Summary</h2>
-<p>{{ method }}</p>
-{% for scenario, settings in summaries.items() %}
-<h3 id="scenario-{{ loop.index }}">Scenario {{ scenario }}</h3>
-{% for s in settings %}
-<p><strong>{{ s.label }}.</strong> {{ s.front }}</p>
-<ul class="winners">{% for w in s.winners %}<li>{{ w }}</li>{% endfor %}</ul>
-<p>Crossovers along the budget axis:</p>
-<ul class="crossovers">{% for c in s.crossovers %}<li>{{ c }}</li>{% endfor %}</ul>
-{% endfor %}
-{% endfor %}
-<h3>Winners at each budget</h3>
+<h3>Best codec at each storage level</h3>
 <div class="wide"><table id="winners-table">
 <thead><tr>{% for h in winner_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
 <tbody>{% for row in winner_rows %}<tr>{% for v in row %}<td{% if loop.index > 1 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
 </table></div>
 <p class="note">{{ verdict_note }}</p>
+{% for scenario, settings in summaries.items() %}{% set outer = loop.index %}
+<h3 id="scenario-{{ outer }}">Scenario {{ scenario }}: the Pareto front on measured storage</h3>
+{% for s in settings %}
+<p><strong>{{ s.label }}.</strong> Non-dominated cells (no other cell stores fewer bits with a lower mean d₂(T)), cheapest first:</p>
+<div class="wide"><table class="front-table" id="front-table-{{ outer }}-{{ loop.index }}">
+<thead><tr>{% for h in front_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in s.front %}<tr>{% for v in row %}<td{% if loop.index > 1 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>
+{% if s.unplaced %}<p class="note">{{ s.unplaced }}</p>{% endif %}
+{% endfor %}
+{% endfor %}
+<h3>Method</h3>
+<p>{{ method }}</p>
 </section>
 
 <section id="figures">
@@ -90,11 +93,11 @@ replicates in which the cell is non-dominated on (bits per element, d₂(T)), * 
 <thead><tr>{% for h in cell_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
 <tbody>{% for row in cell_rows %}<tr>{% for v in row %}<td{% if loop.index > 2 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
 </table></div>
-<h3 id="crossovers">Crossovers along the budget axis</h3>
+<h3 id="crossovers">Crossovers along the storage axis</h3>
 {% if crossover_rows %}<div class="wide"><table id="crossovers-table">
 <thead><tr>{% for h in crossover_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
 <tbody>{% for row in crossover_rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
-</table></div>{% else %}<p>None: no pair of schemes swaps order between consecutive budgets.</p>{% endif %}
+</table></div>{% else %}<p>None: no pair of schemes swaps order between consecutive storage levels.</p>{% endif %}
 </section>
 
 <section id="provenance">
@@ -146,7 +149,7 @@ def render_html(title: str, findings: Findings, figures: list[ReportFigure], man
             entry["png"], entry["width"], entry["height"] = png_base64(f.figure)
         shown.append(entry)
     return env.from_string(_TEMPLATE).render(
-        title=title, method=method_sentence(findings), summaries=setting_summaries(findings),
+        title=title, method=method_sentence(findings), summaries=setting_summaries(findings), front_header=FRONT_HEADER,
         winner_header=winner_header(findings), winner_rows=winner_rows(findings), verdict_note=verdict_note(findings),
         figures=shown, cell_header=cell_header(findings), cell_rows=cell_rows(findings),
         crossover_header=crossover_header(findings), crossover_rows=crossover_rows(findings),

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from stats.equal_storage import LEVEL, STORAGE, TOLERANCE
+
 from .findings import ALPHA, EQUIVALENCE_MARGIN, SETTING, Findings
 
 
@@ -55,13 +57,17 @@ def _n_cal(findings: Findings, value) -> tuple:
     return (str(value),) if several_calibrations(findings) else ()
 
 
+FRONT_HEADER = ("scheme", "b", "bits/el", "d₂(T) [95% CI]", "P(front)")
+
+
 @dataclass(frozen=True)
 class SettingSummary:
-    """What the summary says about one (scenario, dim, seq_len, queries, calib_tokens)."""
+    """What the summary says about one (scenario, dim, seq_len, queries, calib_tokens): its Pareto
+    front as table rows (FRONT_HEADER), cheapest first, and the schemes that no storage level
+    of the run reaches (so they are in no equal-storage comparison), in words."""
     label: str
-    front: str
-    winners: list[str]
-    crossovers: list[str]
+    front: list[tuple[str, ...]]
+    unplaced: str
 
 
 def _select(frame: pd.DataFrame, setting: tuple) -> pd.DataFrame:
@@ -71,40 +77,30 @@ def _select(frame: pd.DataFrame, setting: tuple) -> pd.DataFrame:
     return frame[mask]
 
 
-def _front_sentence(cells: pd.DataFrame) -> str:
-    front = cells[cells.on_front].sort_values("bits_per_element")
-    names = sorted(front.scheme.unique())
-    parts = [f"{r.scheme} at b = {r.budget} ({num(r.bits_per_element)} bits/element, d₂(T) "
-             f"{with_ci(r.d2_t, r.d2_t_low, r.d2_t_high)}, on the front in {r.p_front:.0%} of bootstrap "
-             f"replicates)" for r in front.itertuples()]
-    return (f"Non-dominated on (measured bits per element, mean d₂(T)): {', '.join(names)} — "
-            + "; ".join(parts) + ".")
+def _front_rows(cells: pd.DataFrame) -> list[tuple[str, ...]]:
+    """One row per front point; the budgets of a fixed-width codec, whose cells are identical
+    (same storage, same errors), share one row ("b = 2, 3, 4")."""
+    front = cells[cells.on_front].sort_values(["storage", "d2_t", "budget"])
+    rows: list[list] = []
+    for r in front.itertuples():
+        if rows and rows[-1][0] == r.scheme and rows[-1][-1] == (r.storage, r.d2_t):
+            rows[-1][1] += f", {r.budget}"
+            continue
+        rows.append([r.scheme, str(r.budget), num(r.storage), with_ci(r.d2_t, r.d2_t_low, r.d2_t_high),
+                     f"{r.p_front:.0%}", (r.storage, r.d2_t)])
+    return [tuple(row[:-1]) for row in rows]
 
 
-def _winner_sentence(w) -> str:
-    head = (f"At b = {w.budget} bits, {w.winner} has the lowest d₂(T), "
-            f"{with_ci(w.winner_mean, w.winner_low, w.winner_high)} at {num(w.winner_bits)} bits/element")
-    if w.runner_up is None or (isinstance(w.runner_up, float) and np.isnan(w.runner_up)):
-        return head + "; it is the only scheme at this budget."
-    runner = f"{w.runner_up} ({with_ci(w.runner_up_mean, w.runner_up_low, w.runner_up_high)})"
-    stats = f"Holm-corrected {p_equals(w.p_holm)}, Cliff's δ = {w.cliffs_delta:+.2f}"
-    verdict = f" Verdict: {w.validation} ({w.validation_reason})."
-    if w.comparison == "difference":
-        return head + f"; it beats the runner-up {runner} significantly ({stats})." + verdict
-    if w.comparison == "equivalent":
-        return (head + f"; the runner-up {runner} is not significantly worse ({stats}) and the two are "
-                f"equivalent within ±{EQUIVALENCE_MARGIN:.0%} of the runner-up's mean (TOST, α = {ALPHA})." + verdict)
-    return (head + f"; its lead over the runner-up {runner} is not significant ({stats}), nor is "
-            f"equivalence within ±{EQUIVALENCE_MARGIN:.0%} shown: a tie at this sample size." + verdict)
-
-
-def _crossover_sentence(c) -> str:
-    other = c.scheme_b if c.better_below == c.scheme_a else c.scheme_a
-    status = ("confident: both paired-bootstrap 95% intervals of the difference exclude zero" if c.confident
-              else "not confident: an interval of the difference includes zero")
-    return (f"{c.better_below} beats {other} at b = {c.budget_low} but {other} beats {c.better_below} at "
-            f"b = {c.budget_high}; the order flips near b ≈ {c.budget_cross:.2f} (mean d₂(T) difference "
-            f"{c.scheme_a} − {c.scheme_b}: {c.delta_low:+.3g} then {c.delta_high:+.3g}; {status}).")
+def _unplaced(findings: Findings, setting: tuple) -> str:
+    cells = _select(findings.cells, setting)
+    placed = set(_select(findings.equal, setting).scheme.unique())
+    missing = cells[~cells.scheme.isin(placed)].groupby("scheme").storage.agg(["min", "max"])
+    if missing.empty:
+        return ""
+    parts = [f"{name} ({num(r['min'])}" + (f"–{num(r['max'])}" if r["max"] > r["min"] * 1.001 else "") + ")"
+             for name, r in missing.iterrows()]
+    return (f"Not compared at any storage level (measured bits/element outside every level ±"
+            f"{TOLERANCE / 2:.1%} and not on both sides of one): {', '.join(parts)}.")
 
 
 def setting_summaries(findings: Findings) -> dict[str, list[SettingSummary]]:
@@ -112,45 +108,42 @@ def setting_summaries(findings: Findings) -> dict[str, list[SettingSummary]]:
     out: dict[str, list[SettingSummary]] = {}
     several = several_calibrations(findings)
     for setting in sorted(findings.settings):
-        cells = _select(findings.cells, setting)
-        wins = _select(findings.winners, setting).sort_values("budget")
-        cross = _select(findings.crossovers, setting)
-        sure = cross[cross.confident]
-        words = [_crossover_sentence(c) for c in sure.itertuples()]
-        if len(cross) > len(sure):
-            words.append(f"{len(cross) - len(sure)} further order flip(s) between consecutive budgets are not "
-                         f"confident (an interval of the difference includes zero); all are listed in the "
-                         f"crossover table.")
         out.setdefault(setting[0], []).append(SettingSummary(
-            setting_label(setting, several), _front_sentence(cells), [_winner_sentence(w) for w in wins.itertuples()],
-            words or ["No crossovers: no pair of schemes swaps order between consecutive budgets."]))
+            setting_label(setting, several), _front_rows(_select(findings.cells, setting)),
+            _unplaced(findings, setting)))
     return out
 
 
-WINNER_HEADER = ("scenario", "d", "S", "Nq", "b", "winner", "d₂(T) [95% CI]", "bits/el",
-                 "runner-up", "d₂(T) [95% CI]", "Holm p", "Cliff's δ", "comparison", "verdict")
+WINNER_HEADER = ("scenario", "d", "S", "Nq", "bits/el", "best", "best from", "best d₂(T) [95% CI]", "runner-up",
+                 "runner-up from", "runner-up d₂(T) [95% CI]", "test", "Holm p", "effect", "comparison", "verdict")
 
 
 def winner_header(findings: Findings) -> tuple[str, ...]:
     return _with_n_cal(findings, WINNER_HEADER)
 
 
+_TEST_WORDS = {"wilcoxon-signed-rank": "Wilcoxon (paired)", "mann-whitney": "Mann–Whitney"}
+
+
 def winner_rows(findings: Findings) -> list[tuple[str, ...]]:
+    """The best codec at each storage level with its runner-up at the same storage (within
+    stats.equal_storage.TOLERANCE), the test between them, and the verdict."""
     rows = []
-    for w in findings.winners.sort_values(list(SETTING) + ["budget"]).itertuples():
+    for w in findings.winners.sort_values(list(SETTING) + [LEVEL]).itertuples():
         has_runner = isinstance(w.runner_up, str)
         rows.append((w.scenario, str(w.dim), str(w.seq_len), str(w.queries), *_n_cal(findings, w.calib_tokens),
-                     str(w.budget), w.winner,
-                     with_ci(w.winner_mean, w.winner_low, w.winner_high), num(w.winner_bits),
-                     w.runner_up if has_runner else "—",
+                     num(w.storage_level), w.winner, w.winner_source,
+                     with_ci(w.winner_mean, w.winner_low, w.winner_high),
+                     w.runner_up if has_runner else "—", w.runner_up_source if has_runner else "—",
                      with_ci(w.runner_up_mean, w.runner_up_low, w.runner_up_high) if has_runner else "—",
-                     pvalue(w.p_holm), f"{w.cliffs_delta:+.2f}" if has_runner else "—", w.comparison,
+                     _TEST_WORDS.get(w.test, "—") if has_runner else "—", pvalue(w.p_holm),
+                     f"{w.effect:+.2f}" if has_runner else "—", w.comparison,
                      w.validation if has_runner else "—"))
     return rows
 
 
-CROSSOVER_HEADER = ("scenario", "d", "S", "Nq", "scheme A", "scheme B", "b low", "b high",
-                    "Δ d₂(T) at low", "Δ d₂(T) at high", "b at flip", "better below", "confident")
+CROSSOVER_HEADER = ("scenario", "d", "S", "Nq", "scheme A", "scheme B", "bits/el low", "bits/el high",
+                    "Δ d₂(T) at low", "Δ d₂(T) at high", "bits/el at flip", "better below", "confident")
 
 
 def crossover_header(findings: Findings) -> tuple[str, ...]:
@@ -158,13 +151,13 @@ def crossover_header(findings: Findings) -> tuple[str, ...]:
 
 
 def crossover_rows(findings: Findings) -> list[tuple[str, ...]]:
-    """Every crossover; Δ = mean d₂(T) of scheme A − scheme B (paired over trials)."""
+    """Every crossover along the storage levels; Δ = mean d₂(T) of scheme A − scheme B (paired over trials)."""
     rows = []
-    for c in findings.crossovers.sort_values(list(SETTING) + ["scheme_a", "scheme_b", "budget_low"]).itertuples():
+    low, high, cross = f"{LEVEL}_low", f"{LEVEL}_high", f"{LEVEL}_cross"
+    for c in findings.crossovers.sort_values(list(SETTING) + ["scheme_a", "scheme_b", low]).itertuples():
         rows.append((c.scenario, str(c.dim), str(c.seq_len), str(c.queries), *_n_cal(findings, c.calib_tokens),
-                     c.scheme_a, c.scheme_b,
-                     str(c.budget_low), str(c.budget_high), f"{c.delta_low:+.4g}", f"{c.delta_high:+.4g}",
-                     f"{c.budget_cross:.2f}", c.better_below, "yes" if c.confident else "no"))
+                     c.scheme_a, c.scheme_b, num(getattr(c, low)), num(getattr(c, high)), f"{c.delta_low:+.4g}",
+                     f"{c.delta_high:+.4g}", f"{getattr(c, cross):.2f}", c.better_below, "yes" if c.confident else "no"))
     return rows
 
 
@@ -192,15 +185,21 @@ def method_sentence(findings: Findings) -> str:
     t = findings.trials
     calib = (f"; calibration sizes n_cal = {', '.join(map(str, findings.calib_sizes))} tokens, on the same K, V and "
              f"Q draws" if several_calibrations(findings) else "")
+    storage = ("per-cache bits plus the model constants amortised over --model-caches caches"
+               if findings.storage == STORAGE else "per-cache bits")
     return (f"{len(t)} trials in {len(findings.cells)} cells: scenarios {', '.join(sorted(t.scenario.unique()))}; "
             f"schemes {', '.join(sorted(t.scheme.unique()))}; budgets {', '.join(map(str, sorted(t.budget.unique())))} "
-            f"bits; head dimensions {', '.join(map(str, sorted(t.dim.unique())))}{calib}. Every number is the mean over "
-            f"trials with its 95% Student-t confidence interval in brackets. Schemes are compared on per-trial "
-            f"d₂(T) with two-sided Mann–Whitney U tests, Holm-corrected within each (setting, budget) family "
-            f"(α = {ALPHA}), with Cliff's δ as the effect size (δ < 0: the first-named scheme has the smaller error). "
-            f"Winners are per nominal budget b, and schemes may spend different measured bits per element at the "
-            f"same b (shown with each winner); the Pareto front, on measured bits, accounts for that. "
-            f"The front's confidence and the crossovers come from a paired bootstrap over trials (stats.dominance).")
+            f"bits; head dimensions {', '.join(map(str, sorted(t.dim.unique())))}{calib}. Codecs are compared at equal "
+            f"measured storage ({storage} per element), never per nominal budget: at each storage level "
+            f"({', '.join(num(x) for x in findings.levels)} bits/element) a codec enters with its measured cell within "
+            f"±{TOLERANCE / 2:.1%} of the level, or interpolated trial by trial between its two cells around it (log "
+            f"error against bits), never extrapolated, so compared values differ in storage by at most "
+            f"{TOLERANCE:.0%}. Every number is the mean over trials with its 95% Student-t confidence interval in "
+            f"brackets. Trials of a setting share their K, V and Q, so codecs are compared with paired tests "
+            f"(Wilcoxon signed-rank on per-trial d₂(T) differences, rank-biserial effect r ∈ [−1, 1], r < 0: the "
+            f"first-named codec has the smaller error), Holm-corrected within each (setting, storage level) family "
+            f"(α = {ALPHA}). The Pareto front is on measured storage; its confidence and the crossovers come from a "
+            f"paired bootstrap over trials (stats.dominance).")
 
 
 def verdict_note(findings: Findings) -> str:
@@ -209,7 +208,8 @@ def verdict_note(findings: Findings) -> str:
             "only in an implementation variable." if findings.has_null else
             "This report was given no implementation null, so a detected difference stays 'inconclusive': pass "
             "--null DIR, a run of the same cells with another RNG family, seed, impl, device or dtype.")
-    return ("'comparison' is the within-run Mann–Whitney/Holm result for winner vs runner-up ('difference', or for "
-            f"a tie 'equivalent' by TOST within ±{EQUIVALENCE_MARGIN:.0%}, else 'inconclusive'). 'verdict' is the "
-            "codec-difference / implementation-variance rule of stats.validation (KS on the six error coordinates and "
-            "the energy test on the six-D points, Holm-corrected, judged against the implementation null). " + null)
+    return ("'comparison' is the paired test of the best codec against the runner-up at the same storage "
+            f"('difference' at Holm p < {ALPHA}; for a tie 'equivalent' by a paired TOST within "
+            f"±{EQUIVALENCE_MARGIN:.0%} of the runner-up's mean, else 'inconclusive'). 'verdict' is the "
+            "codec-difference / implementation-variance rule of stats.validation on the six error coordinates at that "
+            "storage, judged against the implementation null. " + null)

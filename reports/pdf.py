@@ -15,7 +15,7 @@ from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from .figures import ReportFigure  # noqa: E402
 from .findings import Findings  # noqa: E402
-from .narrative import (cell_header, cell_rows, crossover_header, crossover_rows,  # noqa: E402
+from .narrative import (FRONT_HEADER, cell_header, cell_rows, crossover_header, crossover_rows,  # noqa: E402
                         method_sentence, setting_summaries, several_calibrations, verdict_note, winner_header,
                         winner_rows)
 
@@ -70,27 +70,30 @@ def _table_pages(pdf: PdfPages, title: str, header, rows, col_widths=None) -> No
 def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFigure],
               provenance: list[tuple[str, str]]) -> None:
     """Write the whole report to `path` (the caller renames it into place)."""
-    lines = [("h1", f"kvharness report: {title}"), ("h2", "Summary"), ("p", method_sentence(findings))]
+    lines = [("h1", f"kvharness report: {title}"), ("h2", "Summary"), ("p", verdict_note(findings))]
+    fronts = []
     for scenario, settings in setting_summaries(findings).items():
-        lines.append(("h2", f"Scenario {scenario}"))
         for s in settings:
-            lines += [("h3", s.label), ("p", s.front)]
-            lines += [("p", "• " + w) for w in s.winners]
-            lines += [("p", "Crossovers: " + c) for c in s.crossovers]
-    lines.append(("p", verdict_note(findings)))
+            fronts += [(s.label, *row) for row in s.front]
+            if s.unplaced:
+                lines.append(("p", f"{s.label}: {s.unplaced}"))
+    lines += [("h2", "Method"), ("p", method_sentence(findings))]
     absent = [f for f in figures if f.figure is None]
     if absent:
         lines.append(("h2", "Figures not shown"))
         lines += [("p", f"{f.title}: {f.absent_reason}.") for f in absent]
-    winner_widths = [0.09, 0.025, 0.035, 0.025, 0.02, 0.065, 0.13, 0.045, 0.065, 0.13, 0.045, 0.045, 0.07, 0.1]
+    winner_widths = [0.085, 0.025, 0.035, 0.025, 0.035, 0.055, 0.075, 0.1, 0.055, 0.075, 0.1, 0.07, 0.04, 0.035,
+                     0.06, 0.075]
     cell_widths = [0.09, 0.06, 0.02, 0.03, 0.03, 0.03, 0.025, 0.045, 0.13, 0.13, 0.13, 0.05, 0.05, 0.035]
     if several_calibrations(findings):  # the n_cal column after Nq
         winner_widths.insert(4, 0.035)
         cell_widths.insert(6, 0.035)
     with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}), PdfPages(path) as pdf:
-        _text_pages(pdf, lines)
-        _table_pages(pdf, "Winners at each budget (d₂(T), mean [95% CI])", winner_header(findings),
+        _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
                      winner_rows(findings), winner_widths)
+        _table_pages(pdf, "The Pareto front on measured storage, per setting", ("setting",) + FRONT_HEADER,
+                     fronts, [0.3, 0.1, 0.05, 0.08, 0.2, 0.07])
+        _text_pages(pdf, lines)
         for f in figures:
             if f.figure is None:
                 continue
@@ -99,7 +102,7 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
             f.figure.suptitle("")
         _table_pages(pdf, "Every cell (mean [95% CI])", cell_header(findings), cell_rows(findings), cell_widths)
         if len(findings.crossovers):
-            _table_pages(pdf, "Crossovers along the budget axis (Δ = mean d₂(T) of A − B)", crossover_header(findings),
+            _table_pages(pdf, "Crossovers along the storage axis (Δ = mean d₂(T) of A − B)", crossover_header(findings),
                          crossover_rows(findings))
         _table_pages(pdf, "Provenance", ("item", "value"), provenance, [0.2, 0.75])
         info = pdf.infodict()

@@ -53,26 +53,27 @@ def _non_dominated(bits: np.ndarray, err: np.ndarray) -> np.ndarray:
 
 
 def pareto_front(trials: pd.DataFrame, error: str = "d2_t", level: float = 0.95, n_boot: int = 1000,
-                 seed: int | np.random.Generator = 0) -> pd.DataFrame:
+                 seed: int | np.random.Generator = 0, bits: str = "bits_per_element") -> pd.DataFrame:
     """Per group (scenario, dim, seq_len, queries, calib_tokens), every (scheme, budget) point
-    with its mean measured bits_per_element, the mean of `error` (default d2_t) with a paired
-    percentile bootstrap interval, `non_dominated` (on the observed means: no other point has
-    bits ≤ and error ≤, one strict) and `p_non_dominated`, the fraction of bootstrap replicates
-    in which the point is non-dominated (its confidence of being on the front)."""
-    _check(trials, GROUP + POINT + ("trial", "bits_per_element", error))
+    with its mean measured storage (column `bits`, reported as bits_per_element), the mean of
+    `error` (default d2_t) with a paired percentile bootstrap interval, `non_dominated` (on the
+    observed means: no other point has bits ≤ and error ≤, one strict) and `p_non_dominated`,
+    the fraction of bootstrap replicates in which the point is non-dominated (its confidence of
+    being on the front)."""
+    _check(trials, GROUP + POINT + ("trial", bits, error))
     gen = as_generator(seed, "pareto")
     tail = (1 - level) / 2
     out = []
     for key, group in trials.groupby(list(GROUP), sort=True):
         cells, values = _paired_matrix(group, error)
-        bits = group.groupby(list(POINT))["bits_per_element"].mean().reindex(cells).to_numpy()
+        storage = group.groupby(list(POINT))[bits].mean().reindex(cells).to_numpy()
         means = np.nanmean(values, axis=0)
         reps = _bootstrap_means(values, n_boot, gen)
         low, high = np.nanquantile(reps, [tail, 1 - tail], axis=0)
-        front = _non_dominated(bits, means)
-        p_front = _non_dominated(bits, reps).mean(axis=0)
+        front = _non_dominated(storage, means)
+        p_front = _non_dominated(storage, reps).mean(axis=0)
         for c, (scheme, budget) in enumerate(cells):
-            out.append(dict(zip(GROUP, key), scheme=scheme, budget=budget, bits_per_element=bits[c],
+            out.append(dict(zip(GROUP, key), scheme=scheme, budget=budget, bits_per_element=storage[c],
                             metric=error, mean=means[c], low=low[c], high=high[c],
                             n_trials=int(np.count_nonzero(~np.isnan(values[:, c]))),
                             non_dominated=bool(front[c]), p_non_dominated=float(p_front[c])))
@@ -80,21 +81,23 @@ def pareto_front(trials: pd.DataFrame, error: str = "d2_t", level: float = 0.95,
 
 
 def crossovers(trials: pd.DataFrame, error: str = "d2_t", level: float = 0.95, n_boot: int = 1000,
-               seed: int | np.random.Generator = 0) -> pd.DataFrame:
-    """Where one scheme stops beating another along the budget axis.
+               seed: int | np.random.Generator = 0, axis: str = "budget") -> pd.DataFrame:
+    """Where one scheme stops beating another along an axis: the nominal budget, or (axis =
+    "storage_level", on a stats.equal_storage frame) the measured storage.
 
     Per group and scheme pair (a, b) with a < b by name, the paired mean difference
-    Δ(budget) = mean(error_a − error_b) with a paired bootstrap interval is computed at every
-    budget both schemes ran; each pair of consecutive budgets where Δ changes sign is one
-    row: budget_low/budget_high, delta_low/delta_high, `budget_cross` (linear interpolation
+    Δ(u) = mean(error_a − error_b) with a paired bootstrap interval is computed at every value u
+    of the axis both schemes have; each pair of consecutive values where Δ changes sign is one
+    row: {axis}_low/{axis}_high, delta_low/delta_high, `{axis}_cross` (linear interpolation
     of Δ = 0), `better_below` (the scheme with the lower error below the crossover) and
     `confident` (both intervals exclude zero)."""
-    _check(trials, GROUP + POINT + ("trial", error))
+    point = ("scheme", axis)
+    _check(trials, GROUP + point + ("trial", error))
     gen = as_generator(seed, "crossover")
     tail = (1 - level) / 2
     out = []
     for key, group in trials.groupby(list(GROUP), sort=True):
-        cells, values = _paired_matrix(group, error)
+        cells, values = _paired_matrix(group, error, point)
         column = {cell: c for c, cell in enumerate(cells)}
         idx = gen.integers(0, values.shape[0], size=(n_boot, values.shape[0]))
         names = sorted({s for s, _ in cells})
@@ -112,12 +115,12 @@ def crossovers(trials: pd.DataFrame, error: str = "d2_t", level: float = 0.95, n
                 if np.sign(d0) * np.sign(d1) >= 0:
                     continue
                 cross = u0 + (u1 - u0) * d0 / (d0 - d1)
-                out.append(dict(zip(GROUP, key), scheme_a=a, scheme_b=b, metric=error,
-                                budget_low=u0, budget_high=u1, delta_low=d0, delta_high=d1,
-                                budget_cross=float(cross), better_below=a if d0 < 0 else b,
-                                confident=bool((lo0 > 0 or hi0 < 0) and (lo1 > 0 or hi1 < 0))))
-    columns = list(GROUP) + ["scheme_a", "scheme_b", "metric", "budget_low", "budget_high", "delta_low",
-                             "delta_high", "budget_cross", "better_below", "confident"]
+                out.append({**dict(zip(GROUP, key)), "scheme_a": a, "scheme_b": b, "metric": error,
+                            f"{axis}_low": u0, f"{axis}_high": u1, "delta_low": d0, "delta_high": d1,
+                            f"{axis}_cross": float(cross), "better_below": a if d0 < 0 else b,
+                            "confident": bool((lo0 > 0 or hi0 < 0) and (lo1 > 0 or hi1 < 0))})
+    columns = list(GROUP) + ["scheme_a", "scheme_b", "metric", f"{axis}_low", f"{axis}_high", "delta_low",
+                             "delta_high", f"{axis}_cross", "better_below", "confident"]
     return pd.DataFrame(out, columns=columns)
 
 

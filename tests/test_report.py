@@ -24,6 +24,7 @@ from reports.html import render_html
 
 RUN = ["--scenario", "gaussian", "--scheme", "tq-kv,plain-kv,tq-qkv", "--dim", "16,32", "--seq-len", "64",
        "--queries", "8", "--trials", "8", "--budget", "2,3", "--quiet"]
+LEVELS = (3.5, 4.5)  # bits/element: measured cells (tq-qkv d = 32 at 3.57), interpolations and absences
 FIGURES = ("dimension", "rate_distortion_d16", "rate_distortion_d32", "error_space", "significance",
            "isolation", "amplification")
 ABSENT = ("d_eff", "shard_spectrum")
@@ -35,7 +36,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "run"
     assert main(["run", *RUN, "--out", str(out)]) == 0
-    assert main(["report", str(out), "--permutations", "100"]) == 0
+    assert main(["report", str(out), "--permutations", "100", "--storage-levels", ",".join(map(str, LEVELS))]) == 0
     return out
 
 
@@ -115,7 +116,7 @@ def test_every_section_and_figure_present(run_dir, html):
     for key in ABSENT:
         block = html.split(f'id="figure-{key}"', 1)[1].split("</figure>", 1)[0]
         assert "Not shown:" in block and "<img" not in block, key
-    assert "Winners at each budget" in html and "Crossovers along the budget axis" in html
+    assert "Best codec at each storage level" in html and "Crossovers along the storage axis" in html
     manifest = RunStore(run_dir).read_manifest()
     assert manifest["provenance"]["git_sha"] in html and manifest["started_at"] in html
 
@@ -133,25 +134,91 @@ def test_cell_table_matches_the_store(run_dir, html):
         assert row[col["n"]] == str(len(cell["d2_t"]))
 
 
+def raw_trials(run_dir) -> dict[tuple, dict[int, tuple[float, float]]]:
+    """Per (scheme, budget, dim): trial -> (bits, d2_t), from the sqlite file without pandas."""
+    out = {}
+    with sqlite3.connect(run_dir / "results.sqlite") as con:
+        for scheme, budget, dim, trial, bits, d2 in con.execute(
+                "SELECT scheme, budget, dim, trial, bits_per_element, d2_t FROM trials"):
+            out.setdefault((scheme, budget, dim), {})[trial] = (bits, d2)
+    return out
+
+
+def value_at(cells: dict[int, dict[int, tuple]], level: float) -> list[float] | None:
+    """One scheme's per-trial d2_t at `level` bits/element, written out from the module doc of
+    stats.equal_storage: a cell within ±2.5 % of the level, else log-linear interpolation between
+    the nearest cells below and above, else None."""
+    storage = {b: statistics.fmean(bits for bits, _ in rows.values()) for b, rows in cells.items()}
+    near = [b for b in storage if abs(storage[b] - level) <= 0.025 * level]
+    if near:
+        b = min(near, key=lambda b: abs(storage[b] - level))
+        return [cells[b][t][1] for t in sorted(cells[b])]
+    below = [b for b in storage if storage[b] < level]
+    above = [b for b in storage if storage[b] > level]
+    if not below or not above:
+        return None
+    lo, hi = max(below, key=storage.get), min(above, key=storage.get)
+    w = (level - storage[lo]) / (storage[hi] - storage[lo])
+    return [math.exp((1 - w) * math.log(cells[lo][t][1]) + w * math.log(cells[hi][t][1])) for t in sorted(cells[lo])]
+
+
 def test_winners_and_front_match_brute_force(run_dir, html):
     tables = parsed(html).tables
     raw = raw_cells(run_dir)
+    per_trial = raw_trials(run_dir)
     means = {k: statistics.fmean(v["d2_t"]) for k, v in raw.items()}
     bits = {k: statistics.fmean(v["bits"]) for k, v in raw.items()}
-    winners = {(int(r[1]), int(r[4])): r[5] for r in tables["winners-table"][1:]}  # (d, b) -> winner
+    header, *rows = tables["winners-table"]
+    col = {h: i for i, h in enumerate(header)}
+    shown = {(int(r[col["d"]]), float(r[col["bits/el"]])): r for r in rows}
+    checked = 0
     for dim in (16, 32):
-        for budget in (2, 3):
-            best = min((k for k in means if k[1] == budget and k[2] == dim), key=lambda k: means[k])
-            assert winners[(dim, budget)] == best[0]
+        for level in LEVELS:
+            at = {}
+            for scheme in ("plain-kv", "tq-kv", "tq-qkv"):
+                cells = {b: per_trial[(s, b, d)] for (s, b, d) in per_trial if s == scheme and d == dim}
+                values = value_at(cells, level)
+                if values is not None:
+                    at[scheme] = statistics.fmean(values)
+            if not at:
+                assert (dim, level) not in shown
+                continue
+            ranked = sorted(at, key=at.get)
+            row = shown[(dim, level)]
+            assert row[col["best"]] == ranked[0] and row[col["best d₂(T) [95% CI]"]].startswith(fmt(at[ranked[0]]))
+            if len(ranked) > 1:
+                assert row[col["runner-up"]] == ranked[1] and row[col["test"]] == "Wilcoxon (paired)"
+            checked += 1
         # Pareto front by brute force over the setting's cells on (bits, mean d2_t)
         pts = [k for k in means if k[2] == dim]
         front = {k for k in pts if not any(bits[o] <= bits[k] and means[o] <= means[k]
                                            and (bits[o] < bits[k] or means[o] < means[k]) for o in pts)}
         header, *body = tables["cells-table"]
-        col = {h: i for i, h in enumerate(header)}
-        marked = {(r[col["scheme"]], int(r[col["b"]]), dim) for r in body
-                  if int(r[col["d"]]) == dim and r[col["P(front)"]].endswith("*")}
+        cell_col = {h: i for i, h in enumerate(header)}
+        marked = {(r[cell_col["scheme"]], int(r[cell_col["b"]]), dim) for r in body
+                  if int(r[cell_col["d"]]) == dim and r[cell_col["P(front)"]].endswith("*")}
         assert marked == front
+    assert checked == len(shown) == 3  # at d = 16 no scheme stores as little as 3.5 bits/element
+
+
+def test_json_findings_match_the_tables(run_dir, html, capsys):
+    """report --json prints the same fronts and winners as the HTML, storage within 5 %."""
+    import json
+
+    assert main(["report", str(run_dir), "--json", "--permutations", "100",
+                 "--storage-levels", ",".join(map(str, LEVELS))]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["storage"]["levels"] == list(LEVELS) and found["storage"]["tolerance"] == 0.05
+    header, *rows = parsed(html).tables["winners-table"]
+    col = {h: i for i, h in enumerate(header)}
+    assert [(w["dim"], w["storage_level"], w["winner"]) for w in found["winners"]] == \
+        [(int(r[col["d"]]), float(r[col["bits/el"]]), r[col["best"]]) for r in rows]
+    for w in found["winners"]:
+        if w["runner_up"] is not None:
+            assert abs(w["winner_storage"] - w["runner_up_storage"]) <= 0.05 * w["storage_level"]
+            assert w["verdict"] in {"codec-difference", "implementation-variance", "equivalent", "inconclusive"}
+    assert {f["setting"]["dim"] for f in found["fronts"]} == {16, 32}
+    assert all(p["d2_t_low"] <= p["d2_t"] <= p["d2_t_high"] for f in found["fronts"] for p in f["points"])
 
 
 def test_html_is_self_contained_with_valid_images(html):
@@ -187,7 +254,7 @@ def test_pdf_opens_with_table_figures_and_nonblank_pages(run_dir, tmp_path):
     pypdf = pytest.importorskip("pypdf")
     reader = pypdf.PdfReader(run_dir / "report.pdf")
     text = "\n".join(page.extract_text() for page in reader.pages)
-    assert "Winners at each budget" in text and "Every cell" in text
+    assert "Best codec at each storage level" in text and "Every cell" in text
     raw = raw_cells(run_dir)
     assert expected_ci(raw[("tq-kv", 2, 16)]["d2_t"]) in text  # a summary-table number
     for title in FIGURE_TITLES:
@@ -244,8 +311,10 @@ def test_verdicts_use_the_implementation_null(run_dir, tmp_path):
     null = tmp_path / "null"
     assert main(["run", *RUN, "--rng", "mt19937", "--out", str(null)]) == 0
     trials = RunStore(run_dir).trials()
-    with_null = analyse(trials, RunStore(null).trials(), n_permutations=50).winners
-    alone = analyse(trials, n_permutations=50).winners
+    with_null = analyse(trials, RunStore(null).trials(), n_permutations=50, levels=LEVELS).winners
+    alone = analyse(trials, n_permutations=50, levels=LEVELS).winners
+    with_null, alone = (w[w.runner_up.map(lambda r: isinstance(r, str))] for w in (with_null, alone))
+    assert len(with_null) == len(alone) == 2  # d = 16 at 4.5 and d = 32 at 3.5 hold two schemes or more
     valid = {"codec-difference", "implementation-variance", "equivalent", "inconclusive"}
     assert set(with_null.validation) <= valid and (with_null.n_null == 2).all()
     assert (alone.n_null == 0).all() and "codec-difference" not in set(alone.validation)

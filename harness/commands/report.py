@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from stats.equal_storage import parse_levels
 
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
@@ -24,6 +27,12 @@ def add_arguments(p):
                    help="also write DIR/report.png, the page as headless Chromium renders it")
     p.add_argument("--permutations", type=int, default=1000,
                    help="permutations of each energy test in the verdicts (default 1000)")
+    p.add_argument("--storage-levels", default=None, metavar="X[,X...]",
+                   help="bits per element at which codecs are compared at equal storage (default: b + 0.5 for "
+                        "each budget b of the run)")
+    p.add_argument("--json", action="store_true",
+                   help="print the findings (Pareto fronts, best codec per storage level, verdicts, crossovers) as "
+                        "one JSON object instead of writing report.html and report.pdf")
 
 
 def _run_time(store: RunStore, manifest: dict | None) -> str:
@@ -47,23 +56,29 @@ def _run_time(store: RunStore, manifest: dict | None) -> str:
     return "; ".join(parts)
 
 
-def write_report(directory: Path, null_directory: Path | None = None, n_permutations: int = 1000) -> tuple[Path, Path]:
+def _findings(directory: Path, null_directory: Path | None, n_permutations: int, levels):
+    from reports.findings import analyse
+
+    trials = RunStore(directory).trials()
+    if trials.empty:
+        raise UsageError(f"harness report: {directory / RESULTS_FILE} holds no trials yet; run or resume the sweep first")
+    null_trials = RunStore(null_directory).trials() if null_directory is not None else None
+    return analyse(trials, null_trials, n_permutations, levels)
+
+
+def write_report(directory: Path, null_directory: Path | None = None, n_permutations: int = 1000,
+                 levels=None) -> tuple[Path, Path]:
     """Analyse the run in `directory` and write report.html and report.pdf there; each file is
     written under a temporary name and renamed, so neither is ever half-written."""
     import matplotlib.pyplot as plt
 
     from reports.figures import build_figures
-    from reports.findings import analyse
     from reports.html import provenance_rows, render_html
     from reports.pdf import write_pdf
 
     store = RunStore(directory)
-    trials = store.trials()
-    if trials.empty:
-        raise UsageError(f"harness report: {directory / RESULTS_FILE} holds no trials yet; run or resume the sweep first")
+    findings = _findings(directory, null_directory, n_permutations, levels)
     manifest = store.read_manifest()
-    null_trials = RunStore(null_directory).trials() if null_directory is not None else None
-    findings = analyse(trials, null_trials, n_permutations)
     figures = build_figures(findings)
     title = directory.resolve().name
     run_time = _run_time(store, manifest)
@@ -92,11 +107,22 @@ def run(args) -> int:
         raise UsageError(f"harness report: --null {args.null} holds no {RESULTS_FILE}; give a run directory")
     if args.permutations < 1:
         raise UsageError(f"harness report: --permutations {args.permutations} must be a positive integer")
+    levels = None
+    if args.storage_levels is not None:
+        try:
+            levels = parse_levels(args.storage_levels)
+        except ValueError as exc:
+            raise UsageError(f"harness report: --storage-levels: {exc}") from None
+    if args.json:
+        from reports.findings import to_json
+        findings = _findings(args.directory, args.null, args.permutations, levels)
+        print(json.dumps(to_json(findings), indent=2))
+        return 0
     if args.screenshot:
         from reports.screenshot import chromium
         if chromium() is None:
             raise UsageError("harness report: --screenshot needs Debian's chromium (apt-get install chromium)")
-    html_path, pdf_path = write_report(args.directory, args.null, args.permutations)
+    html_path, pdf_path = write_report(args.directory, args.null, args.permutations, levels)
     print(f"report -> {html_path} and {pdf_path}")
     if args.screenshot:
         from reports.screenshot import screenshot
