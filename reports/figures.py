@@ -1,8 +1,10 @@
 """The report's figures (matplotlib/seaborn, Agg backend) from the tidy frames of findings.py.
 
 Each builder returns a ReportFigure: a matplotlib Figure, or None with the reason the run
-cannot support it. One style per scheme (colour + marker + line style, keyed by scheme name)
-is used in every figure, so a scheme looks the same everywhere and stays tellable in grey.
+cannot support it. Every codec has one fixed style (reports.styles: colour, marker, line
+style) in every figure, and figures are faceted by codec family so that no panel draws more
+than MAX_SERIES (8) codecs. Each artist drawn for a codec carries the codec's name as its gid,
+which is how the tests count a panel's series and check its colours.
 """
 from __future__ import annotations
 
@@ -21,28 +23,12 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from stats.metrics import SIX_D  # noqa: E402
 
-from .findings import Findings  # noqa: E402
+from .findings import SETTING, Findings  # noqa: E402
+from .styles import MAX_SERIES, SchemeStyle, panel_groups, scheme_styles  # noqa: E402
 
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
-_LINES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 _UNIT_D2 = "(dimensionless)"
 _FRONT_COLOUR = "black"
-
-
-@dataclass(frozen=True)
-class SchemeStyle:
-    colour: tuple
-    marker: str
-    line: object
-
-
-def scheme_styles(names) -> dict[str, SchemeStyle]:
-    """One style per scheme name, assigned in sorted-name order so the same run always gets the
-    same styles; colours from seaborn's colour-blind palette, markers and dashes cycle
-    independently so no two of the first 60 schemes look alike even in grey."""
-    palette = sns.color_palette("colorblind", 10)
-    return {name: SchemeStyle(palette[i % len(palette)], _MARKERS[i % len(_MARKERS)], _LINES[i % len(_LINES)])
-            for i, name in enumerate(sorted(set(names)))}
+_CELL_GREY = "#b8b8b8"
 
 
 @dataclass
@@ -94,6 +80,24 @@ def _grid(n_rows: int, n_cols: int, width: float = 3.6, height: float = 2.9, **k
     return fig, axes
 
 
+def _family_grid(row_keys: list, names, width: float = 3.6, height: float = 2.9, **kw):
+    """A grid with one row per row key and one column per codec-family panel (reports.styles):
+    (fig, axes, groups), groups the [(family, [names])] of the columns."""
+    groups = panel_groups(names)
+    fig, axes = _grid(len(row_keys), len(groups), width, height, **kw)
+    return fig, axes, groups
+
+
+def _tag(artists, name: str):
+    """Name the artists drawn for one codec (their gid): see the module doc."""
+    for artist in artists if isinstance(artists, (list, tuple)) else [artists]:
+        for part in getattr(artist, "lines", None) or [artist]:
+            for a in part if isinstance(part, (list, tuple)) else [part]:
+                if a is not None:
+                    a.set_gid(name)
+    return artists
+
+
 def _legend(fig: Figure, styles: dict[str, SchemeStyle], names, extra=()) -> None:
     handles = [plt.Line2D([], [], color=styles[n].colour, marker=styles[n].marker, linestyle=styles[n].line,
                           label=n) for n in sorted(names)]
@@ -102,78 +106,139 @@ def _legend(fig: Figure, styles: dict[str, SchemeStyle], names, extra=()) -> Non
     fig.tight_layout()
 
 
+def _representative(values, n: int = 3) -> list:
+    """Up to n of the sorted values: the smallest, the middle and the largest."""
+    values = sorted(values)
+    if len(values) <= n:
+        return values
+    return sorted({values[0], values[len(values) // 2], values[-1]})
+
+
 def dimension_figure(findings: Findings, styles) -> ReportFigure:
-    """The AMD paper's Figure 1: d2_T against head dimension, one line per scheme, one panel per
-    (scenario, budget)."""
+    """The AMD paper's Figure 1: d2_T against head dimension, one line per scheme, one row per
+    (scenario, budget) at up to three budgets (smallest, middle, largest; the paper shows 2, 4, 6),
+    one column per codec family."""
     title = "Attention-output error d₂(T) against head dimension"
     cells, where = _main_slice(findings.cells)
     dims = sorted(cells.dim.unique())
     if len(dims) < 2:
         return ReportFigure("dimension", title, "", absent_reason=f"the run has one head dimension (d = {dims[0]}); "
                             "this figure needs two or more (--dim 64,128,256)")
-    scen, budgets = sorted(cells.scenario.unique()), sorted(cells.budget.unique())
-    fig, axes = _grid(len(scen), len(budgets), sharex=True)
-    for r, sc in enumerate(scen):
-        for c, b in enumerate(budgets):
+    budgets = _representative(cells.budget.unique())
+    rows = [(sc, b) for sc in sorted(cells.scenario.unique()) for b in budgets]
+    fig, axes, groups = _family_grid(rows, cells.scheme.unique(), sharex=True)
+    for r, (sc, b) in enumerate(rows):
+        for c, (fam, names) in enumerate(groups):
             ax = axes[r, c]
-            sel = cells[(cells.scenario == sc) & (cells.budget == b)]
-            names = sorted(sel.scheme.unique())
+            sel = cells[(cells.scenario == sc) & (cells.budget == b) & cells.scheme.isin(names)]
+            drawn = sorted(sel.scheme.unique())
             for i, (name, g) in enumerate(sel.groupby("scheme")):
                 g = g.sort_values("dim")
                 st = styles[name]
                 # a small multiplicative dodge so overlapping error bars stay apart
-                x = g.dim * 2 ** (0.02 * (i - (len(names) - 1) / 2))
-                ax.errorbar(x, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t], color=st.colour,
-                            marker=st.marker, linestyle=st.line, capsize=2, markersize=4, linewidth=1.2)
-            _scale(ax, "y", sel.d2_t)
+                x = g.dim * 2 ** (0.02 * (i - (len(drawn) - 1) / 2))
+                _tag(ax.errorbar(x, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t], color=st.colour,
+                                 marker=st.marker, linestyle=st.line, capsize=2, markersize=4, linewidth=1.2), name)
+            if len(sel):
+                _scale(ax, "y", sel.d2_t)
             ax.set_xscale("log", base=2)
             ax.set_xticks(dims, [str(d) for d in dims])
-            ax.set_title(f"{sc}, b = {b} bits", fontsize=9)
+            ax.set_title(f"{sc}, b = {b} bits: {fam}", fontsize=9)
             ax.set_xlabel("head dimension d (coordinates)")
             ax.set_ylabel(f"d₂(T) {_UNIT_D2}")
     _legend(fig, styles, cells.scheme.unique())
-    caption = (f"Mean d₂(T) per trial with 95% Student-t confidence intervals (error bars) at each nominal "
-               f"budget b; {where}.")
+    caption = (f"Mean d₂(T) per trial with 95% Student-t confidence intervals (error bars) at nominal budgets "
+               f"b = {', '.join(map(str, budgets))}; {where}; one column per codec family.")
     return ReportFigure("dimension", title, caption, fig)
 
 
+def front_figure(findings: Findings, styles, scenario: str) -> ReportFigure:
+    """The headline of a scenario: every cell of each setting as a grey point on (measured storage,
+    mean d₂(T)), the Pareto front as a step line through its cells in the codecs' colours, each
+    front point labelled with its codec and budget; one panel per setting of the scenario."""
+    cells = findings.cells[findings.cells.scenario == scenario]
+    settings = sorted({tuple(k) for k in cells[list(SETTING)].itertuples(index=False)})
+    several_cal = findings.cells.calib_tokens.nunique() > 1
+    n_cols = min(3, len(settings))
+    n_rows = -(-len(settings) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(5.2 if n_cols == 1 else 3.6 * n_cols, 3.5 * n_rows),
+                             squeeze=False)
+    front_names = sorted(cells[cells.on_front].scheme.unique(), key=lambda n: cells[cells.scheme == n].storage.min())
+    coloured = set(front_names[:MAX_SERIES])
+    for i, setting in enumerate(settings):
+        ax = axes[divmod(i, n_cols)]
+        sel = cells
+        for col, val in zip(SETTING, setting):
+            sel = sel[sel[col] == val]
+        ax.scatter(sel.storage, sel.d2_t, s=14, color=_CELL_GREY, linewidths=0, zorder=2)
+        front = sel[sel.on_front].sort_values(["storage", "d2_t"])
+        ax.step(front.storage, front.d2_t, where="post", color=_FRONT_COLOUR, linewidth=0.9, zorder=3)
+        # a fixed-width codec's budgets are one point (identical cells): one marker, one label
+        points = front.groupby(["scheme", "storage", "d2_t", "d2_t_low", "d2_t_high"], sort=False).budget.agg(
+            lambda b: ",".join(map(str, sorted(b)))).reset_index()
+        for k, r in enumerate(points.itertuples()):
+            st = styles[r.scheme]
+            colour = st.colour if r.scheme in coloured else _FRONT_COLOUR
+            _tag(ax.errorbar([r.storage], [r.d2_t], yerr=[[r.d2_t - r.d2_t_low], [r.d2_t_high - r.d2_t]],
+                             color=colour, marker=st.marker, markersize=6, capsize=2, linewidth=1, zorder=4),
+                 r.scheme)
+            ax.annotate(f"{r.scheme} b={r.budget}", (r.storage, r.d2_t), xytext=(4, 3 if k % 2 == 0 else -10),
+                        textcoords="offset points", fontsize=7, color=colour)  # alternate sides: neighbours' labels apart
+        _scale(ax, "y", np.r_[sel.d2_t, front.d2_t_low.clip(lower=sel.d2_t.min() / 10)])
+        _scale(ax, "x", sel.storage)
+        _, dim, seq_len, queries, n_cal = setting
+        ax.set_title(f"d = {dim}, S = {seq_len}, Nq = {queries}" + (f", n_cal = {n_cal}" if several_cal else ""),
+                     fontsize=9)
+        ax.set_xlabel("measured storage (bits per element)")
+        ax.set_ylabel(f"mean d₂(T) {_UNIT_D2}")
+    for j in range(len(settings), n_rows * n_cols):
+        axes[divmod(j, n_cols)].set_visible(False)
+    fig.tight_layout()
+    caption = (f"{scenario}: grey points are every cell (a codec at one budget); the black step line is the Pareto "
+               f"front (no other cell stores fewer bits with a lower mean d₂(T)), its points in the codecs' colours "
+               f"with 95% confidence intervals.")
+    return ReportFigure(f"front-{scenario}", f"Pareto front on measured storage: {scenario}", caption, fig)
+
+
 def rate_distortion_figures(findings: Findings, styles) -> list[ReportFigure]:
-    """d2_T, d2_K, d2_V against measured bits per element, one figure per head dimension; the
-    shaded band is the 95% CI of the mean; d2_T panels mark the Pareto front of the cells."""
+    """d2_T, d2_K, d2_V against measured storage, one figure per head dimension: one row per
+    (scenario, tensor), one column per codec family; the shaded band is the 95% CI of the
+    mean; d2_T panels mark the Pareto front of the setting's cells (all families)."""
     cells, where = _main_slice(findings.cells)
     out = []
+    metrics = (("d2_t", "T (attention output)"), ("d2_k", "K"), ("d2_v", "V"))
     for dim in sorted(cells.dim.unique()):
         sel_dim = cells[cells.dim == dim]
-        scen = sorted(sel_dim.scenario.unique())
-        metrics = (("d2_t", "T (attention output)"), ("d2_k", "K"), ("d2_v", "V"))
-        fig, axes = _grid(len(scen), 3)
-        for r, sc in enumerate(scen):
-            sel = sel_dim[sel_dim.scenario == sc]
-            for c, (m, label) in enumerate(metrics):
+        rows = [(sc, m, label) for sc in sorted(sel_dim.scenario.unique()) for m, label in metrics]
+        fig, axes, groups = _family_grid(rows, sel_dim.scheme.unique(), sharey="row")
+        for r, (sc, m, label) in enumerate(rows):
+            scen = sel_dim[sel_dim.scenario == sc]
+            for c, (fam, names) in enumerate(groups):
                 ax = axes[r, c]
+                sel = scen[scen.scheme.isin(names)]
                 for name, g in sel.groupby("scheme"):
                     g = g.sort_values("storage")
                     st = styles[name]
-                    ax.plot(g.storage, g[m], color=st.colour, marker=st.marker, linestyle=st.line,
-                            markersize=4, linewidth=1.2)
-                    ax.fill_between(g.storage, g[f"{m}_low"], g[f"{m}_high"], color=st.colour,
-                                    alpha=0.18, linewidth=0)
+                    _tag(ax.plot(g.storage, g[m], color=st.colour, marker=st.marker, linestyle=st.line,
+                                 markersize=4, linewidth=1.2), name)
+                    _tag(ax.fill_between(g.storage, g[f"{m}_low"], g[f"{m}_high"], color=st.colour,
+                                         alpha=0.18, linewidth=0), name)
                 if m == "d2_t":
-                    front = sel[sel.on_front].sort_values("storage")
+                    front = scen[scen.on_front].sort_values("storage")
                     ax.step(front.storage, front.d2_t, where="post", color=_FRONT_COLOUR,
                             linewidth=0.8, linestyle=(0, (1, 1)))
                     ax.scatter(front.storage, front.d2_t, s=70, facecolors="none",
                                edgecolors=_FRONT_COLOUR, linewidths=0.9, zorder=5)
-                _scale(ax, "y", np.r_[sel[m], sel[f"{m}_low"].clip(lower=sel[m].min() / 10)])
-                ax.set_title(f"{sc}: {label}", fontsize=9)
+                _scale(ax, "y", np.r_[scen[m], scen[f"{m}_low"].clip(lower=scen[m].min() / 10)])
+                ax.set_title(f"{sc}: {label}, {fam}", fontsize=9)
                 ax.set_xlabel("measured storage (bits per element)")
                 ax.set_ylabel(f"d₂({m[-1].upper()}) {_UNIT_D2}")
         front_handle = plt.Line2D([], [], color=_FRONT_COLOUR, marker="o", markerfacecolor="none",
-                                  linestyle=(0, (1, 1)), label="Pareto front")
+                                  linestyle=(0, (1, 1)), label="Pareto front (all codecs)")
         _legend(fig, styles, sel_dim.scheme.unique(), extra=[front_handle])
-        caption = (f"Head dimension d = {dim}, {where}. Lines join a scheme's budgets; bands are 95% "
-                   f"confidence intervals of the mean; circled points on the d₂(T) panels are the "
-                   f"non-dominated cells on (bits per element, d₂(T)).")
+        caption = (f"Head dimension d = {dim}, {where}; one column per codec family, one y axis scale per row. "
+                   f"Lines join a codec's budgets; bands are 95% confidence intervals of the mean; circled points "
+                   f"on the d₂(T) rows are the setting's non-dominated cells on (measured storage, d₂(T)).")
         out.append(ReportFigure(f"rate_distortion_d{dim}", f"Rate–distortion at d = {dim}", caption, fig))
     return out
 
@@ -185,29 +250,33 @@ def _mid(values) -> object:
 
 def error_space_figure(findings: Findings, styles) -> ReportFigure:
     """Per-trial points of the six-D error space, projected on its three (snr_err, dir_err)
-    planes (K, V, T), one row per scenario."""
+    planes (K, V, T): one row per (scenario, codec family), one column per plane."""
     title = "The six-dimensional error space, projected per tensor"
     trials, where = _main_slice(findings.trials)
     dim, budget = trials.dim.max(), _mid(trials.budget.unique())
     trials = trials[(trials.dim == dim) & (trials.budget == budget)]
-    scen = sorted(trials.scenario.unique())
-    fig, axes = _grid(len(scen), 3)
+    groups = panel_groups(trials.scheme.unique())
+    rows = [(sc, fam, names) for sc in sorted(trials.scenario.unique()) for fam, names in groups
+            if trials[(trials.scenario == sc) & trials.scheme.isin(names)].size]
+    fig, axes = _grid(len(rows), 3)
     planes = [(SIX_D[2 * i], SIX_D[2 * i + 1], t) for i, t in enumerate(("K", "V", "T"))]
-    for r, sc in enumerate(scen):
-        sel = trials[trials.scenario == sc]
+    for r, (sc, fam, names) in enumerate(rows):
+        scen = trials[trials.scenario == sc]
+        sel = scen[scen.scheme.isin(names)]
         for c, (x, y, tensor) in enumerate(planes):
             ax = axes[r, c]
             for name, g in sel.groupby("scheme"):
                 st = styles[name]
-                ax.scatter(g[x], g[y], color=st.colour, marker=st.marker, s=12, alpha=0.6, linewidths=0)
-            _scale(ax, "x", sel[x])
-            _scale(ax, "y", sel[y])
-            ax.set_title(f"{sc}: {tensor}", fontsize=9)
+                _tag(ax.scatter(g[x], g[y], color=st.colour, marker=st.marker, s=12, alpha=0.6, linewidths=0), name)
+            _scale(ax, "x", scen[x])
+            _scale(ax, "y", scen[y])
+            ax.set_title(f"{sc}: {tensor}, {fam}", fontsize=9)
             ax.set_xlabel(f"snr_err_{tensor.lower()} = relMSE/(1+relMSE)")
             ax.set_ylabel(f"dir_err_{tensor.lower()} = 1 − cos")
     _legend(fig, styles, trials.scheme.unique())
     caption = (f"One point per trial at d = {dim}, b = {budget} bits, {where}; the six coordinates "
-               f"({', '.join(SIX_D)}) are shown as three planes. d₂ is the distance from the origin.")
+               f"({', '.join(SIX_D)}) are shown as three planes, one row per codec family. d₂ is the distance "
+               f"from the origin.")
     return ReportFigure("error_space", title, caption, fig)
 
 
@@ -271,34 +340,32 @@ def _scatter_cells(findings: Findings, styles, x: str, y: str, key: str, title: 
         return ReportFigure(key, title, "", absent_reason=f"no cell has positive, finite {x} and {y} "
                             f"(every scheme reproduces the logits or T exactly)")
     scen = sorted(usable.scenario.unique())
-    n_cols = min(3, len(scen))
-    n_rows = -(-len(scen) // n_cols)
-    fig, axes = _grid(n_rows, n_cols, width=3.8, height=3.3)
-    for i, sc in enumerate(scen):
-        ax = axes[i // n_cols, i % n_cols]
-        sel = usable[usable.scenario == sc]
-        for name, g in sel.groupby("scheme"):
-            g = g.sort_values("budget")
-            st = styles[name]
-            ax.errorbar(g[x], g[y], xerr=[g[x] - g[f"{x}_low"], g[f"{x}_high"] - g[x]],
-                        yerr=[g[y] - g[f"{y}_low"], g[f"{y}_high"] - g[y]], color=st.colour, marker=st.marker,
-                        linestyle=st.line, markersize=4, linewidth=1, capsize=1.5)
-        if diagonal:
-            lo = min(sel[x].min(), sel[y].min()) / 1.5
-            hi = max(sel[x].max(), sel[y].max()) * 1.5
-            ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle=":")
-            _scale(ax, "x", [lo, hi])
-            _scale(ax, "y", [lo, hi])
-        else:
-            _scale(ax, "x", np.r_[sel[x], sel[f"{x}_low"].clip(lower=sel[x].min() / 10)])
-            _scale(ax, "y", np.r_[sel[y], sel[f"{y}_low"].clip(lower=sel[y].min() / 10)])
-        ax.set_title(sc, fontsize=9)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-    for j in range(len(scen), n_rows * n_cols):
-        axes[j // n_cols, j % n_cols].set_visible(False)
+    fig, axes, groups = _family_grid(scen, usable.scheme.unique(), width=3.8, height=3.3)
+    for r, sc in enumerate(scen):
+        every = usable[usable.scenario == sc]
+        for c, (fam, names) in enumerate(groups):
+            ax = axes[r, c]
+            sel = every[every.scheme.isin(names)]
+            for name, g in sel.groupby("scheme"):
+                g = g.sort_values("budget")
+                st = styles[name]
+                _tag(ax.errorbar(g[x], g[y], xerr=[g[x] - g[f"{x}_low"], g[f"{x}_high"] - g[x]],
+                                 yerr=[g[y] - g[f"{y}_low"], g[f"{y}_high"] - g[y]], color=st.colour,
+                                 marker=st.marker, linestyle=st.line, markersize=4, linewidth=1, capsize=1.5), name)
+            if diagonal:
+                lo = min(every[x].min(), every[y].min()) / 1.5
+                hi = max(every[x].max(), every[y].max()) * 1.5
+                ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8, linestyle=":")
+                _scale(ax, "x", [lo, hi])
+                _scale(ax, "y", [lo, hi])
+            else:
+                _scale(ax, "x", np.r_[every[x], every[f"{x}_low"].clip(lower=every[x].min() / 10)])
+                _scale(ax, "y", np.r_[every[y], every[f"{y}_low"].clip(lower=every[y].min() / 10)])
+            ax.set_title(f"{sc}: {fam}", fontsize=9)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
     _legend(fig, styles, usable.scheme.unique())
-    return ReportFigure(key, title, f"d = {dim}, {where}. " + caption, fig)
+    return ReportFigure(key, title, f"d = {dim}, {where}; one column per codec family. " + caption, fig)
 
 
 def isolation_figure(findings: Findings, styles) -> ReportFigure:
@@ -393,8 +460,8 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
                            boxprops={"facecolor": (*st.colour[:3], 0.15), "edgecolor": st.colour},
                            medianprops={"color": st.colour, "linewidth": 1.6},
                            whiskerprops={"color": st.colour}, capprops={"color": st.colour})
-                ax.scatter(x + _spread(values, 0.22 * slot), values, color=st.colour, marker=st.marker, s=10,
-                           alpha=0.75, linewidths=0, zorder=3)
+                _tag(ax.scatter(x + _spread(values, 0.22 * slot), values, color=st.colour, marker=st.marker,
+                                s=10, alpha=0.75, linewidths=0, zorder=3), name)
         ax.axhline(dim, color="grey", linestyle="--", linewidth=1)
         ax.annotate(f"d = {dim}", (1, dim), xycoords=("axes fraction", "data"), xytext=(-2, 2),
                     textcoords="offset points", ha="right", va="bottom", fontsize=7, color="dimgrey")
@@ -437,9 +504,9 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
 
 def calibration_figure(findings: Findings, styles) -> ReportFigure:
     """Mean d₂(T) (95% CI bars) against the calibration size n_cal, one line per scheme, one
-    panel per (scenario, head dimension), at the run's middle budget: how much calibration a
-    calibrated codec needs, against the data-independent ones (flat lines: same K, V, Q draws
-    at every n_cal)."""
+    row per (scenario, head dimension) and one column per codec family, at the run's middle
+    budget: how much calibration a calibrated codec needs, against the data-independent ones
+    (flat lines: same K, V, Q draws at every n_cal)."""
     title = "Error against the calibration size"
     cells, where = _main_slice(findings.cells, every_calibration=True)
     sizes = sorted(cells.calib_tokens.unique())
@@ -449,44 +516,32 @@ def calibration_figure(findings: Findings, styles) -> ReportFigure:
     budget = _mid(sorted(cells.budget.unique()))
     cells = cells[cells.budget == budget]
     panels = sorted({(sc, dim) for sc, dim in cells[["scenario", "dim"]].itertuples(index=False)})
-    n_cols = min(3, len(panels))
-    n_rows = -(-len(panels) // n_cols)
-    fig, axes = _grid(n_rows, n_cols)
-    for i, (sc, dim) in enumerate(panels):
-        ax = axes[divmod(i, n_cols)]
-        sel = cells[(cells.scenario == sc) & (cells.dim == dim)]
-        for name, g in sel.groupby("scheme"):
-            g = g.sort_values("calib_tokens")
-            st = styles[name]
-            ax.errorbar(g.calib_tokens, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t], color=st.colour,
-                        marker=st.marker, linestyle=st.line, markersize=4, linewidth=1.2, capsize=2)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(n) for n in sizes])
-        ax.xaxis.set_minor_locator(ticker.NullLocator())
-        _scale(ax, "y", np.r_[sel.d2_t, sel.d2_t_high])
-        ax.axvline(dim, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(f"{sc}, d = {dim}, b = {budget}", fontsize=9)
-        ax.set_xlabel("calibration tokens n_cal")
-        ax.set_ylabel(f"d₂(T) {_UNIT_D2}")
-    for j in range(len(panels), n_rows * n_cols):
-        axes[divmod(j, n_cols)].set_visible(False)
+    fig, axes, groups = _family_grid(panels, cells.scheme.unique(), sharey="row")
+    for r, (sc, dim) in enumerate(panels):
+        every = cells[(cells.scenario == sc) & (cells.dim == dim)]
+        for c, (fam, names) in enumerate(groups):
+            ax = axes[r, c]
+            for name, g in every[every.scheme.isin(names)].groupby("scheme"):
+                g = g.sort_values("calib_tokens")
+                st = styles[name]
+                _tag(ax.errorbar(g.calib_tokens, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t],
+                                 color=st.colour, marker=st.marker, linestyle=st.line, markersize=4, linewidth=1.2,
+                                 capsize=2), name)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes, [str(n) for n in sizes])
+            ax.xaxis.set_minor_locator(ticker.NullLocator())
+            _scale(ax, "y", np.r_[every.d2_t, every.d2_t_high])
+            ax.axvline(dim, color="grey", linestyle="--", linewidth=1)
+            ax.set_title(f"{sc}, d = {dim}, b = {budget}: {fam}", fontsize=9)
+            ax.set_xlabel("calibration tokens n_cal")
+            ax.set_ylabel(f"d₂(T) {_UNIT_D2}")
     at_d = plt.Line2D([], [], color="grey", linestyle="--", label="n_cal = d")
     _legend(fig, styles, cells.scheme.unique(), extra=[at_d])
-    caption = (f"{where}, budget {budget} bits. Points are cell means of d₂(T) with 95% confidence intervals; "
-               f"every calibration size sees the same K, V and Q draws, so schemes that ignore calibration are "
-               f"flat. Left of the dashed line (n_cal < d) the calibration covariance is rank-deficient.")
+    caption = (f"{where}, budget {budget} bits; one column per codec family. Points are cell means of d₂(T) with "
+               f"95% confidence intervals; every calibration size sees the same K, V and Q draws, so schemes that "
+               f"ignore calibration are flat. Left of the dashed line (n_cal < d) the calibration covariance is "
+               f"rank-deficient.")
     return ReportFigure("calibration", title, caption, fig)
-
-
-def absent_figures(findings: Findings) -> list[ReportFigure]:
-    """Figures of the issue whose data a run store does not hold (yet), with the reason."""
-    columns = set(findings.trials.columns)
-    out = []
-    if "singular_value" not in columns:
-        out.append(ReportFigure("shard_spectrum", "Shard: singular-value decay with and without RoPE", "",
-                                absent_reason="the run's rows hold no singular values (no stored Shard "
-                                "spectrum), so the decay with and without RoPE cannot be drawn"))
-    return out
 
 
 def build_figures(findings: Findings) -> list[ReportFigure]:
@@ -494,11 +549,12 @@ def build_figures(findings: Findings) -> list[ReportFigure]:
     styles = scheme_styles(findings.trials.scheme.unique())
     with plt.rc_context({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 8,
                          "axes.grid": True, "grid.alpha": 0.3}):
-        figures = [dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),
+        figures = [*(front_figure(findings, styles, sc) for sc in sorted(findings.cells.scenario.unique())),
+                   dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),
                    error_space_figure(findings, styles), significance_figure(findings, styles),
                    isolation_figure(findings, styles), amplification_figure(findings, styles),
                    d_eff_figure(findings, styles), calibration_figure(findings, styles)]
-    return figures + absent_figures(findings)
+    return figures
 
 
-__all__ = ["ReportFigure", "SchemeStyle", "build_figures", "d_eff_figure", "scheme_styles"]
+__all__ = ["ReportFigure", "SchemeStyle", "build_figures", "d_eff_figure", "front_figure", "scheme_styles"]

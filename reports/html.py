@@ -11,8 +11,9 @@ import jinja2
 
 from .figures import ReportFigure
 from .findings import Findings
-from .narrative import (FRONT_HEADER, cell_header, cell_rows, crossover_header, crossover_rows, method_sentence,
-                        setting_summaries, verdict_note, winner_header, winner_rows)
+from .narrative import (FRONT_HEADER, cell_header, cell_rows, crossover_header, crossover_rows, headline_header,
+                        headline_rows, lede, method_sentence, setting_summaries, verdict_note, winner_header,
+                        winner_rows)
 
 PNG_DPI = 110
 
@@ -23,7 +24,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>kvharness report: {{ title }}</title>
 <style>
-body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; max-width: 1200px; margin: 2em auto;
+body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; max-width: 1340px; margin: 1.5em auto;
        padding: 0 1em; color: #1a1a1a; line-height: 1.45; }
 h1 { font-size: 1.6em; border-bottom: 2px solid #333; padding-bottom: .2em; }
 h2 { font-size: 1.3em; margin-top: 2em; border-bottom: 1px solid #999; }
@@ -38,21 +39,44 @@ figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 figcaption { font-size: .9em; color: #333; }
 .absent { color: #7a4b00; background: #fff6e5; padding: .4em .6em; border-left: 3px solid #e0a030; }
 .note { font-size: .9em; color: #444; }
-nav ul { columns: 2; }
+nav ul { columns: 4; font-size: .9em; }
+.lede { color: #333; margin: -.4em 0 .6em; font-size: .95em; }
+.headline { display: flex; gap: 1.2em; align-items: flex-start; margin-bottom: .6em; }
+.headline figure.front { margin: 0; flex: 0 0 auto; }
+.headline figure.front img { width: 520px; }
+.headline h2 { font-size: 1.15em; margin: 0 0 .3em; border: none; }
+.headline-table { flex: 1 1 0; min-width: 0; }
+.headline-table table { font-size: .8em; }
 </style>
 </head>
 <body>
 <h1>kvharness report: {{ title }}</h1>
+<p class="lede">{{ lede }}</p>
+<section id="headline">
+{% for h in headlines %}
+<div class="headline">
+{% if h.png %}<figure class="front" id="figure-{{ h.key }}"><img src="data:image/png;base64,{{ h.png }}" alt="{{ h.title }}" width="{{ h.width }}" height="{{ h.height }}"></figure>{% endif %}
+<div class="headline-table">
+<h2>{{ h.scenario }}: best codec at each storage level</h2>
+<table class="headline-rows" id="headline-table-{{ loop.index }}">
+<thead><tr>{% for c in headline_header %}<th>{{ c }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in h.rows %}<tr>{% for v in row %}<td{% if loop.index > 1 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% else %}<tr><td colspan="{{ headline_header|length }}">No storage level holds a codec: see the front and the cell table (harness report --storage-levels).</td></tr>{% endfor %}</tbody>
+</table>
+<p class="note">{{ h.caption }}</p>
+</div>
+</div>
+{% endfor %}
+</section>
 <nav id="contents"><ul>
-<li><a href="#summary">Summary</a></li>
+<li><a href="#summary">Summary: every storage level, fronts, method</a></li>
 <li><a href="#figures">Figures</a></li>
-<li><a href="#cells">Every cell</a></li>
+<li><a href="#cells">Every cell, crossovers</a></li>
 <li><a href="#provenance">Provenance</a></li>
 </ul></nav>
 
 <section id="summary">
 <h2>Summary</h2>
-<h3>Best codec at each storage level</h3>
+<h3>Best codec at each storage level, in full</h3>
 <div class="wide"><table id="winners-table">
 <thead><tr>{% for h in winner_header %}<th>{{ h }}</th>{% endfor %}</tr></thead>
 <tbody>{% for row in winner_rows %}<tr>{% for v in row %}<td{% if loop.index > 1 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
@@ -142,14 +166,19 @@ def provenance_rows(manifest: dict | None, findings: Findings, run_time: str) ->
 def render_html(title: str, findings: Findings, figures: list[ReportFigure], manifest: dict | None,
                 run_time: str) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    shown = []
+    shown, headlines = [], []
     for f in figures:
         entry = {"key": f.key, "title": f.title, "caption": f.caption, "absent_reason": f.absent_reason, "png": None}
         if f.figure is not None:
             entry["png"], entry["width"], entry["height"] = png_base64(f.figure)
-        shown.append(entry)
+        if f.key.startswith("front-"):
+            scenario = f.key[len("front-"):]
+            headlines.append({**entry, "scenario": scenario, "rows": headline_rows(findings, scenario)})
+        else:
+            shown.append(entry)
     return env.from_string(_TEMPLATE).render(
-        title=title, method=method_sentence(findings), summaries=setting_summaries(findings), front_header=FRONT_HEADER,
+        title=title, lede=lede(findings), headlines=headlines, headline_header=headline_header(findings),
+        method=method_sentence(findings), summaries=setting_summaries(findings), front_header=FRONT_HEADER,
         winner_header=winner_header(findings), winner_rows=winner_rows(findings), verdict_note=verdict_note(findings),
         figures=shown, cell_header=cell_header(findings), cell_rows=cell_rows(findings),
         crossover_header=crossover_header(findings), crossover_rows=crossover_rows(findings),

@@ -12,7 +12,7 @@ import pandas as pd
 
 from stats.equal_storage import LEVEL, STORAGE, TOLERANCE
 
-from .findings import ALPHA, EQUIVALENCE_MARGIN, SETTING, Findings
+from .findings import ALPHA, CELL as CELL_KEY, EQUIVALENCE_MARGIN, SETTING, Findings
 
 
 def num(x: float) -> str:
@@ -112,6 +112,49 @@ def setting_summaries(findings: Findings) -> dict[str, list[SettingSummary]]:
             setting_label(setting, several), _front_rows(_select(findings.cells, setting)),
             _unplaced(findings, setting)))
     return out
+
+
+def _varying(findings: Findings) -> list[str]:
+    """The setting columns besides the scenario that take several values in the run."""
+    return [c for c in SETTING[1:] if findings.cells[c].nunique() > 1]
+
+
+_SHORT = {"dim": "d", "seq_len": "S", "queries": "Nq", "calib_tokens": "n_cal"}
+
+
+def lede(findings: Findings) -> str:
+    """One line under the title: what was run and how it is compared."""
+    t = findings.trials
+    fixed = ", ".join(f"{_SHORT[c]} = {t[c].iloc[0]}" for c in SETTING[1:] if c not in _varying(findings))
+    varying = "; ".join(f"{_SHORT[c]} ∈ {{{', '.join(map(str, sorted(t[c].unique())))}}}" for c in _varying(findings))
+    return (f"{t.scheme.nunique()} codecs × {t.scenario.nunique()} scenario(s) × budgets "
+            f"{', '.join(map(str, sorted(t.budget.unique())))} bits; {fixed}" + (f"; {varying}" if varying else "")
+            + f"; {t.groupby(list(CELL_KEY)).size().min()} paired trials per cell. Codecs are ranked at equal "
+            f"measured storage (±{TOLERANCE / 2:.1%}), never per nominal budget; tests are paired.")
+
+
+HEADLINE_HEADER = ("bits/el", "best", "d₂(T) [95% CI]", "runner-up", "d₂(T) [95% CI]", "paired test", "verdict")
+
+
+def headline_header(findings: Findings) -> tuple[str, ...]:
+    return tuple(_SHORT[c] for c in _varying(findings)) + HEADLINE_HEADER
+
+
+def headline_rows(findings: Findings, scenario: str) -> list[tuple[str, ...]]:
+    """The first screen's table for one scenario: the best codec at each storage level, its
+    runner-up at the same storage, the paired test between them (Holm p and what it says) and the
+    verdict; setting columns only for what varies in the run."""
+    varying = _varying(findings)
+    rows = []
+    wins = findings.winners[findings.winners.scenario == scenario]
+    for w in wins.sort_values(list(SETTING) + [LEVEL]).itertuples():
+        has_runner = isinstance(w.runner_up, str)
+        test = f"p {pvalue(w.p_holm)}: {w.comparison}" if has_runner else "—"
+        rows.append((*(str(getattr(w, c)) for c in varying), num(w.storage_level), w.winner,
+                     with_ci(w.winner_mean, w.winner_low, w.winner_high), w.runner_up if has_runner else "—",
+                     with_ci(w.runner_up_mean, w.runner_up_low, w.runner_up_high) if has_runner else "—", test,
+                     w.validation if has_runner else "—"))
+    return rows
 
 
 WINNER_HEADER = ("scenario", "d", "S", "Nq", "bits/el", "best", "best from", "best d₂(T) [95% CI]", "runner-up",

@@ -3,6 +3,7 @@ pages (winners, every cell, provenance) and one page per figure. Fonts are embed
 TrueType (pdf.fonttype 42) so the text can be searched and extracted."""
 from __future__ import annotations
 
+import io
 import textwrap
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from .figures import ReportFigure  # noqa: E402
 from .findings import Findings  # noqa: E402
-from .narrative import (FRONT_HEADER, cell_header, cell_rows, crossover_header, crossover_rows,  # noqa: E402
+from .narrative import (FRONT_HEADER, cell_header, cell_rows, headline_header, headline_rows, lede, crossover_header, crossover_rows,  # noqa: E402
                         method_sentence, setting_summaries, several_calibrations, verdict_note, winner_header,
                         winner_rows)
 
@@ -67,6 +68,46 @@ def _table_pages(pdf: PdfPages, title: str, header, rows, col_widths=None) -> No
         plt.close(fig)
 
 
+def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list[ReportFigure]) -> None:
+    """The report's first screen as its first page(s): per scenario, on one landscape page, the
+    title and lede, the Pareto-front figure and the table of the best codec at each storage level."""
+    header = headline_header(findings)
+    for f in figures:
+        if not f.key.startswith("front-") or f.figure is None:
+            continue
+        scenario = f.key[len("front-"):]
+        page = plt.figure(figsize=LANDSCAPE)
+        page.text(0.04, 0.96, f"kvharness report: {title}", fontsize=15, fontweight="bold", va="top")
+        page.text(0.04, 0.915, "\n".join(textwrap.wrap(lede(findings), 150)), fontsize=8, va="top")
+        buf = io.BytesIO()
+        f.figure.savefig(buf, format="png", dpi=150, bbox_inches="tight")
+        buf.seek(0)
+        image = plt.imread(buf)
+        ax = page.add_axes([0.03, 0.2, 0.42, 0.62])
+        ax.imshow(image)
+        ax.set_anchor("N")
+        ax.axis("off")
+        page.text(0.48, 0.82, f"{scenario}: best codec at each storage level", fontsize=11, fontweight="bold",
+                  va="top")
+        table_ax = page.add_axes([0.48, 0.2, 0.5, 0.58])
+        table_ax.axis("off")
+        rows = headline_rows(findings, scenario) or [tuple("—" for _ in header)]
+        table = table_ax.table(cellText=[list(r) for r in rows], colLabels=list(header), loc="upper center",
+                               cellLoc="left")
+        table.auto_set_font_size(False)
+        table.set_fontsize(6.5)
+        table.scale(1, 1.3)
+        table.auto_set_column_width(list(range(len(header))))
+        for (row, _), cell in table.get_celld().items():
+            if row == 0:
+                cell.set_facecolor("#e6e6e6")
+                cell.set_text_props(fontweight="bold")
+        page.text(0.04, 0.12, "\n".join(textwrap.wrap(f.caption + " " + verdict_note(findings), 170)), fontsize=7,
+                  va="top")
+        pdf.savefig(page)
+        plt.close(page)
+
+
 def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFigure],
               provenance: list[tuple[str, str]]) -> None:
     """Write the whole report to `path` (the caller renames it into place)."""
@@ -89,13 +130,14 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
         winner_widths.insert(4, 0.035)
         cell_widths.insert(6, 0.035)
     with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}), PdfPages(path) as pdf:
+        _headline_pages(pdf, title, findings, figures)
         _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
                      winner_rows(findings), winner_widths)
         _table_pages(pdf, "The Pareto front on measured storage, per setting", ("setting",) + FRONT_HEADER,
                      fronts, [0.3, 0.1, 0.05, 0.08, 0.2, 0.07])
         _text_pages(pdf, lines)
         for f in figures:
-            if f.figure is None:
+            if f.figure is None or f.key.startswith("front-"):
                 continue
             f.figure.suptitle(f.title, fontsize=11, y=1.04)
             pdf.savefig(f.figure, bbox_inches="tight")

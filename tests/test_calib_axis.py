@@ -162,11 +162,13 @@ def test_calibration_figure_draws_each_scheme_against_n_cal(run_dir):
     styles = scheme_styles(trials.scheme.unique())
     figure = calibration_figure(findings, styles)
     try:
-        (ax,) = [a for a in figure.figure.axes if a.get_visible()]
+        axes = [a for a in figure.figure.axes if a.get_visible()]
+        assert [a.get_title() for a in axes] == ["spectral_decay, d = 16, b = 3: TurboQuant",
+                                                 "spectral_decay, d = 16, b = 3: SpectralQuant"]  # one panel per family
         rgba = plt.matplotlib.colors.to_rgba
         drawn = {}
         for name in ("sq-kv", "tq-kv"):
-            (line,) = [ln for ln in ax.lines if rgba(ln.get_color()) == rgba(styles[name].colour)
+            (line,) = [ln for ax in axes for ln in ax.lines if rgba(ln.get_color()) == rgba(styles[name].colour)
                        and ln.get_marker() == styles[name].marker]           # not the error bars' caps
             expected = [trials[(trials.scheme == name) & (trials.calib_tokens == n)].d2_t.mean() for n in (16, 64)]
             np.testing.assert_allclose(np.asarray(line.get_xdata(), float), [16, 64])

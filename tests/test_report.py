@@ -25,9 +25,9 @@ from reports.html import render_html
 RUN = ["--scenario", "gaussian", "--scheme", "tq-kv,plain-kv,tq-qkv", "--dim", "16,32", "--seq-len", "64",
        "--queries", "8", "--trials", "8", "--budget", "2,3", "--quiet"]
 LEVELS = (3.5, 4.5)  # bits/element: measured cells (tq-qkv d = 32 at 3.57), interpolations and absences
-FIGURES = ("dimension", "rate_distortion_d16", "rate_distortion_d32", "error_space", "significance",
+FIGURES = ("front-gaussian", "dimension", "rate_distortion_d16", "rate_distortion_d32", "error_space", "significance",
            "isolation", "amplification")
-ABSENT = ("d_eff", "shard_spectrum")
+ABSENT = ("d_eff",)
 FIGURE_TITLES = ("Rate–distortion at d = 16", "The six-dimensional error space")
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -112,7 +112,7 @@ def test_every_section_and_figure_present(run_dir, html):
         assert f'<section id="{section}">' in html
     for key in FIGURES:
         block = html.split(f'id="figure-{key}"', 1)[1].split("</figure>", 1)[0]
-        assert 'src="data:image/png;base64,' in block and "<figcaption>" in block, key
+        assert 'src="data:image/png;base64,' in block and ("<figcaption>" in block or key.startswith("front-")), key
     for key in ABSENT:
         block = html.split(f'id="figure-{key}"', 1)[1].split("</figure>", 1)[0]
         assert "Not shown:" in block and "<img" not in block, key
@@ -382,3 +382,100 @@ def test_report_screenshot_flag_writes_a_non_blank_png(run_dir):
     assert main(["report", str(run_dir), "--screenshot", "--permutations", "99"]) == 0
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert pixels.shape[1] == 1280 and pixels.var() > 100
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
+                    ".ci/run installs it with apt-get install chromium")
+def test_headline_table_and_front_are_on_the_first_screen(run_dir, html, tmp_path):
+    """At 1400 × 900 CSS pixels the first scenario's headline table and front figure lie inside
+    the first viewport, as the browser lays them out (positions read back from the DOM)."""
+    shot = tmp_path / "first.png"
+    done = _chromium([f"--screenshot={shot}", "--window-size=1400,900", (run_dir / "report.html").as_uri()], tmp_path)
+    assert shot.exists(), done.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert pixels.shape == (900, 1400) and pixels.var() > 100
+    rect = ("const r=e=>{const b=document.querySelector(e).getBoundingClientRect();"
+            "return [b.left,b.top,b.right,b.bottom].map(Math.round).join(',')};")
+    probe = (f'<script>addEventListener("load",()=>{{{rect}document.body.dataset.table=r("#headline-table-1");'
+             'document.body.dataset.front=r("figure.front img")})</script></body>')
+    probed = tmp_path / "probed.html"
+    probed.write_text(html.replace("</body>", probe), encoding="utf-8")
+    dom = _chromium(["--dump-dom", "--window-size=1400,900", "--virtual-time-budget=5000", probed.as_uri()],
+                    tmp_path).stdout
+    body = re.search(r"<body[^>]*>", dom).group(0)
+    for key in ("table", "front"):
+        left, top, right, bottom = map(int, re.search(rf'data-{key}="([-\d,]+)"', body).group(1).split(","))
+        assert 0 <= left < right <= 1400 and 0 <= top < bottom <= 900, (key, body)
+
+
+def _synthetic_findings(names):
+    """Findings of a made-up run of the given codecs on two scenarios (random metrics), so the
+    figures can be drawn with every family at once without running 24 codecs."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for scenario in ("gaussian", "heavy_tail"):
+        for name in names:
+            for budget in (2, 3):
+                for trial in range(4):
+                    row = {c: rng.uniform(0.01, 0.5) for c in TRIAL_COLUMNS}
+                    row.update(scenario=scenario, scheme=name, budget=budget, dim=32, seq_len=64, queries=8,
+                               trial=trial, seed=0, impl="torch", device="cpu", dtype="float32", rng="pcg64",
+                               heads=1, calib_tokens=512, bits_per_element=budget + rng.uniform(0, 1))
+                    calibrated = name.startswith("sq")
+                    for c in ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v"):
+                        row[c] = float(rng.integers(2, 30)) if calibrated else np.nan
+                    rows.append(row)
+    return analyse(pd.DataFrame(rows), n_permutations=20)
+
+
+def test_figures_facet_by_family_with_fixed_colours():
+    """Every panel of every figure draws at most 8 codecs, and a codec has one colour and marker
+    in every figure: the fixed style of reports.styles, whichever other codecs the run has."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    import schemes
+    from reports.figures import build_figures
+    from reports.styles import MAX_SERIES, panel_groups, style
+
+    names = schemes.available()
+    assert len(names) > 2 * MAX_SERIES
+    assert all(len(g) <= MAX_SERIES for _, g in panel_groups(names))
+    figures = build_figures(_synthetic_findings(names))
+    seen: dict[str, set] = {}
+    try:
+        drawn = [f for f in figures if f.figure is not None]
+        assert {f.key for f in drawn} >= {"front-gaussian", "front-heavy_tail", "rate_distortion_d32", "error_space",
+                                          "isolation", "amplification", "d_eff"}
+        for f in drawn:
+            for ax in f.figure.axes:
+                artists = [a for a in [*ax.lines, *ax.collections] if a.get_gid()]
+                assert len({a.get_gid() for a in artists}) <= MAX_SERIES, (f.key, ax.get_title())
+                for a in artists:
+                    colour = a.get_color() if hasattr(a, "get_marker") else a.get_facecolor()[0] \
+                        if len(a.get_facecolor()) else a.get_edgecolor()[0]
+                    colour = to_rgba(np.asarray(colour).ravel()[:4] if not isinstance(colour, str) else colour)
+                    seen.setdefault(a.get_gid(), set()).add(colour[:3])
+    finally:
+        for f in figures:
+            if f.figure is not None:
+                plt.close(f.figure)
+    assert set(seen) == set(names)
+    for name, colours in seen.items():
+        assert colours == {tuple(to_rgba(style(name).colour)[:3])}, name
+
+
+def test_styles_are_fixed_and_distinct_within_a_family():
+    from reports.styles import family, scheme_styles, style
+
+    assert scheme_styles(["tq-kv"])["tq-kv"] == scheme_styles(["tq-kv", "sq-kv", "int8"])["tq-kv"] == style("tq-kv")
+    import schemes
+    by_family: dict[str, list] = {}
+    for name in schemes.available():
+        by_family.setdefault(family(name), []).append(style(name))
+    for fam, styles in by_family.items():
+        assert len({s.colour for s in styles}) == len(styles), fam          # colours differ within a family
+        assert len({s.marker for s in styles}) == 1, fam                    # one marker per family
+    markers = {fam: styles[0].marker for fam, styles in by_family.items()}
+    assert len(set(markers.values())) == len(markers)                       # and families differ by marker
+    assert style("my-plugin") == style("my-plugin") and family("kvpress:KnormPress") == "eviction"
