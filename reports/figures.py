@@ -547,7 +547,10 @@ def calibration_figure(findings: Findings, styles) -> ReportFigure:
 def build_figures(findings: Findings) -> list[ReportFigure]:
     """Every figure of the report, in reading order; absent ones carry their reason."""
     styles = scheme_styles(findings.trials.scheme.unique())
-    with plt.rc_context({"font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 8,
+    # text.parse_math off: names from users (run directories, scenario files) are text, never
+    # matplotlib math ('price_$5_vs_$10' would not parse)
+    with plt.rc_context({"text.parse_math": False, "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8,
+                         "legend.fontsize": 8,
                          "axes.grid": True, "grid.alpha": 0.3}):
         figures = [*(front_figure(findings, styles, sc) for sc in sorted(findings.cells.scenario.unique())),
                    dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),

@@ -129,7 +129,7 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
     if several_calibrations(findings):  # the n_cal column after Nq
         winner_widths.insert(4, 0.035)
         cell_widths.insert(6, 0.035)
-    with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}), PdfPages(path) as pdf:
+    with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42, "text.parse_math": False}), PdfPages(path) as pdf:
         _headline_pages(pdf, title, findings, figures)
         _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
                      winner_rows(findings), winner_widths)

@@ -98,7 +98,7 @@ def test_interrupted_run_keeps_finished_cells_and_resume_completes(tmp_path, mon
     (["--budget", "9"], "budget 9 is outside 1..8"),
     (["--budget", "0"], "budget 0 is outside 1..8"),
     (["--dim", "100"], "100 is not a power of two"),
-    (["--trials", "0"], "--trials 0 must be a positive integer"),
+    (["--trials", "0"], "--trials 0 must be at least 2"),
     (["--seq-len", "-4"], "--seq-len -4 must be a positive integer"),
     (["--budget", "two"], "is not a comma-separated list of integers"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),

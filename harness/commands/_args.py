@@ -5,22 +5,48 @@ import argparse
 from typing import Callable
 
 
+class EveryName(tuple):
+    """The names 'all' expanded to (minus any '-NAME' exclusions): a sweep may skip those of them
+    that cannot take its configuration, where a name given explicitly is an error."""
+
+
+def _repeated(items) -> None:
+    seen = set()
+    for x in items:
+        if x in seen:
+            raise argparse.ArgumentTypeError(f"{x} is given twice; give each value once")
+        seen.add(x)
+
+
 def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callable[[str], None] | None = None):
-    """An argparse type for comma-separated lists. With `names`, 'all' expands to every name and
-    each item must be a name, or pass `check` (which raises ValueError naming what is valid)."""
+    """An argparse type for comma-separated lists of distinct values. With `names`, 'all' expands
+    to every name ('all,-a,-b': every name but a and b) and each item must be a name, or pass
+    `check` (which raises ValueError naming what is valid)."""
     def parse(text: str):
         items = [x.strip() for x in text.split(",") if x.strip()]
         if not items:
             raise argparse.ArgumentTypeError(f"empty list {text!r}")
         if kind is int:
             try:
-                return tuple(int(x) for x in items)
+                values = tuple(int(x) for x in items)
             except ValueError:
                 raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+            _repeated(values)
+            return values
+        _repeated(items)
         if names is not None:
             valid = names()
-            if items == ["all"]:
-                return tuple(valid)
+            if items[0] == "all":
+                excluded = [x[1:] for x in items[1:] if x.startswith("-")]
+                wrong = [x for x in items[1:] if not x.startswith("-") or x[1:] not in valid]
+                if wrong:
+                    raise argparse.ArgumentTypeError(
+                        f"after 'all' give only exclusions -NAME of known names, not {wrong[0]!r}; "
+                        f"available: {', '.join(valid)}")
+                kept = EveryName(n for n in valid if n not in excluded)
+                if not kept:
+                    raise argparse.ArgumentTypeError(f"{text!r} excludes every name")
+                return kept
             for x in items:
                 if x in valid:
                     continue

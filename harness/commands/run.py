@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
 from ..sweep import GRIDS, IMPLS, SweepConfig, grid
-from ._args import comma_list
+from ._args import EveryName, comma_list
 
 NAME = "run"
 HELP = "run a sweep (the cross product of the flags) into a run directory"
@@ -29,15 +30,19 @@ FIELDS = {"scenario": ("scenarios", None), "scheme": ("schemes", None), "budget"
 
 def add_arguments(p):
     p.add_argument("--scenario", type=comma_list(str, scenarios.available, scenarios.create),
-                   help="NAME[,NAME...] or all (or a parametric one such as replay:FILE)")
-    p.add_argument("--scheme", type=comma_list(str, schemes.available), help="NAME[,NAME...] or all")
+                   help="NAME[,NAME...] or all (all,-NAME excludes one); parameters after colons, e.g. "
+                        "heavy_tail:dof=5 or lowrank_aligned:rank=4:noise=0.05; replay:FILE[:layer=N]")
+    p.add_argument("--scheme", type=comma_list(str, schemes.available),
+                   help="NAME[,NAME...] or all; all,-shard,-svd excludes those. With all, codecs that cannot "
+                        "take the sweep's budgets or dims are skipped with one line saying which and why; a "
+                        "codec named explicitly that cannot is an error")
     p.add_argument("--grid", choices=tuple(GRIDS), help="a named preset (paper: the AMD paper's grid); "
                    "explicit flags override it")
     p.add_argument("--budget", type=comma_list(int), help="bits per element, 1..8 (default 2,3,4)")
     p.add_argument("--dim", type=comma_list(int), help="head dimensions (default 128)")
     p.add_argument("--seq-len", type=comma_list(int), help="cached tokens S (default 1024)")
     p.add_argument("--queries", type=comma_list(int), help="queries Nq (default 64)")
-    p.add_argument("--trials", type=int, help="trials per cell (default 200)")
+    p.add_argument("--trials", type=int, help="trials per cell, at least 2 (default 200)")
     p.add_argument("--heads", type=int, help="heads H per trial (default 1)")
     p.add_argument("--calib-tokens", type=comma_list(int), help="calibration tokens per head, a sweep axis: "
                    "cells differing only in it share their K, V and Q draws (default 512)")
@@ -56,6 +61,32 @@ def add_arguments(p):
     p.add_argument("--scheduler", default=None, help="run cells on an existing Dask cluster at ADDRESS")
 
 
+def _skip_unfit(values: dict, impl: str) -> tuple[str, ...]:
+    """Of the codecs 'all' expanded to, those that take every budget and dim of the sweep; the
+    others are named on stderr in one line, grouped by reason (UsageError if none is left)."""
+    from ..sweep import implementation
+    create, fit, reasons = implementation(impl), [], {}
+    for name in values["schemes"]:
+        reason = None
+        for budget in values["budgets"]:
+            for dim in values["dims"]:
+                try:
+                    create(name, budget=budget, dim=dim, rng=values["rng"])
+                except ValueError as exc:
+                    reason = reason or str(exc)
+        if reason:
+            reasons.setdefault(reason, []).append(name)
+        else:
+            fit.append(name)
+    words = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in reasons.items())
+    if not fit:
+        raise UsageError(f"harness run: no codec of 'all' takes this sweep: {words}")
+    if reasons:
+        print(f"harness run: skipping {sum(map(len, reasons.values()))} codec(s) that cannot take this sweep: {words}",
+              file=sys.stderr)
+    return tuple(fit)
+
+
 def config_from_args(args) -> SweepConfig:
     """The sweep the flags describe, validated (UsageError naming the first bad value)."""
     preset = grid(args.grid) if getattr(args, "grid", None) else {}
@@ -65,6 +96,11 @@ def config_from_args(args) -> SweepConfig:
         values[field] = given if given is not None else preset.get(field, default)
         if values[field] is None:
             raise UsageError(f"harness run: --{flag} is required (or give --grid {'|'.join(GRIDS)})")
+    if values["trials"] < 2:
+        raise UsageError(f"harness run: --trials {values['trials']} must be at least 2 (confidence intervals and "
+                         f"tests need two trials per cell)")
+    if isinstance(values["schemes"], EveryName):
+        values["schemes"] = _skip_unfit(values, args.impl or "torch")
     config = SweepConfig(**values)
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"harness run: --workers {args.workers} must be a positive integer")
