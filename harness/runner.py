@@ -116,7 +116,7 @@ def has_decode_path(scheme: schemes.Scheme) -> bool:
 def _trial_bits(enc) -> torch.Tensor:
     """Measured bits of each trial's stored cache (B,), float64 (integers)."""
     b, h, s, d = enc.shape
-    return torch.round(BitLedger.per_trial_bits_per_element(enc) * (2 * h * s * d))
+    return torch.round(BitLedger.per_trial(enc).standalone_bits_per_element * (2 * h * s * d))
 
 
 def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -141,7 +141,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
         k_hat, v_hat = scheme.decode(enc)
         k, v = data["k"], data["v"]
         logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
-        bits = BitLedger.per_trial_bits_per_element(enc)
+        bits = BitLedger.per_trial(enc).standalone_bits_per_element
     else:
         k = torch.cat((data["k"], data["k_decode"]), dim=2)
         v = torch.cat((data["v"], data["v_decode"]), dim=2)
@@ -158,7 +158,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
             enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])))
             k_hat, v_hat = scheme.decode(enc)
             logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
-            bits = BitLedger.per_trial_bits_per_element(enc)
+            bits = BitLedger.per_trial(enc).standalone_bits_per_element
     metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat)
     metrics.update({name: x for name, x in scheme.diagnostics().items() if name in DIAGNOSTIC_COLUMNS})
     return {name: m.cpu().numpy() for name, m in metrics.items()}, bits.numpy()
