@@ -27,7 +27,7 @@ import torch
 
 import scenarios
 import schemes
-from schemes.base import BitLedger, call_with_optional
+from schemes.base import BitLedger, TrialBits, call_with_optional
 from schemes.rng import generator, seed_sequence
 from stats.metrics import exact_logits, trial_metrics
 
@@ -113,14 +113,9 @@ def has_decode_path(scheme: schemes.Scheme) -> bool:
         callable(getattr(scheme, "decode_decode_tokens", None))
 
 
-def _trial_bits(enc) -> torch.Tensor:
-    """Measured bits of each trial's stored cache (B,), float64 (integers)."""
-    b, h, s, d = enc.shape
-    return torch.round(BitLedger.per_trial_bits_per_element(enc) * (2 * h * s * d))
-
-
-def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Fit, encode, decode and score one chunk; per-trial metrics and measured bits/element (B,).
+def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], TrialBits]:
+    """Fit, encode, decode and score one chunk; per-trial metrics and measured bits (per cache and
+    per model, schemes.base.TrialBits).
 
     With decode tokens in data (k_decode, v_decode (B, H, N, d)) the evaluated cache is the S+N
     tokens, against the exact concatenation K = [k, k_decode], V = [v, v_decode]:
@@ -129,7 +124,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
       as they arrive; Shard codes each token on its own, so passing all N at once gives the same
       codes (its docstring; tests/test_shard.py checks it) and is what is done here, for speed.
       Its logits are q·k̂ᵀ/√d over the concatenated decoded keys (Shard scores through decode);
-      bits/element = (prefill bits + decode-token bits) / (2·H·(S+N)·d);
+      bits/element = (prefill bits + decode-token bits) / (2·H·(S+N)·d), per cache and per model;
     - every other scheme encodes the concatenated S+N cache with its ordinary encode. Most code
       each token independently, so this is the same as coding the N tokens as they arrive;
       calibrated and eviction schemes (sq-*, svd, h2o, streaming, kivi's residual window) see the
@@ -141,7 +136,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
         k_hat, v_hat = scheme.decode(enc)
         k, v = data["k"], data["v"]
         logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
-        bits = BitLedger.per_trial_bits_per_element(enc)
+        bits = BitLedger.per_trial(enc)
     else:
         k = torch.cat((data["k"], data["k_decode"]), dim=2)
         v = torch.cat((data["v"], data["v_decode"]), dim=2)
@@ -153,15 +148,15 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
             k_new, v_new = scheme.decode_decode_tokens(dec, enc)
             k_hat, v_hat = torch.cat((k_pre, k_new), dim=2), torch.cat((v_pre, v_new), dim=2)
             logits_hat = exact_logits(data["q"], k_hat)
-            bits = (_trial_bits(enc) + _trial_bits(dec)) / (2 * k.shape[1] * k.shape[2] * k.shape[3])
+            bits = BitLedger.per_trial(enc) + BitLedger.per_trial(dec)
         else:
             enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])))
             k_hat, v_hat = scheme.decode(enc)
             logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
-            bits = BitLedger.per_trial_bits_per_element(enc)
+            bits = BitLedger.per_trial(enc)
     metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat)
     metrics.update({name: x for name, x in scheme.diagnostics().items() if name in DIAGNOSTIC_COLUMNS})
-    return {name: m.cpu().numpy() for name, m in metrics.items()}, bits.numpy()
+    return {name: m.cpu().numpy() for name, m in metrics.items()}, bits
 
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
@@ -170,12 +165,22 @@ def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
     return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.rng, seed=seed)
 
 
+def _storage_columns(config: SweepConfig, bits: TrialBits) -> dict[str, np.ndarray]:
+    """bits_per_element (per cache) and store.STORAGE_COLUMNS, (B,) each: storage_bits_per_element
+    charges the model constants amortised over config.model_caches caches (none when unset)."""
+    return {"bits_per_element": bits.bits_per_element.numpy(), "model_bits": bits.model_bits.numpy(),
+            "model_bits_per_element": bits.model_bits_per_element.numpy(),
+            "storage_bits_per_element": bits.storage_bits_per_element(config.model_caches).numpy()}
+
+
 def _rows(config: SweepConfig, cell: Cell, device: torch.device, trials: range,
-          metrics: dict[str, np.ndarray], bits: np.ndarray):
+          metrics: dict[str, np.ndarray], bits: TrialBits):
+    storage = _storage_columns(config, bits)
     for i, t in enumerate(trials):
         row = dict(zip(CELL_COLUMNS, cell.key))
         row.update(trial=t, seed=config.seed, impl=config.impl, device=device.type, dtype=config.dtype,
-                   rng=config.rng, heads=config.heads, bits_per_element=float(bits[i]))
+                   rng=config.rng, heads=config.heads)
+        row.update({name: float(values[i]) for name, values in storage.items()})
         row.update({name: float(values[i]) for name, values in metrics.items()})
         yield row
 

@@ -4,7 +4,8 @@ row per finished cell) and DIR/manifest.json (configuration and provenance).
 A cell's rows and its `cells` entry are written in one transaction, so an interrupted run
 keeps every finished cell and no partial one; `--resume` skips the cells already present.
 A store written before calib_tokens was part of a cell (its `cells` table lacks the column)
-is migrated when opened for writing (RunStore._connect).
+is migrated when opened for writing (RunStore._connect); so is one whose `trials` table lacks a
+column added since (the storage columns): the column is added, NULL for the old rows.
 """
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ CONFIG_COLUMNS = tuple(c for c in CELL_COLUMNS if c != "calib_tokens") + (
     "trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
 # Per-trial facts some schemes report (Scheme.diagnostics); NULL for the others.
 DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
-TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES + DIAGNOSTIC_COLUMNS
+# The bit ledger beyond the per-cache bits_per_element (schemes.base.TrialBits): model bits per
+# layer-head, the same amortised over one cache, and the bits charged with the model constants
+# amortised over --model-caches N caches (= bits_per_element without the flag).
+STORAGE_COLUMNS = ("model_bits", "model_bits_per_element", "storage_bits_per_element")
+TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES + DIAGNOSTIC_COLUMNS + STORAGE_COLUMNS
 _TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
@@ -63,6 +68,7 @@ class RunStore:
         cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" if c in CONFIG_COLUMNS else f"{c} {_sql_type(c)}"
                          for c in TRIAL_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS trials ({cols})")
+        self._add_missing_trial_columns(con)
         cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
         schema = (f"({cell_cols}, n_trials INTEGER NOT NULL, wall_s REAL NOT NULL, finished_at TEXT NOT NULL, "
                   f"peak_mem_mb REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
@@ -95,6 +101,15 @@ class RunStore:
         except BaseException:
             con.rollback()
             raise
+
+    @staticmethod
+    def _add_missing_trial_columns(con: sqlite3.Connection) -> None:
+        """Add the value columns a `trials` table written by an older version lacks (NULL in its rows)."""
+        present = {row[1] for row in con.execute("PRAGMA table_info(trials)")}
+        for column in TRIAL_COLUMNS:
+            if column not in present and column not in CONFIG_COLUMNS:
+                con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
+        con.commit()
 
     def finished_cells(self) -> set[tuple]:
         if not self.path.exists():
@@ -145,4 +160,7 @@ class RunStore:
         for column in frame.columns:
             if column not in CONFIG_COLUMNS and frame[column].dtype == object:
                 frame[column] = pd.to_numeric(frame[column]).astype(float)
+        for column in TRIAL_COLUMNS:   # a store not yet migrated (never resumed) lacks the newer columns
+            if column not in frame.columns:
+                frame[column] = float("nan")
         return frame

@@ -97,6 +97,9 @@ class SweepConfig:
     impl: str = "torch"
     scenario_params: dict = field(default_factory=dict, hash=False, compare=True)
     decode_tokens: int = 0   # N tokens after the S prefill, compressed as they arrive (0: no decode phase)
+    # N caches per layer-head over which the per-model constants are amortised in the rows'
+    # storage_bits_per_element (None: per-cache bits only; 1: each cache stands alone)
+    model_caches: int | None = None
 
     def validate(self) -> None:
         """ValueError naming the first bad value and what is valid; builds every scheme once."""
@@ -112,6 +115,8 @@ class SweepConfig:
         positive("--calib-tokens", self.calib_tokens)
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 0:
             raise ValueError(f"--decode-tokens {self.decode_tokens!r} must be a non-negative integer")
+        if self.model_caches is not None:
+            positive("--model-caches", (self.model_caches,))
         if not self.scenarios or not self.schemes or not self.budgets or not self.calib_tokens:
             raise ValueError("the sweep is empty: give at least one scenario, scheme, budget and calibration size")
         if self.device not in DEVICES:

@@ -21,9 +21,14 @@ class Encoded:
     """A compressed cache, holding exactly what a deployment would store.
 
     codes: tensors with leading dim B, one slice per trial (packed uint8 codes, float32
-        norms, ...); side: tensors shared by every cache the scheme encodes (codebooks,
-        packed rotation signs, bases). shape: the (B, H, S, d) of the original k and v;
-        dtype: the dtype decode returns.
+        norms, ...); side: tensors stored once for the whole batch (codebooks, packed rotation
+        signs). shape: the (B, H, S, d) of the original k and v; dtype: the dtype decode returns.
+    model: the keys (of codes or side) of the per-model constants (DESIGN.md, Scheme `bits`):
+        entries shared by every cache a layer-head ever stores, calibrated on separate tokens
+        (SQ's bases and allocation tables) or data-independent (Lloyd–Max codebooks, rotation
+        signs, QJL projections, seeds). Every other entry is per cache: a function of this
+        cache's tokens, or fitted on them. The codes/side split says how a tensor is shared
+        across the batch; the model set says who pays for it in a deployment.
     """
     shape: tuple[int, int, int, int]
     dtype: torch.dtype
@@ -34,6 +39,7 @@ class Encoded:
     # (the codebook of a width only some trials use), its bits for the trials that need it and
     # 0 for the others: a trial's ledger then does not depend on the batch it was coded in.
     exact_bits: dict[str, torch.Tensor] = field(default_factory=dict)
+    model: set[str] = field(default_factory=set)
 
     @property
     def n_trials(self) -> int:
@@ -45,46 +51,141 @@ def stored_bits(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size() * 8
 
 
+def _check_model_keys(enc: Encoded) -> None:
+    unknown = sorted(enc.model - enc.codes.keys() - enc.side.keys())
+    if unknown:
+        raise ValueError(f"Encoded.model names entries that are not stored: {', '.join(unknown)}")
+    both = sorted(enc.model & enc.codes.keys() & enc.side.keys())
+    if both:
+        raise ValueError(f"Encoded.model names keys stored in both codes and side: {', '.join(both)}")
+
+
+@dataclass(frozen=True)
+class TrialBits:
+    """Bits of each trial's stored cache, (B,) float64 each (whole numbers), in the two parts
+    deployments pay differently (DESIGN.md, Scheme `bits`): `cache`, what this cache's tokens
+    cost, and `model`, the per-model constants it uses, summed over its n_heads layer-heads.
+    n_elements: 2·H·S·d, the elements of K and V together."""
+    cache: torch.Tensor
+    model: torch.Tensor
+    n_heads: int
+    n_elements: int
+
+    @property
+    def bits_per_element(self) -> torch.Tensor:
+        """Per-cache bits per element (B,)."""
+        return self.cache / self.n_elements
+
+    @property
+    def model_bits(self) -> torch.Tensor:
+        """Model bits per layer-head (B,)."""
+        return self.model / self.n_heads
+
+    @property
+    def model_bits_per_element(self) -> torch.Tensor:
+        """Model bits amortised over this one cache (B,)."""
+        return self.model / self.n_elements
+
+    def storage_bits_per_element(self, model_caches: int | None = None) -> torch.Tensor:
+        """Per-cache bits plus the model constants amortised over `model_caches` caches (B,);
+        per-cache bits alone when None. model_caches = 1 is the stand-alone cache: (cache +
+        model)/n_elements, summed in whole bits, so it equals the undivided ledger exactly."""
+        if model_caches is None:
+            return self.bits_per_element
+        return (self.cache + self.model / model_caches) / self.n_elements
+
+    @property
+    def standalone_bits_per_element(self) -> torch.Tensor:
+        """A cache that stands alone, model constants charged in full (B,)."""
+        return self.storage_bits_per_element(1)
+
+    def __add__(self, other: "TrialBits") -> "TrialBits":
+        """Two segments of the same trials' caches (a prefill and its decode tokens) as one."""
+        if self.n_heads != other.n_heads or self.cache.shape != other.cache.shape:
+            raise ValueError("only the segments of one batch of caches (same B and H) add up")
+        return TrialBits(self.cache + other.cache, self.model + other.model, self.n_heads,
+                         self.n_elements + other.n_elements)
+
+
 @dataclass(frozen=True)
 class BitLedger:
     """Bits one trial's cache occupies, by component, measured from the stored tensors.
 
-    Side data shared by every cache of the scheme (codebooks, rotations, bases) is charged
-    in full to each cache: the honest cost of a cache that stands alone.
+    `model_components` names the components that are per-model constants (Encoded.model);
+    `total` and `bits_per_element` count the others, the per-cache part. Side data stored once
+    for a batch is charged in full to each of its trials. `standalone_total` adds the model
+    constants in full: the honest cost of a cache that stands alone.
     """
     components: dict[str, int]
     n_elements: int  # elements of K and V together: 2·H·S·d
+    model_components: frozenset[str] = frozenset()
+    n_heads: int = 1
 
     @property
     def total(self) -> int:
+        """Per-cache bits."""
+        return sum(b for name, b in self.components.items() if name not in self.model_components)
+
+    @property
+    def model_total(self) -> int:
+        """Bits of the per-model constants, all heads together."""
+        return sum(b for name, b in self.components.items() if name in self.model_components)
+
+    @property
+    def standalone_total(self) -> int:
         return sum(self.components.values())
 
     @property
     def bits_per_element(self) -> float:
         return self.total / self.n_elements
 
+    @property
+    def model_bits(self) -> float:
+        """Model bits per layer-head."""
+        return self.model_total / self.n_heads
+
+    @property
+    def model_bits_per_element(self) -> float:
+        return self.model_total / self.n_elements
+
+    @property
+    def standalone_bits_per_element(self) -> float:
+        return self.standalone_total / self.n_elements
+
     @classmethod
     def of(cls, enc: Encoded) -> "BitLedger":
         """The ledger of the stored tensors, per trial (padding of variable-length streams included)."""
+        _check_model_keys(enc)
         b, h, s, d = enc.shape
         parts = {f"codes.{k}": stored_bits(t) // b for k, t in enc.codes.items()}
         parts.update({f"side.{k}": stored_bits(t) for k, t in enc.side.items()})
-        return cls(parts, 2 * h * s * d)
+        model = frozenset(f"{part}.{k}" for part in ("codes", "side") for k in getattr(enc, part) if k in enc.model)
+        return cls(parts, 2 * h * s * d, model, h)
+
+    @staticmethod
+    def per_trial(enc: Encoded) -> TrialBits:
+        """Each trial's bits, per cache and per model: as `of`, but a variable-length stream
+        counts the bits its own trial needs (Encoded.exact_bits), not the batch's padding, and an
+        entry only some trials use is charged only to them."""
+        _check_model_keys(enc)
+        b, h, s, d = enc.shape
+        cache = torch.zeros(b, dtype=torch.float64)
+        model = torch.zeros(b, dtype=torch.float64)
+        for entries, per_trial in ((enc.codes, True), (enc.side, False)):
+            for key, t in entries.items():
+                exact = enc.exact_bits.get(key)
+                bits = exact.detach().cpu().double() if exact is not None else \
+                    float(stored_bits(t) // b if per_trial else stored_bits(t))
+                if key in enc.model:
+                    model += bits
+                else:
+                    cache += bits
+        return TrialBits(cache, model, h, 2 * h * s * d)
 
     @staticmethod
     def per_trial_bits_per_element(enc: Encoded) -> torch.Tensor:
-        """Bits per element of each trial (B,), float64: as `of`, but a variable-length stream
-        counts the bits its own trial needs (Encoded.exact_bits), not the batch's padding."""
-        b, h, s, d = enc.shape
-        total = torch.zeros(b, dtype=torch.float64)
-        for key, t in enc.codes.items():
-            exact = enc.exact_bits.get(key)
-            total += exact.detach().cpu().double() if exact is not None else float(stored_bits(t) // b)
-        for key, t in enc.side.items():
-            exact = enc.exact_bits.get(key)
-            total += exact.detach().cpu().double() if exact is not None else float(stored_bits(t))
-        return total / (2 * h * s * d)
-
+        """Per-cache bits per element of each trial (B,), float64 (BitLedger.per_trial)."""
+        return BitLedger.per_trial(enc).bits_per_element
 
 
 def call_with_optional(method, *args, **optional):

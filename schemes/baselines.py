@@ -9,6 +9,10 @@ Budget semantics (ISSUE 5): `int8`/`int4` have their width in the name and ignor
 budget (the ledger reports the truth, 8 or 4 bits plus scales); `kivi` quantises at
 `budget` bits; the eviction (`h2o`, `streaming`) and low-rank (`svd`) schemes store about
 budget/16 of the fp16 cache, so every family is compared at equal measured storage.
+
+Ledger (DESIGN.md `bits`): all per cache. Every stored tensor (codes, group minima and scales,
+KIVI's per-channel scales, fp16 tokens, kept indices, SVD factors, shifts) is a function of the
+cache's own tokens; nothing data-independent is stored, so no baseline has model bits.
 """
 from __future__ import annotations
 

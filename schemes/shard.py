@@ -20,6 +20,11 @@ Decode tokens (§8): `encode_decode_tokens` compresses tokens that arrive after 
 `shard` uses the data-independent randomized Hadamard + Beta Lloyd–Max quantiser (the tq-kv
 codec at `decode_bits`): no drift. `shard-pca-decode` projects them on the prefill PCA basis
 and VQ codebook, the naive choice whose error grows when the decode distribution drifts.
+
+Ledger (DESIGN.md `bits`): the prefill is all per cache, basis, VQ codebook, scales and means
+included (fitted on the cache itself); `shard`'s decode tokens keep the tq-kv split (their
+Lloyd–Max codebook and Hadamard signs per model: data-independent), `shard-pca-decode`'s are
+per cache (they are read against the prefill's basis and codebook).
 """
 from __future__ import annotations
 

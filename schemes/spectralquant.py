@@ -40,6 +40,10 @@ width, so a trial's bits do not depend on its batch); norms; the int8
 basis and its scales; σ (float32); the allocation table (4 bits per coordinate); for
 sketched tensors d_eff (int16), the packed sketch, the residual norms and the sketch seed
 (int64); side: the unit Gaussian codebooks of the widths in use (float32).
+Ledger (DESIGN.md `bits`): per cache the norms, codes, residual norms and sketches (functions
+of the cache's tokens); per model the basis and its scales, σ, the allocation table, d_eff,
+the sketch seed and the codebooks (fitted on separate calibration tokens, or data-independent:
+one set per layer-head, shared by every cache it stores), as the paper's storage formula counts.
 """
 from __future__ import annotations
 
@@ -429,6 +433,7 @@ class SpectralQuant(Scheme):
                                                     device=x.device)
                 needs = (widths == width).flatten(1).any(-1) * stored_bits(book)                    # (B,)
                 enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
+                enc.model.add(key)
         idx = _nearest_centroids(z / sigma, widths.unsqueeze(-2))
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32)
         enc.codes[f"{prefix}.codes"] = pack_variable(idx, widths)
@@ -438,9 +443,11 @@ class SpectralQuant(Scheme):
         enc.codes[f"{prefix}.basis_scale"] = cal.basis_scale.to(x.device)
         enc.codes[f"{prefix}.sigma"] = cal.sigma.to(x.device)
         enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
+        enc.model.update(f"{prefix}.{name}" for name in ("basis", "basis_scale", "sigma", "widths"))
         if sketched:
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
             enc.codes[f"{prefix}.sketch_seed"] = self._sketch_seeds(prefix, x.device)
+            enc.model.update((f"{prefix}.d_eff", f"{prefix}.sketch_seed"))
             mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
             z_hat = self._dequantise(enc, idx, widths, sigma, x.dtype)
             residual = torch.where(mask, z - z_hat, torch.zeros_like(z))

@@ -12,6 +12,11 @@ scores with the asymmetric estimator ⟨q, k̂_mse⟩ + √(π/2)/m·‖e‖·�
 which equals ⟨q, decode(K)⟩ (the tests check it). Budget 1 on a sketched tensor is a pure
 sketch. Names: prefix `tq-` (rotated) or `plain-` (no rotation); before `k`/`v`, `q` marks an
 RHT sketch of that tensor, `f` a FULL Rademacher sketch.
+
+Ledger (schemes/base.py, DESIGN.md `bits`): per cache the norms, codes, residual norms and
+sketches (functions of the cache's tokens); per model the rotation signs, the sketch signs or
+matrices and the Lloyd–Max codebooks (data-independent: drawn from the seed or solved from d
+and b, the same for every cache of a layer-head).
 """
 from __future__ import annotations
 
@@ -82,6 +87,7 @@ class TurboQuant(Scheme):
         _, n_heads, _, d = x.shape
         for name, packed in self._side_for(prefix, n_heads).items():
             enc.side[f"{prefix}.{name}"] = packed.to(x.device)
+            enc.model.add(f"{prefix}.{name}")
         # Scale by the largest entry first so ‖x‖² cannot overflow (|x| ~ 1e30 in float32).
         peak = x.abs().amax(dim=-1, keepdim=True)
         peak = torch.where(peak > 0, peak, torch.ones_like(peak))
@@ -98,6 +104,7 @@ class TurboQuant(Scheme):
             enc.codes[f"{prefix}.codes"] = pack_bits(idx, bits)
             # one table per width, shared by K and V: stored (and counted) once
             enc.side[f"codebook.{bits}bit"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
+            enc.model.add(f"codebook.{bits}bit")
             y_hat = dequantize(idx, book, x.dtype)
         if kind:
             residual = y - y_hat

@@ -76,21 +76,50 @@ def check_input_not_mutated(name):
 
 
 def check_ledger_matches_storage(name):
-    """The ledger is the stored bits, and no per-trial tensor stores values at full width."""
+    """The ledger is the stored bits, split into per-cache and per-model parts that add up to the
+    stand-alone total, and no per-trial tensor stores values at full width."""
     k, v, _ = _data()
     scheme = _make(name)
     enc, _ = _roundtrip(scheme, k, v)
     ledger = scheme.bits(enc)
     b, h, s, d = SHAPE
-    expected = sum(stored_bits(t) for t in enc.codes.values()) // b + sum(stored_bits(t) for t in enc.side.values())
-    assert ledger.total == expected
+    every = {("codes", key): stored_bits(t) // b for key, t in enc.codes.items()}
+    every.update({("side", key): stored_bits(t) for key, t in enc.side.items()})
+    assert enc.model <= enc.codes.keys() | enc.side.keys(), "Encoded.model names entries that are not stored"
+    model = sum(bits for (_, key), bits in every.items() if key in enc.model)
+    assert ledger.total == sum(every.values()) - model
+    assert ledger.model_total == model
+    assert ledger.standalone_total == ledger.total + ledger.model_total == sum(every.values())
     assert ledger == BitLedger.of(enc)
-    assert ledger.n_elements == 2 * h * s * d
+    assert ledger.n_elements == 2 * h * s * d and ledger.n_heads == h
+    assert ledger.model_bits == model / h
+    per_trial = BitLedger.per_trial(enc)
+    assert per_trial.cache.shape == per_trial.model.shape == (b,)
+    # exact per-trial counts never exceed the batch's padded ones
+    assert (per_trial.cache <= ledger.total).all() and (per_trial.model <= ledger.model_total).all()
+    assert torch.equal(per_trial.storage_bits_per_element(1), (per_trial.cache + per_trial.model) / (2 * h * s * d))
+    assert torch.equal(per_trial.storage_bits_per_element(), per_trial.bits_per_element)
     for key, t in enc.codes.items():
         assert t.shape[0] == b, f"codes.{key} lacks the leading trial dimension"
         if t.is_floating_point():
             assert t[0].numel() < h * s * d, f"codes.{key} stores a full-size float tensor"
     assert 0 < ledger.bits_per_element < 32
+
+
+def check_model_constants_do_not_depend_on_the_cache(name):
+    """What a codec tags per model (Encoded.model) is shared by every cache of a layer-head: a
+    fitted scheme stores the same model entries, and charges them alike, whatever cache it codes."""
+    k, v, _ = _data(0)
+    k_other, v_other, _ = _data(1)
+    scheme = _make(name)
+    call_with_optional(scheme.fit, k, v, trials=torch.arange(SHAPE[0]))
+    a, b = scheme.encode(k, v), scheme.encode(3 * k_other, v_other)
+    assert a.model == b.model
+    for key in a.model:
+        part = "codes" if key in a.codes else "side"
+        assert torch.equal(getattr(a, part)[key], getattr(b, part)[key]), \
+            f"{part}.{key} is tagged per model but depends on the cache coded"
+    assert torch.equal(BitLedger.per_trial(a).model, BitLedger.per_trial(b).model)
 
 
 def check_score_matches_decode(name):

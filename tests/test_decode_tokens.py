@@ -153,17 +153,20 @@ def test_tq_kv_bits_count_the_decode_tokens_by_hand(tmp_path):
                  "--seq-len", "32", "--decode-tokens", "8", "--queries", "4", "--trials", "2", "--quiet",
                  "--out", str(out)]) == 0
     frame = RunStore(out).trials()
-    # tq-kv codes all S+N = 40 tokens: b code bits per element, a float32 norm per 16-element
-    # vector, one float32 codebook of 2^b entries shared by K and V, and 16 packed rotation signs per tensor
+    # tq-kv codes all S+N = 40 tokens: per cache b code bits per element and a float32 norm per
+    # 16-element vector; per model one float32 codebook of 2^b entries shared by K and V and 16
+    # packed rotation signs per tensor
     side = (4 * 32 + 2 * 16) / (2 * 40 * 16)
-    assert frame["bits_per_element"].tolist() == pytest.approx([2 + 32 / 16 + side] * 2, rel=1e-12)
+    assert frame["bits_per_element"].tolist() == [2 + 32 / 16] * 2
+    assert frame["model_bits_per_element"].tolist() == pytest.approx([side] * 2, rel=1e-12)
 
 
 @pytest.mark.parametrize("name", ["shard", "shard-pca-decode"])
 def test_shard_chunk_is_prefill_plus_tokens_coded_one_at_a_time(name):
     """The runner's Shard path against a second computation: the prefill encoded, each decode token
     through encode_decode_tokens on its own (as in deployment), metrics on the concatenation and
-    the two ledgers (BitLedger.of) summed over 2·H·(S+N)·d."""
+    the two ledgers (BitLedger.of) summed over 2·H·(S+N)·d: the decode codec's side data (shard's
+    codebook and rotation signs) per model, the rest per cache."""
     config = _config(schemes=(name,), dims=(16,), seq_lens=(96,), trials=1, decode_tokens=5)
     data = {k: v.float() if v.is_floating_point() else v for k, v in _draw(config, range(1)).items()}
     make = lambda: schemes.create(name, budget=4, dim=16, rank=16, n_iter=2, kmeans_iter=3)
@@ -190,8 +193,12 @@ def test_shard_chunk_is_prefill_plus_tokens_coded_one_at_a_time(name):
     expected = trial_metrics(k, v, data["q"], k_hat, v_hat, exact_logits(data["q"], k_hat))
     for metric in ("rel_mse_k", "rel_mse_v", "rel_mse_t", "kl_attn"):
         assert metrics[metric][0] == pytest.approx(float(expected[metric][0]), rel=1e-5, abs=1e-9), metric
-    total_bits = BitLedger.of(enc).total + token_codes_bits + side_bits
-    assert bits[0] == pytest.approx(total_bits / (2 * 2 * (96 + 5) * 16), rel=1e-12)       # 2·H·(S+N)·d
+    cache_bits = BitLedger.of(enc).total + token_codes_bits
+    assert BitLedger.of(enc).model_total == 0 and (side_bits > 0) == (name == "shard")
+    n_elements = 2 * 2 * (96 + 5) * 16                                                           # 2·H·(S+N)·d
+    assert float(bits.bits_per_element[0]) == pytest.approx(cache_bits / n_elements, rel=1e-12)
+    assert float(bits.model[0]) == side_bits and float(bits.model_bits[0]) == side_bits / 2
+    assert float(bits.standalone_bits_per_element[0]) == pytest.approx((cache_bits + side_bits) / n_elements, rel=1e-12)
 
 
 def test_rows_with_decode_tokens_do_not_depend_on_chunking(tmp_path):

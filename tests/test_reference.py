@@ -23,6 +23,7 @@ from harness.runner import draw_trials
 from harness.store import RunStore
 from harness.sweep import Cell, SweepConfig
 from schemes import reference
+from schemes.base import BitLedger
 from schemes.hadamard import hadamard_matrix as torch_hadamard
 from schemes.lloyd_max import beta_codebook
 from schemes.packing import pack_bits
@@ -180,7 +181,9 @@ def test_same_signs_give_identical_codes_and_reconstructions(name, bits):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
     torch.testing.assert_close(r.score(q, enc_r), t.score(q, enc_t), rtol=0, atol=1e-6)
     assert r.scores_on_codes == t.scores_on_codes
+    assert enc_r.model == enc_t.model
     assert r.bits(enc_r).bits_per_element == t.bits(enc_t).bits_per_element
+    assert r.bits(enc_r).model_bits == t.bits(enc_t).model_bits
 
 
 def per_trial_metrics(create, name, bits, n_trials=60, dim=32, seq_len=64, n_queries=8):
@@ -267,26 +270,28 @@ def test_score_on_codes_equals_the_decoded_inner_product():
 # --- bit ledger -------------------------------------------------------------------------------------------
 
 def hand_count(name, bits, n_heads, n_tokens, dim):
-    """Bits of one trial's cache counted from the format: packed rows, float32 norms, packed signs,
-    one float32 codebook per code width in use (K and V share it)."""
+    """Bits of one trial's cache counted from the format, as (per-cache bits per element, model
+    bits per layer-head): per cache packed rows, float32 norms and residual norms, packed sketches;
+    per model the packed signs and projections and one float32 codebook per code width in use (K
+    and V share it)."""
     marks = re.fullmatch(r"(?:tq|plain)-([qf]?)k([qf]?)v", name).groups()  # sketch mark of K, V
     rotate = name.startswith("tq-")
-    total = 0
+    cache, model = 0, 0
     widths = set()
     for mark in marks:
         mse_bits = bits - 1 if mark else bits
         row_bytes = lambda width: (dim * width + 7) // 8  # noqa: E731
-        total += n_heads * n_tokens * 32                                          # norm
+        cache += n_heads * n_tokens * 32                                          # norm
         if mse_bits:
-            total += n_heads * n_tokens * row_bytes(mse_bits) * 8
+            cache += n_heads * n_tokens * row_bytes(mse_bits) * 8
             widths.add(mse_bits)
         if rotate:
-            total += n_heads * row_bytes(1) * 8
+            model += n_heads * row_bytes(1) * 8
         if mark:
-            total += n_heads * n_tokens * (32 + row_bytes(1) * 8)                   # ‖e‖ and sign(Pe)
-            total += n_heads * row_bytes(1) * 8 * (dim if mark == "f" else 1)       # P
-    total += sum(32 * 2 ** w for w in widths)                                      # codebooks
-    return total / (2 * n_heads * n_tokens * dim)
+            cache += n_heads * n_tokens * (32 + row_bytes(1) * 8)                   # ‖e‖ and sign(Pe)
+            model += n_heads * row_bytes(1) * 8 * (dim if mark == "f" else 1)       # P
+    model += sum(32 * 2 ** w for w in widths)                                      # codebooks
+    return cache / (2 * n_heads * n_tokens * dim), model / n_heads
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -296,15 +301,21 @@ def test_measured_bits_equal_the_hand_count(name, bits):
     k = gaussian((3, 2, 5, dim), 8)
     s = reference.create(name, budget=bits, dim=dim)
     enc = s.encode(k, k)
-    assert s.bits(enc).bits_per_element == hand_count(name, bits, 2, 5, dim)
+    ledger = s.bits(enc)
+    assert (ledger.bits_per_element, ledger.model_bits) == hand_count(name, bits, 2, 5, dim)
     t = schemes.create(name, budget=bits, dim=dim)
-    assert t.bits(t.encode(k, k)).bits_per_element == s.bits(enc).bits_per_element
+    enc_t = t.encode(k, k)
+    assert enc_t.model == enc.model
+    assert (t.bits(enc_t).bits_per_element, t.bits(enc_t).model_bits) == (ledger.bits_per_element, ledger.model_bits)
+    for part in ("cache", "model"):
+        assert torch.equal(getattr(BitLedger.per_trial(enc_t), part), getattr(BitLedger.per_trial(enc), part))
 
 
 def test_plain_kv_pads_rows_that_do_not_fill_a_byte():
     k = gaussian((2, 1, 7, 12), 9)
     s = reference.create("plain-kv", budget=3, dim=12)  # 36 bits per row -> 5 bytes
-    assert s.bits(s.encode(k, k)).bits_per_element == hand_count("plain-kv", 3, 1, 7, 12)
+    ledger = s.bits(s.encode(k, k))
+    assert (ledger.bits_per_element, ledger.model_bits) == hand_count("plain-kv", 3, 1, 7, 12)
 
 
 # --- protocol edges -------------------------------------------------------------------------------------

@@ -40,11 +40,15 @@ def test_run_writes_every_cell_and_column(tmp_path, capsys):
         assert con.execute("SELECT COUNT(*) FROM cells").fetchone()[0] == 8
     peaks = manifest["peak_mem_mb_per_cell"]
     assert len(peaks) == 8 and all(p > 10 for p in peaks.values())   # a Python + torch process
-    # measured bits, counted by hand: b code bits per element, a float32 norm per 16-element
-    # vector, one float32 codebook of 2^b entries shared by K and V, and 16 packed rotation signs per tensor
+    # measured bits, counted by hand: per cache b code bits per element and a float32 norm per
+    # 16-element vector; per model one float32 codebook of 2^b entries shared by K and V and 16
+    # packed rotation signs per tensor (one head), charged to no cache without --model-caches
     tq = frame[(frame.scheme == "tq-kv") & (frame.budget == 2)]
-    side = (4 * 32 + 2 * 16) / (2 * 32 * 16)
-    assert tq["bits_per_element"].iloc[0] == pytest.approx(2 + 32 / 16 + side, rel=1e-12)
+    model = 4 * 32 + 2 * 16
+    assert tq["bits_per_element"].iloc[0] == 2 + 32 / 16
+    assert tq["model_bits"].iloc[0] == model
+    assert tq["model_bits_per_element"].iloc[0] == pytest.approx(model / (2 * 32 * 16), rel=1e-12)
+    assert tq["storage_bits_per_element"].iloc[0] == tq["bits_per_element"].iloc[0]
 
 
 def test_same_command_same_rows_and_paired_data(tmp_path):

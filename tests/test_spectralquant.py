@@ -326,7 +326,8 @@ def test_reference_agrees_with_torch(name, scenario):
             k_hat, v_hat = scheme.decode(enc)
             errors[impl].append([float(((x_hat - data[x]) ** 2).sum() / (data[x] ** 2).sum())
                                  for x, x_hat in (("k", k_hat), ("v", v_hat))] +
-                                [(scheme.bits(enc).components, BitLedger.per_trial_bits_per_element(enc).tolist())])
+                                [(scheme.bits(enc).components, sorted(enc.model),
+                                  BitLedger.per_trial(enc).cache.tolist(), BitLedger.per_trial(enc).model.tolist())])
         for x in ("k", "v"):
             d_eff = fitted["torch"].d_eff[x]
             assert d_eff.tolist() == [[int(f.d_eff) for f in row] for row in fitted["reference"].fits[x]]

@@ -48,6 +48,9 @@ def add_arguments(p):
                    "cells differing only in it share their K, V and Q draws (default 512)")
     p.add_argument("--decode-tokens", type=int, help="N tokens of a drifted distribution after the S prefill "
                    "tokens, compressed as they arrive; metrics on the S+N cache (default 0: no decode phase)")
+    p.add_argument("--model-caches", type=int, help="amortise the per-model constants (SQ's bases, codebooks, "
+                   "rotation signs) over N caches per layer-head in storage_bits_per_element (default: not "
+                   "charged, per-cache bits only; 1: each cache stands alone)")
     p.add_argument("--seed", type=int, help="root seed (default 0)")
     p.add_argument("--device", choices=DEVICES, help="auto (default), cpu or cuda")
     p.add_argument("--dtype", choices=tuple(DTYPES), help="float32 (default) or float64")
@@ -101,7 +104,8 @@ def config_from_args(args) -> SweepConfig:
                          f"tests need two trials per cell)")
     if isinstance(values["schemes"], EveryName):
         values["schemes"] = _skip_unfit(values, args.impl or "torch")
-    config = SweepConfig(**values)
+    # not in FIELDS: unset is a valid value (no amortisation), not a missing flag
+    config = SweepConfig(**values, model_caches=getattr(args, "model_caches", None))
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"harness run: --workers {args.workers} must be a positive integer")
     if args.workers and args.scheduler:

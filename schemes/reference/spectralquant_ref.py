@@ -22,6 +22,10 @@ it implements is the one schemes/spectralquant.py documents:
   score (sketched K): ‖k‖·(⟨Qᵀq, ẑ⟩ + √(π/2)/m·‖e‖·⟨S (Qᵀq)_sem, sign(S e)⟩)/√d.
 
 Only the NumPy namespace is supported (no CuPy path).
+
+Who pays for what is stored (Encoded.model): everything fit() derives from the calibration
+tokens (basis, its scales, σ, widths, d_eff), the sketch seed and the codebooks is kept once per
+layer-head (per model); the norms, code stream, residual norms and sketches are one cache's.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ MAX_WIDTH = 8
 TAIL_WIDTH = 2
 PROJECTIONS = 64
 SIGMA_FLOOR = 1e-4
+PER_CACHE = ("norm", "codes", "residual_norm", "sketch")   # every other stored entry is per model
 
 
 # --- Gaussian Lloyd–Max by plain Lloyd iteration (Lloyd 1957 / Max 1960) -----------------------
@@ -307,6 +312,7 @@ class ReferenceSpectralQuant(Scheme):
         enc = Encoded(tuple(k.shape), k.dtype)
         self._encode_tensor(k, "k", enc)
         self._encode_tensor(v, "v", enc)
+        enc.model = {key for key in [*enc.codes, *enc.side] if key.split(".", 1)[1] not in PER_CACHE}
         return enc
 
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:

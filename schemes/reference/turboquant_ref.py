@@ -16,6 +16,10 @@ solver, bit packing and random draws. Per token vector x of K or V (B, H, S, d):
 The estimator's constant: for a row p of i.i.d. N(0, 1) entries E[⟨p, q⟩ sign⟨p, e⟩] =
 √(2/π) ⟨q, e⟩/‖e‖ (QJL Lemma 3.2), so averaging m rows and rescaling by √(π/2)/m · ‖e‖ is
 unbiased; with ±1 entries the same holds up to O(1/d).
+
+Who pays for what is stored (Encoded.model): a deployment keeps the signs, projections and
+codebooks once per layer-head, since they follow from the seed, d and b alone (per model); the
+norms, codes, residual norms and sketches describe one cache's tokens (per cache).
 """
 from __future__ import annotations
 
@@ -242,6 +246,10 @@ def sphere_codebook(dim: int, bits: int) -> SphereCodebook:
 # The family
 # ---------------------------------------------------------------------------------------------
 
+# Stored entries that are per-model constants (data-independent), by the last part of their key.
+_PER_MODEL = {"rotation_signs", "sketch_signs", "sketch_matrix"}
+
+
 def _rows_times(x, matrix):
     """x (..., d) @ matrix (d, d') as one 2-D product (BLAS is fastest on one tall matrix)."""
     return (x.reshape(-1, x.shape[-1]) @ matrix).reshape(*x.shape[:-1], matrix.shape[-1])
@@ -399,6 +407,8 @@ class ReferenceTurboQuant(Scheme):
         enc = Encoded(tuple(k.shape), k.dtype)
         self._encode_tensor(k, "k", enc)
         self._encode_tensor(v, "v", enc)
+        enc.model = {key for key in [*enc.codes, *enc.side]
+                     if key.startswith("codebook.") or key.split(".")[-1] in _PER_MODEL}
         return enc
 
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
