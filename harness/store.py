@@ -4,7 +4,8 @@ row per finished cell) and DIR/manifest.json (configuration and provenance).
 A cell's rows and its `cells` entry are written in one transaction, so an interrupted run
 keeps every finished cell and no partial one; `--resume` skips the cells already present.
 A store written before calib_tokens was part of a cell (its `cells` table lacks the column)
-is migrated when opened for writing (RunStore._connect).
+is migrated when opened for writing (RunStore._connect); one written before a column of
+ADDED_COLUMNS existed gains it (NULL in the old rows) on open, and reads back with it as NaN.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Iterable
 import pandas as pd
 
 from stats.cells import CELL_COLUMNS
-from stats.metrics import METRIC_NAMES
+from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES
 
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
@@ -28,13 +29,28 @@ CONFIG_COLUMNS = tuple(c for c in CELL_COLUMNS if c != "calib_tokens") + (
     "trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
 # Per-trial facts some schemes report (Scheme.diagnostics); NULL for the others.
 DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
-TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES + DIAGNOSTIC_COLUMNS
+# Trial columns added after the first version, in the order they came: they end the table, in a
+# new store as in an old one that gained them on open (_add_missing_columns), so both agree.
+ADDED_COLUMNS = ("ptcosine_k", "ptcosine_v") + EVICTION_METRIC_NAMES
+TRIAL_COLUMNS = (CONFIG_COLUMNS + ("bits_per_element",) + tuple(m for m in METRIC_NAMES if m not in ADDED_COLUMNS)
+                 + DIAGNOSTIC_COLUMNS + ADDED_COLUMNS)
 _TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
 
 def _sql_type(column: str) -> str:
     return "TEXT" if column in _TEXT else "INTEGER" if column in _INT else "REAL"
+
+
+def _add_missing_columns(con: sqlite3.Connection) -> None:
+    """ALTER TABLE trials ADD COLUMN for each column of ADDED_COLUMNS a store written before it
+    lacks; old rows hold NULL there (the metric was not measured)."""
+    present = {row[1] for row in con.execute("PRAGMA table_info(trials)")}
+    missing = [c for c in ADDED_COLUMNS if c not in present]
+    if missing:
+        with con:
+            for column in missing:
+                con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
 
 
 class RunStore:
@@ -63,6 +79,7 @@ class RunStore:
         cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" if c in CONFIG_COLUMNS else f"{c} {_sql_type(c)}"
                          for c in TRIAL_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS trials ({cols})")
+        _add_missing_columns(con)
         cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
         schema = (f"({cell_cols}, n_trials INTEGER NOT NULL, wall_s REAL NOT NULL, finished_at TEXT NOT NULL, "
                   f"peak_mem_mb REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
@@ -140,6 +157,10 @@ class RunStore:
             frame = pd.read_sql_query(f"SELECT * FROM trials ORDER BY {order}", con)
         finally:
             con.close()
+        # a store written before a column was added lacks it (reading does not migrate): NaN
+        for column in ADDED_COLUMNS:
+            if column not in frame.columns:
+                frame[column] = float("nan")
         # a column that is NULL throughout (no scheme of the run reports it) reads back as
         # None objects; make every numeric column float so NULL is NaN, as in CSV and Parquet
         for column in frame.columns:
