@@ -189,9 +189,6 @@ class Kivi(Scheme):
 
 
 # --- eviction: streaming and H2O ---------------------------------------------------------
-EVICTED_LOGIT_GAP = 1e4  # an evicted token's logit sits this far below the smallest kept one
-
-
 def kept_tokens(s: int, budget: int) -> int:
     """Tokens an eviction scheme keeps at budget b: round(S·b/16), at least 1 (b/16 of fp16)."""
     return max(1, min(s, round(s * budget / 16)))
@@ -199,9 +196,10 @@ def kept_tokens(s: int, budget: int) -> int:
 
 @dataclass
 class _Eviction(Scheme):
-    """Keeps a subset of tokens in fp16 and evicts the rest. Evicted tokens decode to zero;
-    `score` gives them a finite logit EVICTED_LOGIT_GAP below the smallest kept logit, so the
-    attention ignores them as a real evicting cache would (never −inf: scores stay finite)."""
+    """Keeps a subset of tokens in fp16 and evicts the rest. `kept` names the kept tokens;
+    attention over the cache is the softmax over them alone, as a real evicting cache computes
+    it (stats.metrics). Evicted tokens decode to zero, so `score` (q·k̂ᵀ/√d) gives them the
+    logit 0, which that softmax never reads."""
 
     def kept_index(self, k: torch.Tensor, enc: Encoded) -> torch.Tensor:
         """Kept token positions (B, H, n_keep), ascending; may store what it needs in enc."""
@@ -230,16 +228,10 @@ class _Eviction(Scheme):
             out.append(shift_up(full, enc.codes[f"{prefix}.shift"]))
         return tuple(out)
 
-    @property
-    def scores_on_codes(self) -> bool:
-        return True
-
-    def score(self, q, enc):
-        logits = super().score(q, enc)
-        idx = self.stored_index(enc)[:, :, None, :].expand(-1, -1, q.shape[2], -1)
-        kept = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(-1, idx, True)
-        floor = torch.gather(logits, -1, idx).amin(-1, keepdim=True) - EVICTED_LOGIT_GAP
-        return torch.where(kept, logits, floor.expand_as(logits))
+    def kept(self, enc):
+        idx = self.stored_index(enc)
+        mask = torch.zeros(enc.shape[:3], dtype=torch.bool, device=idx.device)
+        return mask.scatter_(2, idx, True)
 
 
 @dataclass

@@ -24,6 +24,7 @@ def test_new_columns_end_the_table_and_hold_what_each_codec_measures(tmp_path):
     frame = RunStore(out).trials().set_index("scheme")
     assert frame[["ptcosine_k", "ptcosine_v"]].notna().all().all()
     assert frame.loc["tq-kv", "evicted_mass"].isna().all()                 # keeps every token: NULL
+    assert (frame.loc["streaming", "evicted_mass"].between(0, 1, inclusive="neither")).all()
 
 
 def test_store_without_the_new_columns_reads_reports_and_resumes(tmp_path, capsys):
@@ -55,3 +56,4 @@ def test_store_without_the_new_columns_reads_reports_and_resumes(tmp_path, capsy
     expected = clean.copy()
     expected.loc[expected.scheme == "tq-kv", list(ADDED_COLUMNS)] = np.nan  # not measured by the old version
     pd.testing.assert_frame_equal(resumed, expected, check_exact=False, rtol=1e-12)
+    assert resumed.loc[resumed.scheme == "streaming", "evicted_mass"].notna().all()
