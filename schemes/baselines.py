@@ -258,9 +258,13 @@ class Streaming(_Eviction):
 class HeavyHitter(_Eviction):
     """H2O (arXiv 2306.14048): per head keep the `recent` share of the kept tokens as a recent
     window and the rest as heavy hitters — the tokens with the largest attention accumulated
-    from an observation window. The evaluated queries are not the scheme's to see, so the
-    last `n_observe` keys act as the observing queries (causal softmax), as H2O's online
-    accumulation over generated tokens does. Kept indices are stored (int16/int32, counted)."""
+    from an observation window, s_i = Σ_j α_{j,i} (survey §4.1.2). The evaluated queries are
+    not the scheme's to see, so the last `n_observe` keys act as the observing queries, as
+    H2O's online accumulation over generated tokens does. Each observer attends only to the
+    tokens before it (strictly causal): a proxy query equal to its own key would give itself
+    the logit ‖k‖²/√d (≈ √d; 8 at d = 64), a self-similarity no real query has, and the
+    observation window's own tokens would take every heavy-hitter slot. Kept indices are
+    stored (int16/int32, counted)."""
     n_observe: int = 32
     recent: float = 0.5
 
@@ -269,10 +273,10 @@ class HeavyHitter(_Eviction):
         n_keep = kept_tokens(s, self.budget)
         n_recent = min(s, int(n_keep * self.recent))
         xs = shift_down(k, half_shift(k))            # logits of 1e30-sized keys would overflow
-        n_obs = min(self.n_observe, s)
+        n_obs = min(self.n_observe, s - 1)           # an observer needs a token before it
         obs_pos = torch.arange(s - n_obs, s, device=k.device)
         logits = xs[:, :, s - n_obs:] @ xs.transpose(-1, -2) / math.sqrt(d)     # (B, H, n_obs, S)
-        causal = torch.arange(s, device=k.device)[None, :] <= obs_pos[:, None]
+        causal = torch.arange(s, device=k.device)[None, :] < obs_pos[:, None]   # excludes itself
         logits = logits.masked_fill(~causal, float("-inf"))
         score = torch.softmax(logits, dim=-1).sum(-2)                            # (B, H, S)
         score[..., s - n_recent:] = float("inf")                                 # the recent window
