@@ -103,7 +103,8 @@ class CompressedAttention:
             group = site.n_heads // site.n_kv_heads
             q_kv = q[:, ::group]  # one query head per key/value head (the first of its group)
             logits_hat = scheme.score(q_kv, enc) if scheme.scores_on_codes else exact_logits(q_kv, k_hat)
-            self.metrics.append({n: float(m[0]) for n, m in trial_metrics(k, v, q_kv, k_hat, v_hat, logits_hat).items()})
+            self.metrics.append({n: float(m[0]) for n, m in trial_metrics(k, v, q_kv, k_hat, v_hat, logits_hat,
+                                                                         scheme.kept(enc)).items()})
             self.bits.append(scheme.bits(enc).bits_per_element)
             self._pending_v[i] = v_hat.transpose(1, 2).reshape(output.shape).to(output.dtype)
             return k_hat.transpose(1, 2).reshape(output.shape).to(output.dtype)

@@ -137,6 +137,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
         k, v = data["k"], data["v"]
         logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
         bits = BitLedger.per_trial(enc)
+        kept = scheme.kept(enc)
     else:
         k = torch.cat((data["k"], data["k_decode"]), dim=2)
         v = torch.cat((data["v"], data["v_decode"]), dim=2)
@@ -149,12 +150,16 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
             k_hat, v_hat = torch.cat((k_pre, k_new), dim=2), torch.cat((v_pre, v_new), dim=2)
             logits_hat = exact_logits(data["q"], k_hat)
             bits = BitLedger.per_trial(enc) + BitLedger.per_trial(dec)
+            kept = scheme.kept(enc)
+            if kept is not None:
+                raise NotImplementedError(f"{scheme.name}: an evicting codec with a decode-token path")
         else:
             enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])))
             k_hat, v_hat = scheme.decode(enc)
             logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
             bits = BitLedger.per_trial(enc)
-    metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat)
+            kept = scheme.kept(enc)
+    metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept)
     metrics.update({name: x for name, x in scheme.diagnostics().items() if name in DIAGNOSTIC_COLUMNS})
     return {name: m.cpu().numpy() for name, m in metrics.items()}, bits
 

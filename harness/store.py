@@ -4,8 +4,8 @@ row per finished cell) and DIR/manifest.json (configuration and provenance).
 A cell's rows and its `cells` entry are written in one transaction, so an interrupted run
 keeps every finished cell and no partial one; `--resume` skips the cells already present.
 A store written before calib_tokens was part of a cell (its `cells` table lacks the column)
-is migrated when opened for writing (RunStore._connect); so is one whose `trials` table lacks a
-column added since (the storage columns): the column is added, NULL for the old rows.
+is migrated when opened for writing (RunStore._connect); one written before a column of
+ADDED_COLUMNS existed gains it (NULL in the old rows) on open, and reads back with it as NaN.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Iterable
 import pandas as pd
 
 from stats.cells import CELL_COLUMNS
-from stats.metrics import METRIC_NAMES
+from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES
 
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
@@ -33,13 +33,28 @@ DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
 # layer-head, the same amortised over one cache, and the bits charged with the model constants
 # amortised over --model-caches N caches (= bits_per_element without the flag).
 STORAGE_COLUMNS = ("model_bits", "model_bits_per_element", "storage_bits_per_element")
-TRIAL_COLUMNS = CONFIG_COLUMNS + ("bits_per_element",) + METRIC_NAMES + DIAGNOSTIC_COLUMNS + STORAGE_COLUMNS
+# Trial columns added after the first version: they end the table, in a new store as in an old
+# one that gained them on open (_add_missing_columns), so both agree.
+ADDED_COLUMNS = STORAGE_COLUMNS + ("ptcosine_k", "ptcosine_v") + EVICTION_METRIC_NAMES
+TRIAL_COLUMNS = (CONFIG_COLUMNS + ("bits_per_element",) + tuple(m for m in METRIC_NAMES if m not in ADDED_COLUMNS)
+                 + DIAGNOSTIC_COLUMNS + ADDED_COLUMNS)
 _TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
 
 def _sql_type(column: str) -> str:
     return "TEXT" if column in _TEXT else "INTEGER" if column in _INT else "REAL"
+
+
+def _add_missing_columns(con: sqlite3.Connection) -> None:
+    """ALTER TABLE trials ADD COLUMN for each column of ADDED_COLUMNS a store written before it
+    lacks; old rows hold NULL there (the metric was not measured)."""
+    present = {row[1] for row in con.execute("PRAGMA table_info(trials)")}
+    missing = [c for c in ADDED_COLUMNS if c not in present]
+    if missing:
+        with con:
+            for column in missing:
+                con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
 
 
 class RunStore:
@@ -68,7 +83,7 @@ class RunStore:
         cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" if c in CONFIG_COLUMNS else f"{c} {_sql_type(c)}"
                          for c in TRIAL_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS trials ({cols})")
-        self._add_missing_trial_columns(con)
+        _add_missing_columns(con)
         cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
         schema = (f"({cell_cols}, n_trials INTEGER NOT NULL, wall_s REAL NOT NULL, finished_at TEXT NOT NULL, "
                   f"peak_mem_mb REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
@@ -101,15 +116,6 @@ class RunStore:
         except BaseException:
             con.rollback()
             raise
-
-    @staticmethod
-    def _add_missing_trial_columns(con: sqlite3.Connection) -> None:
-        """Add the value columns a `trials` table written by an older version lacks (NULL in its rows)."""
-        present = {row[1] for row in con.execute("PRAGMA table_info(trials)")}
-        for column in TRIAL_COLUMNS:
-            if column not in present and column not in CONFIG_COLUMNS:
-                con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
-        con.commit()
 
     def finished_cells(self) -> set[tuple]:
         if not self.path.exists():
@@ -160,7 +166,8 @@ class RunStore:
         for column in frame.columns:
             if column not in CONFIG_COLUMNS and frame[column].dtype == object:
                 frame[column] = pd.to_numeric(frame[column]).astype(float)
-        for column in TRIAL_COLUMNS:   # a store not yet migrated (never resumed) lacks the newer columns
+        # a store written before a column was added lacks it (reading does not migrate): NaN
+        for column in ADDED_COLUMNS:
             if column not in frame.columns:
                 frame[column] = float("nan")
         return frame

@@ -237,5 +237,11 @@ class Scheme:
         k_hat, _ = self.decode(enc)
         return q @ k_hat.transpose(-1, -2) / math.sqrt(self.dim)
 
+    def kept(self, enc: Encoded) -> torch.Tensor | None:
+        """The tokens the cache still holds, bool (B, H, S), for a codec that evicts tokens (h2o,
+        streaming); None, the default, when it holds every token. Evicted tokens decode to zero;
+        attention over an evicting cache is the softmax over the kept tokens (stats.metrics)."""
+        return None
+
     def bits(self, enc: Encoded) -> BitLedger:
         return BitLedger.of(enc)

@@ -193,9 +193,6 @@ class Kivi(Scheme):
 
 
 # --- eviction: streaming and H2O ---------------------------------------------------------
-EVICTED_LOGIT_GAP = 1e4  # an evicted token's logit sits this far below the smallest kept one
-
-
 def kept_tokens(s: int, budget: int) -> int:
     """Tokens an eviction scheme keeps at budget b: round(S·b/16), at least 1 (b/16 of fp16)."""
     return max(1, min(s, round(s * budget / 16)))
@@ -203,9 +200,10 @@ def kept_tokens(s: int, budget: int) -> int:
 
 @dataclass
 class _Eviction(Scheme):
-    """Keeps a subset of tokens in fp16 and evicts the rest. Evicted tokens decode to zero;
-    `score` gives them a finite logit EVICTED_LOGIT_GAP below the smallest kept logit, so the
-    attention ignores them as a real evicting cache would (never −inf: scores stay finite)."""
+    """Keeps a subset of tokens in fp16 and evicts the rest. `kept` names the kept tokens;
+    attention over the cache is the softmax over them alone, as a real evicting cache computes
+    it (stats.metrics). Evicted tokens decode to zero, so `score` (q·k̂ᵀ/√d) gives them the
+    logit 0, which that softmax never reads."""
 
     def kept_index(self, k: torch.Tensor, enc: Encoded) -> torch.Tensor:
         """Kept token positions (B, H, n_keep), ascending; may store what it needs in enc."""
@@ -234,16 +232,10 @@ class _Eviction(Scheme):
             out.append(shift_up(full, enc.codes[f"{prefix}.shift"]))
         return tuple(out)
 
-    @property
-    def scores_on_codes(self) -> bool:
-        return True
-
-    def score(self, q, enc):
-        logits = super().score(q, enc)
-        idx = self.stored_index(enc)[:, :, None, :].expand(-1, -1, q.shape[2], -1)
-        kept = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter_(-1, idx, True)
-        floor = torch.gather(logits, -1, idx).amin(-1, keepdim=True) - EVICTED_LOGIT_GAP
-        return torch.where(kept, logits, floor.expand_as(logits))
+    def kept(self, enc):
+        idx = self.stored_index(enc)
+        mask = torch.zeros(enc.shape[:3], dtype=torch.bool, device=idx.device)
+        return mask.scatter_(2, idx, True)
 
 
 @dataclass
@@ -270,9 +262,13 @@ class Streaming(_Eviction):
 class HeavyHitter(_Eviction):
     """H2O (arXiv 2306.14048): per head keep the `recent` share of the kept tokens as a recent
     window and the rest as heavy hitters — the tokens with the largest attention accumulated
-    from an observation window. The evaluated queries are not the scheme's to see, so the
-    last `n_observe` keys act as the observing queries (causal softmax), as H2O's online
-    accumulation over generated tokens does. Kept indices are stored (int16/int32, counted)."""
+    from an observation window, s_i = Σ_j α_{j,i} (survey §4.1.2). The evaluated queries are
+    not the scheme's to see, so the last `n_observe` keys act as the observing queries, as
+    H2O's online accumulation over generated tokens does. Each observer attends only to the
+    tokens before it (strictly causal): a proxy query equal to its own key would give itself
+    the logit ‖k‖²/√d (≈ √d; 8 at d = 64), a self-similarity no real query has, and the
+    observation window's own tokens would take every heavy-hitter slot. Kept indices are
+    stored (int16/int32, counted)."""
     n_observe: int = 32
     recent: float = 0.5
 
@@ -281,10 +277,10 @@ class HeavyHitter(_Eviction):
         n_keep = kept_tokens(s, self.budget)
         n_recent = min(s, int(n_keep * self.recent))
         xs = shift_down(k, half_shift(k))            # logits of 1e30-sized keys would overflow
-        n_obs = min(self.n_observe, s)
+        n_obs = min(self.n_observe, s - 1)           # an observer needs a token before it
         obs_pos = torch.arange(s - n_obs, s, device=k.device)
         logits = xs[:, :, s - n_obs:] @ xs.transpose(-1, -2) / math.sqrt(d)     # (B, H, n_obs, S)
-        causal = torch.arange(s, device=k.device)[None, :] <= obs_pos[:, None]
+        causal = torch.arange(s, device=k.device)[None, :] < obs_pos[:, None]   # excludes itself
         logits = logits.masked_fill(~causal, float("-inf"))
         score = torch.softmax(logits, dim=-1).sum(-2)                            # (B, H, S)
         score[..., s - n_recent:] = float("inf")                                 # the recent window

@@ -5,7 +5,8 @@ segment and a 64-token fp16 recent window (write-up §7). The middle is compress
 - K (§5): undo RoPE exactly at the token positions, flatten to (n_mid, H·d), centre,
   randomized SVD of rank `rank` with `n_iter` power iterations (Halko, Martinsson & Tropp
   2011, Alg. 4.4; the write-up uses torch.svd_lowrank(q=192, niter=24)), components in groups
-  of 64 with a DP bit allocation over {0, 2, 4, 6, 8} bits minimising the modelled error
+  of 64 (at most half the rank, so every budget has its own allocation: Shard._group_sizes)
+  with a DP bit allocation over {0, 2, 4, 6, 8} bits minimising the modelled error
   (group variance / (3·4^b), a dropped group's variance × drop_penalty = 4) under
   `budget` bits per component on average (budget 4 = the write-up's int4 coefficients);
   int8 basis with per-column fp16 scales; symmetric b-bit coefficients in
@@ -276,7 +277,13 @@ class Shard(Scheme):
         return min(self.rank, n_mid, total)
 
     def _group_sizes(self, r: int) -> list[int]:
-        g = self.group_components
+        """Component groups of the DP: `group_components` (the write-up's 64) components each, but
+        at most r // 2, so that there are at least two. The DP's costs are sums of size × {0, 2, 4,
+        6, 8}, steps of 2·g bits for groups of g; one budget step is r bits (one per component).
+        With 2·g <= r every budget b reaches a cost in ((b−1)·r, b·r] that b − 1 cannot (exactly
+        b·r when the groups are equal), so each budget has an allocation of its own: one group of 64 at H = 1, d = 64 gave b = 3 the
+        allocation of b = 2 (and b = 1 nothing). At the write-up's rank 192 the groups stay 64."""
+        g = max(1, min(self.group_components, r // 2))
         return [min(g, r - start) for start in range(0, r, g)]
 
     def _encode_k(self, k_mid: torch.Tensor, pos: torch.Tensor, enc: Encoded) -> None:

@@ -1,9 +1,41 @@
 """Per-trial error metrics (DESIGN.md "Metrics"), batched: every function maps tensors with a
 leading trial dimension B to one value per trial (B,).
 
-For X ∈ {K, V, T}: rel_mse = ‖X − X̂‖²/‖X‖², cos = cosine of the flattened tensors,
-snr_err = rel_mse/(1 + rel_mse) (the AMD paper's NF, eq. 2), dir_err = 1 − cos,
-d2 = √(dir_err² + snr_err²). T = softmax(q kᵀ/√d)·v is the attention output.
+The AMD paper's definitions (seeds/amd-tq-sq-validation-paper.zh.txt, §2 "误差度量" (error
+metrics), eq. 2; §3 is the experimental set-up that uses them):
+- For X ∈ {K, V, T}: rel_mse_X = ‖X − X̂‖²/‖X‖² (Frobenius, over the whole trial), cos_X = the
+  cosine of the flattened tensors, snr_err_X = rel_mse_X/(1 + rel_mse_X) (the paper's NF),
+  dir_err_X = 1 − cos_X, d2_X = √(dir_err_X² + snr_err_X²). T = softmax(q kᵀ/√d)·v is the
+  attention output; the reference T uses exact K, V.
+- The six-D error point (SIX_D) is (snr_err_K, dir_err_K, snr_err_V, dir_err_V, snr_err_T,
+  dir_err_T): the paper's "six scalar metrics" — an NF and a direction error for each of the
+  two caches and the output. Its direction errors use the flattened cosine, the same tensor
+  pair as its NF: for one pair (x, x̂), relMSE and cos fix ‖x̂‖/‖x‖ (relMSE = 1 + r² − 2r·cos),
+  so each (snr_err, dir_err) pair is one consistent description of one reconstruction, and
+  d2_X is the distance of that pair from the origin (eq. 2).
+- The paper's isolation metrics relMSE_K and relMSE_V are output errors, NOT cache errors:
+  relMSE_K is the relMSE of T with only K compressed (V exact), stored as t_rel_mse_konly;
+  relMSE_V the relMSE of T with only V compressed (K exact), stored as t_rel_mse_vonly. The
+  cache errors ‖K − K̂‖²/‖K‖² and ‖V − V̂‖²/‖V‖² are rel_mse_k and rel_mse_v.
+- The paper's per-token cache metrics ptcosine_K = cosine(K, K̂), ptcosine_V = cosine(V, V̂),
+  "measuring each token's reconstruction quality independently of Q", are ptcosine_k and
+  ptcosine_v: the mean over the H·S token vectors of each one's cosine with its
+  reconstruction (per_token_cosine). They are not the flattened cos_k, cos_v, which weight a
+  token by ‖x‖² and can order codecs differently (tests/test_metrics.py shows such a case);
+  they are stored beside the six-D point, not part of it.
+Zero vectors, for every cosine here: both zero → 1 (reproduced exactly), one zero → 0.
+
+Evicting codecs (Scheme.kept gives the kept-token mask): the attention of a real evicting
+cache is the softmax over the kept tokens only, so T̂ = softmax over kept(ŝ)·V̂ and
+t_rel_mse_konly uses the same attention with exact V. evicted_mass is the exact attention
+probability (exact logits, all S tokens) on the evicted tokens, mean over heads and queries.
+kl_attn, logit_rel_mse and logit_slope are over the kept tokens: kl_attn = KL(p_kept ‖ p̂) with
+p_kept the exact attention renormalised over the kept tokens and p̂ the codec's softmax over
+the kept tokens (KL(p ‖ p̂) over all S is infinite once mass is evicted; evicted_mass carries
+that part); the logit metrics use the kept (query, token) pairs only. For a codec that keeps
+every token these are the ordinary definitions and evicted_mass is NaN (NULL in the store:
+the codec has no eviction to measure). t_rel_mse_vonly keeps the exact attention over all S
+tokens with V̂, whose evicted values decode to zero: the output an evicting V cache loses.
 """
 from __future__ import annotations
 
@@ -11,9 +43,11 @@ import math
 
 import torch
 
+# Metrics every trial has; EVICTION_METRIC_NAMES only trials of an evicting codec (NaN otherwise).
 METRIC_NAMES = tuple(
     f"{m}_{x}" for x in ("k", "v", "t") for m in ("rel_mse", "cos", "snr_err", "dir_err", "d2")
-) + ("t_rel_mse_konly", "t_rel_mse_vonly", "kl_attn", "logit_rel_mse", "logit_slope")
+) + ("t_rel_mse_konly", "t_rel_mse_vonly", "kl_attn", "logit_rel_mse", "logit_slope", "ptcosine_k", "ptcosine_v")
+EVICTION_METRIC_NAMES = ("evicted_mass",)
 
 SIX_D = ("snr_err_k", "dir_err_k", "snr_err_v", "dir_err_v", "snr_err_t", "dir_err_t")
 
@@ -66,6 +100,17 @@ def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     return 1 - direction_error(x, x_hat)
 
 
+def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
+    """Mean over the token vectors (B, H, S, d) -> (B,) of each vector's cosine with its
+    reconstruction: the paper's ptcosine (§2). Every token of every head weighs the same,
+    whatever its norm. A token that is zero and reproduced as zero has cosine 1, one whose
+    original or reconstruction alone is zero (e.g. an evicted token) has cosine 0."""
+    def per_token_sq(t):
+        return torch.square(torch.linalg.vector_norm(t, dim=-1)).double()
+    _, direction = _rel_and_direction(per_token_sq(x), per_token_sq(x_hat), per_token_sq(x - x_hat))
+    return 1 - _flat(direction).mean(dim=1)
+
+
 def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str) -> dict[str, torch.Tensor]:
     """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`."""
     rel, direction = _rel_and_direction(*_energies(x, x_hat))
@@ -79,31 +124,67 @@ def exact_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
 
 
-def kl_attention(logits: torch.Tensor, logits_hat: torch.Tensor) -> torch.Tensor:
-    """KL(p ‖ p̂) of the attention distributions over the S keys, averaged over heads and queries."""
-    log_p = torch.log_softmax(logits.double(), dim=-1)
-    log_p_hat = torch.log_softmax(logits_hat.double(), dim=-1)
-    kl = torch.sum(log_p.exp() * (log_p - log_p_hat), dim=-1)
+def _kept_logits(logits: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """logits (B, H, Nq, S) with the evicted tokens (kept (B, H, S) False) at −inf, so that a
+    softmax is over the kept tokens only; unchanged when kept is None."""
+    return logits if kept is None else logits.masked_fill(~kept[:, :, None, :], float("-inf"))
+
+
+def attention(logits: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention probabilities (B, H, Nq, S): the softmax over the kept tokens (all when kept is None)."""
+    return torch.softmax(_kept_logits(logits, kept), dim=-1)
+
+
+def kl_attention(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Tensor | None = None) -> torch.Tensor:
+    """KL(p ‖ p̂) of the attention distributions over the S keys, averaged over heads and queries.
+    With kept (B, H, S): both distributions are over the kept tokens (p the exact attention
+    renormalised over them), so the KL is finite whatever mass was evicted."""
+    log_p = torch.log_softmax(_kept_logits(logits.double(), kept), dim=-1)
+    log_p_hat = torch.log_softmax(_kept_logits(logits_hat.double(), kept), dim=-1)
+    terms = log_p.exp() * (log_p - log_p_hat)
+    if kept is not None:  # an evicted token contributes 0·(−inf + inf) = NaN; its term is 0
+        terms = torch.where(kept[:, :, None, :], terms, 0.0)
+    kl = torch.sum(terms, dim=-1)
     return kl.reshape(kl.shape[0], -1).mean(dim=1)
 
 
-def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor,
-                  k_hat: torch.Tensor, v_hat: torch.Tensor, logits_hat: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every per-trial metric of DESIGN.md, each a float64 tensor (B,).
+def evicted_mass(logits: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Exact attention probability on the evicted tokens (kept (B, H, S) False) under the exact
+    logits (B, H, Nq, S), averaged over heads and queries: (B,), float64."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    mass = torch.sum(torch.where(kept[:, :, None, :], 0.0, probs), dim=-1)
+    return mass.reshape(mass.shape[0], -1).mean(dim=1)
+
+
+def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor,
+                  logits_hat: torch.Tensor, kept: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Every per-trial metric of DESIGN.md, each a float64 tensor (B,): METRIC_NAMES, and with
+    kept also EVICTION_METRIC_NAMES.
 
     logits_hat is the scheme's `score` (which may differ from q k̂ᵀ/√d, e.g. QJL on K); the
     compressed attention output is T̂ = softmax(logits_hat)·v̂, the reference T uses exact K, V.
+    kept (B, H, S), bool: the tokens an evicting codec keeps (Scheme.kept); T̂'s softmax, the KL
+    and the logit metrics are then over the kept tokens only (module docstring).
     """
     logits = exact_logits(q, k)
-    probs, probs_hat = torch.softmax(logits, dim=-1), torch.softmax(logits_hat, dim=-1)
+    probs, probs_hat = torch.softmax(logits, dim=-1), attention(logits_hat, kept)
     t = probs @ v
     out = error_point(k, k_hat, "k")
     out.update(error_point(v, v_hat, "v"))
     out.update(error_point(t, probs_hat @ v_hat, "t"))
     out["t_rel_mse_konly"] = relative_mse(t, probs_hat @ v)
     out["t_rel_mse_vonly"] = relative_mse(t, probs @ v_hat)
-    out["kl_attn"] = kl_attention(logits, logits_hat)
+    out["kl_attn"] = kl_attention(logits, logits_hat, kept)
+    names = METRIC_NAMES
+    if kept is not None:
+        out["evicted_mass"] = evicted_mass(logits, kept)
+        names += EVICTION_METRIC_NAMES
+        # the logit metrics over the kept (query, token) pairs: the evicted ones count zero
+        pairs = kept[:, :, None, :].expand_as(logits)
+        logits, logits_hat = torch.where(pairs, logits, 0.0), torch.where(pairs, logits_hat, 0.0)
     out["logit_rel_mse"] = relative_mse(logits, logits_hat)
     out["logit_slope"] = _safe_ratio(torch.sum(_flat(logits_hat) * _flat(logits), dim=1).double(),
                                      _sum_sq(logits), 1.0)
-    return {name: out[name] for name in METRIC_NAMES}
+    out["ptcosine_k"] = per_token_cosine(k, k_hat)
+    out["ptcosine_v"] = per_token_cosine(v, v_hat)
+    return {name: out[name] for name in names}
