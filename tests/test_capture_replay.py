@@ -190,7 +190,7 @@ def test_every_bad_file_is_one_clear_value_error_and_exit_2(tmp_path, capsys):
         with pytest.raises(ValueError, match=message) as info:
             load_capture(path)
         assert str(path.name) in str(info.value) and "\n" not in str(info.value), case
-        code = main(["run", "--scenario", f"replay:{path}", "--scheme", "tq-kv", "--dim", "32", "--trials", "1",
+        code = main(["run", "--scenario", f"replay:{path}", "--scheme", "tq-kv", "--dim", "32", "--trials", "2",
                      "--quiet", "--out", str(tmp_path / f"run-{case}")])
         err = capsys.readouterr().err
         assert code == 2 and path.name in err and len(err.strip().splitlines()) == 1, (case, err)
