@@ -30,7 +30,8 @@ SETTING = SETTING_COLUMNS
 CELL = CELL_COLUMNS  # = SETTING[:1] + ("scheme", "budget") + SETTING[1:]
 PRIMARY = "d2_t"
 ESTIMATED = ("d2_t", "d2_k", "d2_v", "rel_mse_t", "rel_mse_k", "rel_mse_v", "t_rel_mse_konly",
-             "t_rel_mse_vonly", "logit_rel_mse", "logit_slope", "kl_attn")
+             "t_rel_mse_vonly", "logit_rel_mse", "logit_slope", "kl_attn", "ptcosine_k", "ptcosine_v",
+             "evicted_mass")
 ALPHA = 0.05
 N_BOOT = 1000  # bootstrap replicates of the Pareto-front confidence and the crossover intervals
 EQUIVALENCE_MARGIN = 0.05  # relative: "equivalent" means the means differ by less than 5% of the runner-up's

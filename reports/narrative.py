@@ -205,7 +205,8 @@ def crossover_rows(findings: Findings) -> list[tuple[str, ...]]:
 
 
 CELL_HEADER = ("scenario", "scheme", "b", "d", "S", "Nq", "n", "bits/el", "d₂(T) [95% CI]",
-               "d₂(K) [95% CI]", "d₂(V) [95% CI]", "KL(attn)", "logit slope", "P(front)")
+               "d₂(K) [95% CI]", "d₂(V) [95% CI]", "ptcos K", "ptcos V", "KL(attn)", "logit slope", "evicted mass",
+               "P(front)")
 
 
 def cell_header(findings: Findings) -> tuple[str, ...]:
@@ -219,7 +220,8 @@ def cell_rows(findings: Findings) -> list[tuple[str, ...]]:
                      *_n_cal(findings, c.calib_tokens),
                      str(c.n_trials), num(c.bits_per_element), with_ci(c.d2_t, c.d2_t_low, c.d2_t_high),
                      with_ci(c.d2_k, c.d2_k_low, c.d2_k_high), with_ci(c.d2_v, c.d2_v_low, c.d2_v_high),
-                     num(c.kl_attn), num(c.logit_slope),
+                     num(c.ptcosine_k), num(c.ptcosine_v), num(c.kl_attn), num(c.logit_slope),
+                     "—" if np.isnan(c.evicted_mass) else num(c.evicted_mass),
                      (f"{c.p_front:.0%}" + (" *" if c.on_front else ""))))
     return rows
 

@@ -125,7 +125,8 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
         lines += [("p", f"{f.title}: {f.absent_reason}.") for f in absent]
     winner_widths = [0.085, 0.025, 0.035, 0.025, 0.035, 0.055, 0.075, 0.1, 0.055, 0.075, 0.1, 0.07, 0.04, 0.035,
                      0.06, 0.075]
-    cell_widths = [0.09, 0.06, 0.02, 0.03, 0.03, 0.03, 0.025, 0.045, 0.13, 0.13, 0.13, 0.05, 0.05, 0.035]
+    cell_widths = [0.08, 0.06, 0.02, 0.025, 0.03, 0.025, 0.025, 0.04, 0.115, 0.115, 0.115, 0.04, 0.04, 0.045, 0.045,
+                   0.045, 0.035]
     if several_calibrations(findings):  # the n_cal column after Nq
         winner_widths.insert(4, 0.035)
         cell_widths.insert(6, 0.035)
