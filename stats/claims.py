@@ -773,8 +773,8 @@ def claim_waterfill_uniform(trials: pd.DataFrame) -> ClaimResult:
                   + ", ".join(f"{s} ({n})" for s, n in by.items()) + " of the settings. " + reason
                   + ". (Water-filling spends b·d bits, squ b·d_eff + 2·(d - d_eff): the codecs differ in "
                     "storage too)")
-    return _result(8, test, "paired", tests, (verdict, reason), _headline(tests, "max", key="estimate"),
-                   "d2(T) sq-kv minus squ-kv, largest")
+    head = _headline(tests.assign(size=tests.estimate.astype(float).abs()), "max", key="size") if len(tests) else None
+    return _result(8, test, "paired", tests, (verdict, reason), head, "d2(T) sq-kv minus squ-kv, largest difference")
 
 
 # --- claim 9 -----------------------------------------------------------------------------------

@@ -229,6 +229,7 @@ def test_claim8_waterfilling_equivalent_to_uniform():
 def test_claim8_refuted_when_waterfilling_differs():
     r = C.claim_waterfill_uniform(_waterfill(0.8))
     assert r.verdict == "refuted" and "disagrees with the paper" in r.reason
+    assert r.estimate == pytest.approx(-0.2 / 3 * 0.2, rel=0.1)   # the largest difference: b = 3
 
 
 # --- claim 9 -----------------------------------------------------------------------------------
