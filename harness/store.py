@@ -1,5 +1,7 @@
 """The run store: DIR/results.sqlite (table `trials`, one row per trial; table `cells`, one
-row per finished cell) and DIR/manifest.json (configuration and provenance).
+row per finished cell) and DIR/manifest.json (configuration and provenance). A run that
+reproduces a paper (harness reproduce) also holds its `claims` table there (RunStore.claims),
+and may hold other derived tables (RunStore.write_table / RunStore.table).
 
 A cell's rows and its `cells` entry are written in one transaction, so an interrupted run
 keeps every finished cell and no partial one; `--resume` skips the cells already present.
@@ -15,6 +17,7 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 from stats.cells import CELL_COLUMNS
@@ -39,7 +42,18 @@ ADDED_COLUMNS = STORAGE_COLUMNS + ("ptcosine_k", "ptcosine_v") + EVICTION_METRIC
 TRIAL_COLUMNS = (CONFIG_COLUMNS + ("bits_per_element",) + tuple(m for m in METRIC_NAMES if m not in ADDED_COLUMNS)
                  + DIAGNOSTIC_COLUMNS + ADDED_COLUMNS)
 _TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
+CLAIMS_TABLE = "claims"
+_OWN_TABLES = {"trials", "cells"}  # written only through write_cell
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
+
+
+def _sql_value(value):
+    """A frame cell as sqlite stores it: numpy scalars as Python numbers, NaN and None as NULL."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return None
+    return value
 
 
 def _sql_type(column: str) -> str:
@@ -171,3 +185,48 @@ class RunStore:
             if column not in frame.columns:
                 frame[column] = float("nan")
         return frame
+
+    # --- derived tables (claims of a reproduction, per-trial extras) ------------------------
+    def write_table(self, name: str, frame: pd.DataFrame) -> None:
+        """Replace table `name` by `frame` in one transaction (so a reader sees the old table or
+        the new one, never half of it). The run's own tables (trials, cells) are not writable here."""
+        if name in _OWN_TABLES or not name.isidentifier():
+            raise ValueError(f"table name {name!r} is reserved or not an identifier; trials and cells are "
+                             f"written by write_cell")
+        columns = [str(c) for c in frame.columns]
+        bad = [c for c in columns if not c.isidentifier()]
+        if bad:
+            raise ValueError(f"column name(s) {', '.join(bad)} of table {name} are not identifiers")
+        types = {c: "INTEGER" if pd.api.types.is_integer_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c])
+                 else "REAL" if pd.api.types.is_float_dtype(frame[c]) else "TEXT" for c in columns}
+        rows = [tuple(_sql_value(v) for v in row) for row in frame.itertuples(index=False, name=None)]
+        con = self._connect()
+        con.isolation_level = None  # explicit transaction: DROP and CREATE are not auto-committed apart
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute(f"DROP TABLE IF EXISTS {name}")
+                con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {types[c]}' for c in columns)})")
+                con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(columns))})", rows)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        finally:
+            con.close()
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        """Table `name` of results.sqlite as a frame, or None where the store or the table is absent."""
+        if not self.path.exists():
+            return None
+        con = sqlite3.connect(self.path)
+        try:
+            present = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+            return pd.read_sql_query(f"SELECT * FROM {name}", con) if present else None
+        finally:
+            con.close()
+
+    def claims(self) -> pd.DataFrame | None:
+        """The claims table of a reproduction (harness reproduce; one row per claim: id, section,
+        claim, test, effect with its 95 % CI, verdict, reason), or None when this run is not one."""
+        return self.table(CLAIMS_TABLE)

@@ -202,6 +202,7 @@ class Findings:
     levels: tuple = ()
     storage: str = "bits_per_element"  # the column storage is read from
     has_null: bool = False
+    claims: pd.DataFrame | None = None  # a reproduction's claims (harness reproduce; RunStore.claims), else None
 
     @property
     def settings(self) -> list[tuple]:
@@ -250,7 +251,8 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 def to_json(findings: Findings) -> dict:
     """The findings as one JSON-ready object: the storage levels and how values are placed at
     them, the Pareto front of every setting, the best codec at each storage level with its
-    runner-up, test and verdict, and the crossovers along the storage axis."""
+    runner-up, test and verdict, the crossovers along the storage axis, and `claims` (one
+    record per claim) when the run is a reproduction."""
     front_columns = ["scheme", "budget", "storage", "bits_per_element", "d2_t", "d2_t_low", "d2_t_high", "p_front",
                      "n_trials"]
     fronts = []
@@ -268,4 +270,5 @@ def to_json(findings: Findings) -> dict:
             "metric": PRIMARY, "alpha": ALPHA, "equivalence_margin": EQUIVALENCE_MARGIN,
             "storage": {"column": findings.storage, "levels": list(findings.levels), "tolerance": TOLERANCE},
             "has_null": findings.has_null, "fronts": fronts, "winners": _records(wins),
-            "verdicts": _records(verdicts), "crossovers": _records(findings.crossovers)}
+            "verdicts": _records(verdicts), "crossovers": _records(findings.crossovers),
+            **({"claims": _records(findings.claims)} if findings.claims is not None else {})}

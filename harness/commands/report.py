@@ -1,6 +1,7 @@
 """harness report DIR: DIR/report.html (self-contained) and DIR/report.pdf from the stored rows."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -31,8 +32,8 @@ def add_arguments(p):
                    help="bits per element at which codecs are compared at equal storage (default: b + 0.5 for "
                         "each budget b of the run)")
     p.add_argument("--json", action="store_true",
-                   help="print the findings (Pareto fronts, best codec per storage level, verdicts, crossovers) as "
-                        "one JSON object instead of writing report.html and report.pdf")
+                   help="print the findings (Pareto fronts, best codec per storage level, verdicts, crossovers, and "
+                        "the claims of a reproduction) as one JSON object instead of writing report.html and report.pdf")
 
 
 def _run_time(store: RunStore, manifest: dict | None) -> str:
@@ -63,7 +64,9 @@ def _findings(directory: Path, null_directory: Path | None, n_permutations: int,
     if trials.empty:
         raise UsageError(f"harness report: {directory / RESULTS_FILE} holds no trials yet; run or resume the sweep first")
     null_trials = RunStore(null_directory).trials() if null_directory is not None else None
-    return analyse(trials, null_trials, n_permutations, levels)
+    findings = analyse(trials, null_trials, n_permutations, levels)
+    # a reproduction (harness reproduce) stores its claims beside the trials
+    return dataclasses.replace(findings, claims=RunStore(directory).claims())
 
 
 def write_report(directory: Path, null_directory: Path | None = None, n_permutations: int = 1000,

@@ -1,0 +1,328 @@
+"""stats.claims: each claim of the AMD paper on trial frames built by hand — one constructed truth
+under which it must come out `reproduced`, one under which it must come out `refuted` — plus the
+first-order softmax prediction and the paper's storage formula."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from stats import claims as C
+from stats.metrics import SIX_D, relative_mse
+
+N = 30
+
+
+def trials(specs, n=N, seed=0, spread=0.1, noise=0.01, **common):
+    """Trial rows for cells given as dicts (scenario, scheme, budget, dim, d2_t mean, bits, extra
+    columns). Trials of one setting share a per-trial factor exp(spread·z_t) (they run on the same
+    draws: paired), and every cell adds its own noise exp(noise·ε)."""
+    shared = np.random.default_rng(seed).standard_normal(n)
+    rows = []
+    for i, spec in enumerate(specs):
+        spec = {**dict(scenario="gaussian", dim=64, seq_len=256, queries=64, calib_tokens=512, seed=0, rng="pcg64",
+                       impl="torch"), **common, **spec}
+        own = np.random.default_rng([seed, i + 1]).standard_normal(n)
+        factor = np.exp(spread * shared + noise * own)
+        for t in range(n):
+            row = {k: v for k, v in spec.items() if k not in ("d2_t", "bits")}
+            row.update(trial=t, d2_t=spec["d2_t"] * factor[t],
+                       bits_per_element=spec.get("bits", spec["budget"] + 0.25))
+            for k, v in spec.items():
+                if isinstance(v, np.ndarray):
+                    row[k] = v[t]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def bits(scheme, budget, dim=64):
+    """Measured bits per element the way the harness's ledger roughly has them: a 32-bit norm per
+    vector, a second one for a sketched tensor, a FULL sketch's dense matrix over S = 256 tokens."""
+    norm = 32 / dim
+    extra = {"plain-kv": 0, "tq-kv": 0.001, "tq-qkv": norm / 2, "tq-kqv": norm / 2, "tq-qkqv": norm,
+             "tq-fkv": norm / 2 + 0.125, "tq-kfv": norm / 2 + 0.125, "tq-fkfv": norm + 0.25}[scheme]
+    return budget + norm + extra
+
+
+def tq_grid(errors, scenarios=("gaussian", "lowrank_aligned"), budgets=(2, 3)):
+    """Every TQ variant at each scenario and budget with d2(T) = errors[scheme] / 2^(b−2)."""
+    return trials([dict(scenario=sc, scheme=s, budget=b, d2_t=e / 2 ** (b - 2), bits=bits(s, b))
+                   for sc in scenarios for b in budgets for s, e in errors.items()])
+
+
+BASE = {"plain-kv": 0.21, "tq-kv": 0.21, "tq-qkv": 0.20, "tq-kqv": 0.30, "tq-qkqv": 0.32, "tq-fkv": 0.30,
+        "tq-kfv": 0.40, "tq-fkfv": 0.45}
+
+
+# --- claim 1 -----------------------------------------------------------------------------------
+def test_claim1_reproduced_when_the_five_are_dominated_and_the_three_are_not():
+    r = C.claim_non_dominated(tq_grid(BASE))
+    assert r.verdict == "reproduced", r.reason
+    assert r.tests.part.str.startswith("eliminated").sum() == 2 * 2 * 5
+
+
+def test_claim1_refuted_when_a_survivor_is_dominated_everywhere():
+    r = C.claim_non_dominated(tq_grid({**BASE, "tq-qkv": 0.40}))
+    assert r.verdict == "refuted" and "tq-qkv is significantly dominated" in r.reason
+    assert r.estimate > 0 and r.ci_low > 0
+
+
+def test_claim1_refuted_when_an_eliminated_variant_beats_every_survivor():
+    r = C.claim_non_dominated(tq_grid({**BASE, "tq-kqv": 0.10}))
+    assert r.verdict == "refuted" and "beat every survivor" in r.reason
+
+
+# --- claims 2 and 3 ----------------------------------------------------------------------------
+def test_claim2_full_sketches_worse_reproduced_and_refuted():
+    assert C.claim_full_worse(tq_grid(BASE)).verdict == "reproduced"
+    r = C.claim_full_worse(tq_grid({**BASE, "tq-kfv": 0.25}))   # tq-kfv beats tq-kqv (0.30)
+    assert r.verdict == "refuted" and "tq-kfv - tq-kqv" in r.reason
+
+
+def test_claim3_v_qjl_hurts_reproduced_and_refuted():
+    assert C.claim_v_qjl_hurts(tq_grid(BASE)).verdict == "reproduced"
+    r = C.claim_v_qjl_hurts(tq_grid({**BASE, "tq-qkqv": 0.15}))   # QJL on V helps tq-qkv
+    assert r.verdict == "refuted" and "tq-qkqv - tq-qkv" in r.reason
+
+
+def test_a_family_with_nothing_significant_is_inconclusive():
+    r = C.claim_full_worse(tq_grid({**BASE, "tq-fkv": 0.20, "tq-fkfv": 0.32, "tq-kfv": 0.30}))
+    assert r.verdict == "inconclusive" and "none against" in r.reason
+
+
+# --- claim 4 -----------------------------------------------------------------------------------
+def _dims(plain_large, tq_large):
+    return trials([dict(scenario="lowrank_aligned", scheme=s, budget=b, dim=d, d2_t=e)
+                   for b in (2, 3) for s, small, large in (("plain-kv", 0.2, plain_large), ("tq-kv", 0.2, tq_large))
+                   for d, e in ((64, small), (128, large))], spread=0.03)
+
+
+def test_claim4_plain_degrades_with_d_tq_does_not():
+    r = C.claim_plain_degrades(_dims(plain_large=0.3, tq_large=0.2))
+    assert r.verdict == "reproduced", r.reason
+    assert r.tests.paired.eq(False).all()   # different d, different draws: unpaired tests
+
+
+def test_claim4_refuted_when_tq_kv_degrades():
+    assert C.claim_plain_degrades(_dims(plain_large=0.3, tq_large=0.3)).verdict == "refuted"
+
+
+def test_claim4_refuted_when_plain_kv_does_not_degrade():
+    assert C.claim_plain_degrades(_dims(plain_large=0.2, tq_large=0.2)).verdict == "refuted"
+
+
+def test_claim4_needs_two_dims():
+    r = C.claim_plain_degrades(_dims(0.3, 0.2).query("dim == 64"))
+    assert r.verdict == "inconclusive" and "two head dims" in r.reason
+
+
+# --- claim 5 -----------------------------------------------------------------------------------
+def first_order_frame(a_by_temperature, budgets=(2, 3)):
+    rng = np.random.default_rng(5)
+    rows = []
+    for b in budgets:
+        for t in range(N):
+            first = 0.1 * math.exp(rng.normal(0, 0.2))
+            for temperature, a in a_by_temperature.items():
+                a_t = a * math.exp(rng.normal(0, 0.03))
+                rows.append(dict(scenario="gaussian", scheme="tq-qkv", budget=b, dim=128, seq_len=256, queries=64,
+                                 calib_tokens=512, temperature=temperature, trial=t, seed=0, rng="pcg64",
+                                 t_rel_mse_konly=first * a_t, t_rel_mse_first_order=first, logit_rel_mse=0.05))
+    return pd.DataFrame(rows)
+
+
+def test_claim5_jensen_reproduced_when_amplification_beyond_first_order_grows():
+    r = C.claim_jensen(first_order_frame({1.0: 1.05, 0.5: 1.15, 0.25: 1.3}))
+    assert r.verdict == "reproduced", r.reason
+    assert 1.25 < r.estimate < 1.35 and r.ci_low < r.estimate < r.ci_high   # geometric-mean A at T = 0.25
+
+
+def test_claim5_jensen_refuted_when_the_softmax_attenuates():
+    r = C.claim_jensen(first_order_frame({1.0: 1.0, 0.5: 0.95, 0.25: 0.8}))
+    assert r.verdict == "refuted"
+    assert r.estimate < 1
+
+
+def test_first_order_prediction_matches_small_errors_and_ignores_shifts():
+    gen = torch.Generator().manual_seed(0)
+    logits = 2 * torch.randn(3, 1, 8, 64, generator=gen, dtype=torch.float64)
+    v = torch.randn(3, 1, 64, 16, generator=gen, dtype=torch.float64)
+    e = 1e-4 * torch.randn(logits.shape, generator=gen, dtype=torch.float64)
+    t = torch.softmax(logits, -1) @ v
+    exact = relative_mse(t, torch.softmax(logits + e, -1) @ v)
+    first = C.first_order_t_rel_mse(logits, logits + e, v)
+    torch.testing.assert_close(first / exact, torch.ones(3, dtype=torch.float64), rtol=1e-3, atol=0)
+    # a shift of a whole row of logits changes no attention weight: no error, to first order too
+    shifted = C.first_order_t_rel_mse(logits, logits + 3.0, v)
+    assert float(shifted.max()) < 1e-20
+
+
+# --- claim 6 -----------------------------------------------------------------------------------
+def _heavy(loss_b2, loss_b3, control=1.1):
+    specs = []
+    for sc, ratios in (("heavy_tail", (loss_b2, loss_b3)), ("spectral_decay", (control, control))):
+        for b, ratio in zip((2, 3), ratios):
+            tq = 0.3 / 2 ** (b - 2)
+            specs += [dict(scenario=sc, scheme="tq-kv", budget=b, d2_t=tq),
+                      dict(scenario=sc, scheme="sq-kv", budget=b, d2_t=tq * ratio),
+                      dict(scenario=sc, scheme="squ-kv", budget=b, d2_t=tq * ratio * 1.05)]
+    return trials(specs)
+
+
+def test_claim6_heavy_tail_loss_that_does_not_recover():
+    r = C.claim_heavy_tail(_heavy(loss_b2=1.5, loss_b3=1.8))
+    assert r.verdict == "reproduced", r.reason
+    assert r.estimate > 1.7   # the d2(T) ratio SQ / TQ at the largest budget
+
+
+def test_claim6_refuted_when_budget_recovers_the_loss():
+    r = C.claim_heavy_tail(_heavy(loss_b2=1.8, loss_b3=1.2, control=1.0))
+    assert r.verdict == "refuted" and "b=3 - b=2" in r.reason
+
+
+def test_claim6_refuted_when_gaussian_tails_lose_as_much():
+    assert C.claim_heavy_tail(_heavy(loss_b2=1.5, loss_b3=1.8, control=2.5)).verdict == "refuted"
+
+
+# --- claim 7 -----------------------------------------------------------------------------------
+def _structured(sq_error):
+    specs = []
+    for sc in ("lowrank_aligned", "spectral_decay"):
+        for b in (2, 3):
+            specs += [dict(scenario=sc, scheme="tq-kv", budget=b, d2_t=0.3 / 2 ** (b - 2), bits=b + 0.25),
+                      dict(scenario=sc, scheme="plain-kv", budget=b, d2_t=0.35 / 2 ** (b - 2), bits=b + 0.25),
+                      dict(scenario=sc, scheme="sq-kv", budget=b, d2_t=sq_error / 2 ** (b - 2), bits=b + 0.1,
+                           d_eff_k=8.0, d_eff_v=8.0)]
+    return trials(specs)
+
+
+def test_claim7_sq_wins_at_equal_storage_on_structured_scenarios():
+    r = C.claim_sq_wins(_structured(sq_error=0.2))
+    assert r.verdict == "reproduced", r.reason
+    assert r.estimate < 0 and r.ci_high < 0
+
+
+def test_claim7_refuted_when_tq_wins():
+    assert C.claim_sq_wins(_structured(sq_error=0.4)).verdict == "refuted"
+
+
+def test_claim7_inconclusive_when_sq_never_stores_as_little():
+    frame = _structured(sq_error=0.2)
+    frame.loc[frame.scheme == "sq-kv", "bits_per_element"] += 5
+    r = C.claim_sq_wins(frame)
+    assert r.verdict == "inconclusive" and "no SQ cell stores as little" in r.reason
+
+
+# --- claim 8 -----------------------------------------------------------------------------------
+def _waterfill(ratio):
+    return trials([dict(scenario=sc, scheme=s, budget=b, d2_t=0.2 / b * (ratio if s == "sq-kv" else 1.0))
+                   for sc in ("gaussian", "spectral_decay") for b in (2, 3, 4) for s in C.SQ_CODECS])
+
+
+def test_claim8_waterfilling_equivalent_to_uniform():
+    r = C.claim_waterfill_uniform(_waterfill(1.0))
+    assert r.verdict == "reproduced", r.reason
+    assert set(r.tests.budget) == {3, 4}   # at b = 2 the two allocations coincide by construction
+
+
+def test_claim8_refuted_when_waterfilling_differs():
+    r = C.claim_waterfill_uniform(_waterfill(0.8))
+    assert r.verdict == "refuted" and "disagrees with the paper" in r.reason
+    assert r.estimate == pytest.approx(-0.2 / 3 * 0.2, rel=0.1)   # the largest difference: b = 3
+
+
+# --- claim 9 -----------------------------------------------------------------------------------
+def _calibration(d_eff_small, d_eff_large):
+    rng = np.random.default_rng(9)
+    specs = [dict(scenario="gaussian", scheme="squ-kv", budget=2, dim=32, calib_tokens=n,
+                  d_eff_k=np.round(m + rng.normal(0, 0.6, N)), d_eff_v=np.round(m + rng.normal(0, 0.6, N)), d2_t=0.2)
+             for n, m in ((16, d_eff_small), (64, d_eff_large))]
+    return trials(specs)
+
+
+def test_claim9_d_eff_follows_calibration_not_rank():
+    r = C.claim_d_eff(_calibration(10.5, 21.0), {("gaussian", 32): 32})
+    assert r.verdict == "reproduced", r.reason
+    assert r.estimate == pytest.approx(-11, abs=0.5)   # d_eff at n_cal = 64 minus the true rank
+
+
+def test_claim9_refuted_when_d_eff_recovers_the_true_rank():
+    r = C.claim_d_eff(_calibration(32.0, 32.0), {("gaussian", 32): 32})
+    assert r.verdict == "refuted"
+
+
+# --- claim 10 ----------------------------------------------------------------------------------
+def test_paper_storage_formula():
+    frame = pd.DataFrame(dict(scheme=["tq-kv", "squ-kv", "squ-kv", "sq-kv", "int8"], budget=[3, 3, 2, 3, 8],
+                              dim=128, d_eff_k=[np.nan, 8, 8, 8, np.nan], d_eff_v=[np.nan, 8, 8, 8, np.nan]))
+    storage = C.paper_storage(frame)
+    # §3.2: d = 128, d_eff = 8, b_tail = 2: TQ 128b bits per token, SQU 8b + 240 (264 at b = 3, 256 at b = 2)
+    assert storage[:4].tolist() == [3.0, 264 / 128, 256 / 128, 3.0] and np.isnan(storage[4])
+
+
+def _storage(squ_error):
+    specs = [dict(scheme="tq-kv", budget=b, dim=128, d2_t=0.3 / 2 ** (b - 2), bits=b + 0.25) for b in (2, 3, 4)]
+    specs += [dict(scheme="squ-kv", budget=b, dim=128, d2_t=squ_error, bits=b + 4.0, d_eff_k=8.0, d_eff_v=8.0)
+              for b in (3, 4)]
+    return trials(specs)
+
+
+def test_claim10_equal_storage_favours_squ():
+    r = C.claim_equal_storage(_storage(squ_error=0.2))
+    assert r.verdict == "reproduced", r.reason
+    assert "interpolated" in r.tests.label.iloc[0]   # tq-kv placed at SQU's 2.06 bits between b = 2 and 3
+    assert "no comparison" in r.reason               # the measured storage (+4 b/el) leaves tq-kv nowhere to stand
+
+
+def test_claim10_refuted_when_tq_is_better_at_equal_storage():
+    assert C.claim_equal_storage(_storage(squ_error=0.4)).verdict == "refuted"
+
+
+# --- claim 11 ----------------------------------------------------------------------------------
+def _six_d(frame, scale, seed):
+    rng = np.random.default_rng(seed)
+    for i, m in enumerate(SIX_D):
+        frame[m] = 0.1 * (i + 1) * scale * np.exp(0.03 * rng.standard_normal(len(frame)))
+    return frame
+
+
+def _separable(rng_shift):
+    cell = dict(scenario="gaussian", dim=128, budget=3)
+    main = pd.concat([_six_d(trials([dict(scheme=s, d2_t=0.2 * scale, **cell)]), scale, seed)
+                      for s, scale, seed in (("tq-kv", 1.0, 1), ("tq-qkv", 1.5, 2))], ignore_index=True)
+    # --impl reference: the same draws (paired), values equal to 1e-4; --rng mt19937: other draws
+    impl = main.copy()
+    impl["impl"] = "reference"
+    for m in SIX_D:
+        impl[m] *= 1 + 1e-4 * np.random.default_rng(3).standard_normal(len(impl))
+    rng = pd.concat([_six_d(trials([dict(scheme=s, d2_t=0.2 * scale * shift, **cell)], seed=7, rng="mt19937"),
+                            scale * shift, seed + 10)
+                     for s, scale, shift, seed in (("tq-kv", 1.0, rng_shift, 1), ("tq-qkv", 1.5, 1.0, 2))],
+                    ignore_index=True)
+    return C.claim_separable(main, {"rng": rng, "impl": impl}, cell, ("tq-kv", "tq-qkv"), n_permutations=200)
+
+
+def test_claim11_codec_difference_separable_from_implementation():
+    r = _separable(rng_shift=1.0)
+    assert r.verdict == "reproduced", r.reason
+    assert r.tests.set_index("part").loc["codec pair", "label"].endswith("codec-difference")
+
+
+def test_claim11_refuted_when_an_rng_change_looks_like_a_codec_change():
+    r = _separable(rng_shift=1.6)
+    assert r.verdict == "refuted" and "not separable" in r.reason
+
+
+# --- the table ---------------------------------------------------------------------------------
+def test_missing_cells_make_a_claim_inconclusive_and_every_claim_has_one_row():
+    empty = tq_grid(BASE).query("scheme == 'tq-kv'")
+    results = [C.claim_non_dominated(empty), C.claim_full_worse(empty), C.claim_v_qjl_hurts(empty),
+               C.claim_plain_degrades(empty), C.claim_jensen(None), C.claim_heavy_tail(empty), C.claim_sq_wins(empty),
+               C.claim_waterfill_uniform(empty), C.claim_d_eff(None, {}), C.claim_equal_storage(empty),
+               C.claim_separable(empty, {}, dict(scenario="gaussian", dim=64, budget=3), ("tq-kv", "tq-qkv"))]
+    frame = C.claims_frame(results)
+    assert frame.id.tolist() == list(range(1, 12)) and list(frame.columns) == list(C.CLAIM_COLUMNS)
+    assert (frame.verdict == "inconclusive").all() and frame.reason.str.contains("lacks").all()
+    text = C.format_claims(frame)
+    assert len(text.splitlines()) == 11 and text.splitlines()[0].lstrip().startswith("1  inconclusive")

@@ -1,0 +1,110 @@
+"""harness reproduce amd-paper end to end on the hidden test-sized grid (--size tiny): the runs,
+the claims table in results.sqlite, the printed table, `report --json`, --resume, bad input."""
+import contextlib
+import io
+import json
+import re
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from harness.cli import main
+from harness.reproduce import experiments, sizes, true_ranks
+from harness.store import RunStore
+from reports.findings import analyse, to_json
+from stats.claims import CLAIM_COLUMNS, VERDICTS
+
+
+@pytest.fixture(scope="module")
+def reproduction(tmp_path_factory):
+    return tmp_path_factory.mktemp("reproduce") / "amd"
+
+
+@pytest.fixture(scope="module")
+def first_run(reproduction):
+    """The tiny reproduction, run once for the module: (exit status, its stdout)."""
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["reproduce", "amd-paper", "--size", "tiny", "--out", str(reproduction), "--quiet"])
+    return code, stdout.getvalue()
+
+
+def test_reproduce_stores_and_prints_every_claim(reproduction, first_run):
+    code, out = first_run
+    assert code == 0
+    claims = RunStore(reproduction).claims()
+    assert list(claims.columns) == list(CLAIM_COLUMNS)
+    assert claims.id.tolist() == list(range(1, 12))
+    assert set(claims.verdict) <= set(VERDICTS) and claims.reason.str.len().gt(0).all()
+    lines = [line for line in out.splitlines() if re.match(r"^[ 1]\d  (reproduced|refuted|inconclusive) ", line)]
+    assert [int(line[:2]) for line in lines] == list(range(1, 12))
+    assert re.search(r"^verdicts: \d+ reproduced, \d+ refuted, \d+ inconclusive", out, re.M)
+    assert "reduced from the paper" in out
+    con = sqlite3.connect(reproduction / "results.sqlite")
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    con.close()
+    assert {"trials", "cells", "claims", "claim_tests", "first_order"} <= tables
+    for sub in ("calibration", "null-rng", "null-impl"):
+        assert not RunStore(reproduction / sub).trials().empty
+    manifest = RunStore(reproduction).read_manifest()
+    assert manifest["reproduction"]["size"] == "tiny" and manifest["finished_at"]
+
+
+def test_report_json_includes_the_claims(reproduction, first_run, capsys):
+    assert main(["report", str(reproduction), "--json", "--permutations", "50"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert [c["id"] for c in payload["claims"]] == list(range(1, 12))
+    assert {"verdict", "reason", "effect", "estimate", "ci_low", "ci_high", "section", "test"} \
+        <= set(payload["claims"][0])
+
+
+def test_findings_of_a_run_without_claims_have_no_claims_key(reproduction, first_run):
+    findings = analyse(RunStore(reproduction).trials(), n_permutations=20)   # analyse alone attaches no claims
+    assert findings.claims is None and "claims" not in to_json(findings)
+
+
+def test_resume_reuses_every_run(reproduction, first_run, capsys):
+    before = RunStore(reproduction).claims()
+    assert main(["reproduce", "amd-paper", "--size", "tiny", "--out", str(reproduction), "--resume", "--quiet"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " cells (" in line]
+    assert len(lines) == len(experiments(sizes()["tiny"])) and all("(0 run," in line for line in lines)
+    pd.testing.assert_frame_equal(RunStore(reproduction).claims(), before)   # the same claims, to the last digit
+
+
+def test_rerun_without_resume_is_a_usage_error(reproduction, first_run, capsys):
+    assert main(["reproduce", "amd-paper", "--size", "tiny", "--out", str(reproduction), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume" in err[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["reproduce", "nope"], "invalid choice: 'nope'"),
+    (["reproduce", "amd-paper", "--size", "huge"], "invalid choice: 'huge'"),
+    (["reproduce", "amd-paper", "--quick", "--workers", "0"], "--workers 0"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, args, message):
+    out = tmp_path / "never"
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not out.exists()
+
+
+def test_sizes_quick_is_smaller_than_the_paper_grid_and_cells_are_shared():
+    paper, quick = sizes()["paper"], sizes()["quick"]
+    assert paper.trials == 200 and paper.dims == (64, 128, 256) and paper.budgets == tuple(range(2, 8))
+    assert paper.seq_len == 1024 and len(paper.schemes) == 16
+    assert quick.trials < paper.trials and quick.seq_len < paper.seq_len and "30 trials" in quick.reduced
+    plan = experiments(quick)
+    assert "dimension" in plan and "dimension" not in experiments(paper)   # claim 4 needs two head dims
+    ablation = {c.key for c in plan[""].cells()}
+    # claim 11's main rows come from the ablation: the null runs repeat cells the ablation has
+    for name in ("null-rng", "null-impl"):
+        assert {c.key for c in plan[name].cells()} <= ablation
+    assert plan["null-rng"].rng == "mt19937" and plan["null-impl"].impl == "reference"
+
+
+def test_true_ranks_are_the_population_participation_ratios():
+    ranks = true_ranks(sizes()["quick"])
+    assert ranks == {("gaussian", 64): 64, ("lowrank_aligned", 64): 8}
