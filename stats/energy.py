@@ -12,6 +12,24 @@ Permutation test: the pooled distance matrix D (N × N, N = n_x + n_y) is comput
 relabelling is an indicator vector a ∈ {0, 1}^N with n_x ones, and with s = D·1, T = 1ᵀD1:
     S_xx = aᵀDa,  S_xy = aᵀs − S_xx,  S_yy = T − S_xx − 2 S_xy,
 so all permutations are one (P × N) @ (N × N) product. p = (1 + #{E_perm ≥ E_obs}) / (1 + P).
+
+Paired samples (x_i, y_i matched trial by trial, e.g. two codecs on the same draws): a
+sign-flip test. H0: within each pair the two points are exchangeable (x_i, y_i) ~ (y_i, x_i),
+which holds when both configurations behave alike on each draw; a flip s_i = −1 swaps pair i.
+Two statistics, each a quadratic form in the signs s ∈ {±1}^n, so all P replicates are again
+one (P × n) @ (n × n) product (Good 2005, ch. 3, for the one-sample sign-flip test):
+- "pairs": the two-sample statistic E(x, y) of the swapped samples. Swapping pair i or pair j
+  alone exchanges the cross and the within distances of the two pairs, so the (i, j) terms
+  of E change sign with s_i s_j, and the i = j terms (2|x_i − y_i|) do not change:
+      E_s = (1/n²) sᵀ M s,  M_ij = |x_i − y_j| + |y_i − x_j| − |x_i − x_j| − |y_i − y_j|.
+  E_s at s = 1 is energy_distance_squared(x, y). It sees any difference of the marginal
+  distributions: a shift, and also a change of spread around the same centre.
+- "differences": the energy distance of D_i = x_i − y_i from its reflection,
+      E(D, −D) = (2/n²) Σ_ij (|D_i + D_j| − |D_i − D_j|),  E_s = (2/n²) sᵀ M s,
+      M_ij = |D_i + D_j| − |D_i − D_j|,
+  zero iff D's empirical distribution is symmetric about 0 (H0: D symmetric). It is blind
+  to a change of spread when the noise is symmetric (x = u + e, y = u + 2e' gives a
+  symmetric D), which is why validation uses "pairs".
 """
 from __future__ import annotations
 
@@ -34,6 +52,7 @@ class EnergyResult:
     n_x: int
     n_y: int
     n_permutations: int
+    test: str = "permutation"  # "permutation" (two samples) or "sign-flip pairs|differences" (paired)
 
     def to_row(self) -> dict:
         return asdict(self)
@@ -103,9 +122,56 @@ def energy_test(x, y, n_permutations: int = 1000, seed: int | np.random.Generato
     s_xy = labels @ row - s_xx
     s_yy = total - s_xx - 2 * s_xy
     energies = _energy_from_sums(s_xx, s_xy, s_yy, n_x, n_y).cpu().numpy()
-    observed, permuted = float(energies[0]), energies[1:]
     # tolerance: a relabelling equal to the observed one must count as ≥ despite rounding
-    tol = 1e-9 * max(abs(observed), float(total.cpu()) / n ** 2)
-    p_value = (1 + int(np.count_nonzero(permuted >= observed - tol))) / (1 + n_permutations)
-    critical = float(np.quantile(permuted, 1 - alpha))
-    return EnergyResult(observed, p_value, critical, alpha, n_x, n_y, n_permutations)
+    p_value, critical = _permutation_p(energies, 1e-9 * max(abs(float(energies[0])), float(total.cpu()) / n ** 2),
+                                       alpha)
+    return EnergyResult(float(energies[0]), p_value, critical, alpha, n_x, n_y, n_permutations)
+
+
+def _permutation_p(energies: np.ndarray, tol: float, alpha: float) -> tuple[float, float]:
+    """(p-value, 1 − alpha quantile) from the observed statistic energies[0] and its replicates
+    energies[1:]; `tol` makes a replicate equal to the observed one count as ≥ despite rounding."""
+    observed, replicates = energies[0], energies[1:]
+    p_value = (1 + int(np.count_nonzero(replicates >= observed - tol))) / (1 + len(replicates))
+    return p_value, float(np.quantile(replicates, 1 - alpha))
+
+
+PAIRED_STATISTICS = ("pairs", "differences")
+
+
+def paired_energy_test(x, y, n_permutations: int = 1000, seed: int | np.random.Generator = 0, *,
+                       statistic: str = "pairs", alpha: float = 0.05, device: str | torch.device = "cpu",
+                       dtype: torch.dtype = torch.float64) -> EnergyResult:
+    """Sign-flip energy test of paired points x (n, dims), y (n, dims), row i of x matched
+    with row i of y (module doc): statistic "pairs" (E(x, y) under within-pair swaps) or
+    "differences" (E(D, −D), D = x − y); p-value from n_permutations random sign vectors
+    drawn from an explicit Generator (seed int or Generator; the same seed gives the same
+    p-value on any device). The result has n_x = n_y = n and test "sign-flip <statistic>"."""
+    if statistic not in PAIRED_STATISTICS:
+        raise ValueError(f"unknown statistic {statistic!r}; valid: {', '.join(PAIRED_STATISTICS)}")
+    if n_permutations < 1:
+        raise ValueError(f"n_permutations {n_permutations!r} must be a positive integer")
+    xt, yt = _points(x, device, dtype), _points(y, device, dtype)
+    if xt.shape != yt.shape:
+        raise ValueError(f"paired points need equal shapes, got {tuple(xt.shape)} and {tuple(yt.shape)}")
+    n = len(xt)
+    if n < 1:
+        raise ValueError("paired samples need points (got 0 pairs)")
+
+    def dist(a, b):  # exact differences, as in energy_test
+        return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+    if statistic == "pairs":
+        cross = dist(xt, yt)
+        m = (cross + cross.T - dist(xt, xt) - dist(yt, yt)) / n ** 2
+        size = float(cross.sum().cpu()) / n ** 2  # mean |x_i − y_j|: the size of the entries of M
+    else:
+        d = xt - yt
+        m = 2 * (dist(d, -d) - dist(d, d)) / n ** 2
+        size = float(torch.linalg.vector_norm(d, dim=1).sum().cpu()) / n
+    gen = as_generator(seed, "energy-sign-flip")
+    signs = np.where(gen.integers(0, 2, size=(n_permutations + 1, n), dtype=np.int8) == 1, 1.0, -1.0)
+    signs[0] = 1.0  # observed
+    s = torch.from_numpy(signs).to(device=device, dtype=dtype)
+    energies = ((s @ m) * s).sum(dim=1).cpu().numpy()
+    p_value, critical = _permutation_p(energies, 1e-9 * max(abs(float(energies[0])), size), alpha)
+    return EnergyResult(float(energies[0]), p_value, critical, alpha, n, n, n_permutations, f"sign-flip {statistic}")

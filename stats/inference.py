@@ -1,6 +1,6 @@
 """Two-sample inference on per-trial metrics: KS and Mann-Whitney tests (batched over metrics),
-Holm and Benjamini-Hochberg corrections, bootstrap confidence intervals, Cliff's delta and a
-TOST equivalence test.
+the Wilcoxon signed-rank test for paired samples, Holm and Benjamini-Hochberg corrections,
+bootstrap confidence intervals, Cliff's delta and a TOST equivalence test.
 
 Inputs are per-trial samples: a frame with one row per trial and one column per metric, or a
 1-D array. Every random draw takes an explicit seed or numpy Generator (STYLE.md §4). Results
@@ -111,6 +111,37 @@ def mann_whitney(a: pd.DataFrame, b: pd.DataFrame, metrics: Sequence[str] | None
             continue
         r = _sps.mannwhitneyu(x, y, alternative="two-sided")
         rows.append(TestResult("mann-whitney", m, float(r.statistic), float(r.pvalue), len(x), len(y)).to_row())
+    return pd.DataFrame(rows, columns=list(TestResult.__dataclass_fields__))
+
+
+def wilcoxon_signed_rank(a: pd.DataFrame, b: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
+    """Two-sided Wilcoxon signed-rank test per metric on the paired differences a_i − b_i
+    (rows of a and b matched by position: sort both by trial first; pairs with a NaN are
+    dropped). Zero differences are discarded (Wilcoxon's original treatment, scipy's
+    zero_method='wilcox'); scipy's method='auto' is exact for n ≤ 50 without ties or zeros,
+    else the normal approximation. All differences zero: statistic 0, p = 1 (no evidence of a
+    shift; scipy would warn and divide by zero). Columns as in ks_tests; statistic is the
+    smaller of the signed-rank sums W+ and W−."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}")
+    metrics = _columns(a, b, metrics)
+    d = a[metrics].to_numpy(dtype=np.float64) - b[metrics].to_numpy(dtype=np.float64)
+    # columns without NaN and zeros go through scipy at once (the same numbers as one by one)
+    plain = ~np.isnan(d).any(axis=0) & (d != 0).all(axis=0) & (len(d) > 0)
+    statistic, p_value = np.full(len(metrics), np.nan), np.full(len(metrics), np.nan)
+    if plain.any():
+        r = _sps.wilcoxon(d[:, plain], zero_method="wilcox", alternative="two-sided", method="auto", axis=0)
+        statistic[plain], p_value[plain] = r.statistic, r.pvalue
+    rows = []
+    for k, m in enumerate(metrics):
+        x = d[:, k][~np.isnan(d[:, k])]
+        if not plain[k] and len(x) > 0:
+            if np.any(x != 0):
+                r = _sps.wilcoxon(x, zero_method="wilcox", alternative="two-sided", method="auto")
+                statistic[k], p_value[k] = r.statistic, r.pvalue
+            else:
+                statistic[k], p_value[k] = 0.0, 1.0
+        rows.append(TestResult("wilcoxon", m, float(statistic[k]), float(p_value[k]), len(x), len(x)).to_row())
     return pd.DataFrame(rows, columns=list(TestResult.__dataclass_fields__))
 
 

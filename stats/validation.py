@@ -2,53 +2,103 @@
 of the codec or of the implementation (RNG family, seed, implementation, device, dtype)?
 
 Samples are per-trial frames (columns as harness/store.py TRIAL_COLUMNS) of one cell each.
+Two samples are *paired* when they ran on the same data trial by trial (same_data: one seed,
+RNG family, scenario, dim, seq_len and queries, the same trial indices); others are independent.
 
-The test family of one comparison X vs Y: a two-sample KS test on each of the six error
-coordinates (stats.metrics.SIX_D) and the energy-distance permutation test on the six-D
-points (coordinates divided by one common scale: the pooled standard deviation over every
-sample of the validation, so statistics of different comparisons are on the same footing);
-Holm's correction over the 7 p-values. The family *rejects* when any Holm-adjusted p ≤ α.
+The test family of one comparison X vs Y, seven tests, Holm's correction over them; the family
+*rejects* when any Holm-adjusted p ≤ α:
+- paired ("paired: Wilcoxon signed-rank + sign-flip energy"): a Wilcoxon signed-rank test on
+  the per-trial differences of each six-D metric (stats.metrics.SIX_D; all differences zero:
+  p = 1) and the sign-flip energy test on the six-D points (stats.energy.paired_energy_test,
+  statistic "pairs": E(X, Y) under random swaps within pairs, which sees a change of spread as
+  well as a shift; E(D, −D) on the differences would miss the spread);
+- unpaired ("unpaired: KS + permutation energy"): a two-sample KS test per metric and the
+  permutation energy test.
+The six-D points are divided by one common scale, the pooled standard deviation over every
+sample of the validation, so the statistics of all comparisons are on the same footing. KS
+p-values are always computed and reported (`ks`), as information.
+
+Effects. A metric's location effect of X vs Y is Δ = mean(X) − mean(Y): paired, the mean of
+the per-trial differences with SE sd/√n; unpaired, Welch's SE. Effects of several comparisons
+are combined the same way (location_effect): samples on the same data are combined trial by
+trial, so the correlation of paired samples, and the sample that a main and a null comparison
+share (A in A vs B and in A vs A′), enter the SE exactly; independent data groups add their
+variances (Satterthwaite degrees of freedom). The six-D effect is E_U(X, Y), the unbiased
+squared energy distance (i = j cross pairs left out when paired), with a delete-one-trial
+jackknife SE (energy_effect); it carries differences that move no mean, such as a wider spread
+(sq-qkv against sq-kv at d = 64).
 
 Null comparisons X vs X′ differ from X only in an implementation variable (IMPLEMENTATION
-VARIABLES). The decision rule (conservative: a codec difference needs evidence beyond both
-sampling noise and implementation variance):
+VARIABLES). The decision rule:
 
-1. `codec-difference` iff the main family rejects AND at least one rejected test separates
-   beyond the null: for a KS metric, D_main − max_null D > c (c: the asymptotic KS critical
-   distance at α/7); for energy, √E_main − max_null √E > √q (q: the 1 − α/7 quantile of the
-   main comparison's permutation distribution). KS distance and √E are metrics on
-   distributions, so by the triangle inequality this means Y is separated at that level
-   from every implementation variant X′ of X as well, not only from X.
-2. `implementation-variance` iff the main family rejects but nothing separates beyond the
-   null: the difference is of the size that implementation changes produce.
+1. `codec-difference` iff the main family rejects AND on at least one of its rejected tests
+   the main effect is shown to exceed every null comparison's. Metric j: H0 |μ_main| ≤ |μ_null|
+   is rejected by the intersection of two one-sided t-tests, s(Δ_main − Δ_null) > 0 and
+   s(Δ_main + Δ_null) > 0 with s = sign(Δ_main) (together: |Δ_main| − |Δ_null| > t·SE with the
+   SE of whichever combination binds, so the null's noise is counted once, not twice); energy:
+   H0 E_main ≤ E_null, a one-sided z-test on E_U(main) − E_U(null). Each must hold against every
+   null (intersection-union: p = the largest over the nulls), with Holm over the main family's
+   rejected tests.
+2. `implementation-variance` iff the main family rejects, rule 1 does not hold, and some null
+   comparison itself rejects (its own Holm family) on a test where the main rejects, with an
+   effect the main effect is not shown to exceed (the rule 1 test against that null has p > α):
+   an implementation change alone produces a difference of that size.
 3. `equivalent` iff the main family does not reject AND a TOST on the mean of every six-D
    metric is inside ±margin·|pooled mean| (relative margin, default 10 %) at level α
    (intersection-union test: no multiplicity correction needed). The TOST is paired (on
-   per-trial differences) when both samples ran on the same data (`same_data`), else Welch.
-4. `inconclusive` otherwise: no detected difference but equivalence not shown, or a
-   detected difference with no null comparison to attribute it to (without a null, a
-   difference cannot be called a codec difference: e.g. the FULL-projection TQ variants
-   change their one fixed projection matrix with the seed, which alone separates runs).
+   per-trial differences) when the samples are paired, else Welch.
+4. `inconclusive` otherwise: no detected difference but equivalence not shown; a detected
+   difference with no null comparison to attribute it to (without a null, a difference cannot
+   be called a codec difference: e.g. the FULL-projection TQ variants change their one fixed
+   projection matrix with the seed, which alone separates runs); or a detected difference that
+   neither exceeds the null nor is matched by a null that itself rejects (the null is too noisy).
 
-The KS and energy tests assume independent samples; configurations evaluated on the same
-data (same seed: schemes A and B of one run, or impl/device/dtype variants) are positively
-correlated trial by trial, which in practice makes them conservative (fewer rejections).
+Operating characteristics (stats/operating.py; the full table is in README.md, printed by
+`python -m stats.operating --repetitions 200`): six-D frames of n = 40 trials, N(10, 1) in every
+coordinate; a codec shift c and an implementation shift i (in standard deviations) of one
+coordinate; main comparison A vs B = A + c, null comparisons A vs A + i and B vs B + i;
+unpaired (four independent draws) or paired (one data draw, correlation 0.7 between frames);
+200 repetitions per cell, rates of codec-difference (CD) and implementation-variance (IV):
+
+    truth                   unpaired                paired
+    c = i = 0               CD 0 %  (equivalent 94) CD 0 %  (equivalent 96)
+    c = 1, i = 0            CD 68 %                 CD 99 %
+    c = 2 or 3, i = 0       CD 100 %                CD 100 %
+    i = c = 1, 2, 3         CD 0–2 %, IV 85–99 %    CD 0–2 %, IV 98–99 %
+    c = 1, i = 0.5          CD 20 %, IV 24 %        CD 66 %, IV 28 %
+
+By construction a codec-difference needs a main rejection (at most α when A and B behave
+alike) and an effect shown to exceed each null's at level α, so when some null's effect is as
+large as the main one it comes out in about α or less (the intersection over the nulls makes it
+rarer: 0–2 % above). The unpaired 68 % at c = 1 is near what any level-α rule can reach with
+nulls that share a sample with the main comparison: beating A vs A′ needs the combination
+s(2Ā − B̄ − Ā′), whose SE is sqrt(6/n) sd (a 1-sd effect is 2.6 SE at n = 40, passed in
+about 82 %), B vs B′ needs the mirror one, and both must pass; n = 60 gives 87 %.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import warnings
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy import stats as _sps
+from scipy.spatial.distance import cdist
 
 from .cells import CELL_COLUMNS
-from .energy import EnergyResult, energy_test
-from .inference import holm, ks_critical_value, ks_tests, tost
+from .energy import EnergyResult, energy_test, paired_energy_test
+from .inference import holm, tost, wilcoxon_signed_rank
 from .metrics import SIX_D
 
 IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")
 VERDICTS = ("codec-difference", "implementation-variance", "equivalent", "inconclusive")
 DEFAULT_MARGIN = 0.10  # TOST margin, relative to the pooled mean of each metric
+PAIRED_TESTS = "paired: Wilcoxon signed-rank + sign-flip energy"
+UNPAIRED_TESTS = "unpaired: KS + permutation energy"
+# a trial's K, V and Q are a function of these and the trial index alone (harness/runner.py)
+DATA_COLUMNS = ("seed", "rng", "scenario", "dim", "seq_len", "queries")
+TESTS = SIX_D + ("energy",)
 
 
 def six_d_points(frame: pd.DataFrame) -> np.ndarray:
@@ -60,148 +110,21 @@ def six_d_points(frame: pd.DataFrame) -> np.ndarray:
     return x[np.isfinite(x).all(axis=1)]
 
 
-def common_scale(samples) -> np.ndarray:
-    """Per-coordinate pooled standard deviation over every sample (zeros replaced by 1)."""
-    pooled = np.concatenate([six_d_points(s) for s in samples])
-    scale = pooled.std(axis=0) if len(pooled) > 1 else np.ones(len(SIX_D))
-    return np.where(scale > 0, scale, 1.0)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The test family of one comparison X vs Y (see module doc)."""
-    label: str
-    n_a: int
-    n_b: int
-    ks_statistic: dict
-    ks_p: dict
-    energy: EnergyResult
-    p_holm: dict          # Holm-adjusted p-values of the family: the six metrics and "energy"
-    alpha: float
-
-    @property
-    def rejects(self) -> bool:
-        return bool(np.nanmin(list(self.p_holm.values())) <= self.alpha)
-
-    @property
-    def family_size(self) -> int:
-        return len(self.p_holm)
-
-    def to_json(self) -> dict:
-        return {"label": self.label, "n_a": self.n_a, "n_b": self.n_b, "rejects": self.rejects,
-                "ks": dict(self.ks_p), "ks_statistic": dict(self.ks_statistic),
-                "energy": {"statistic": self.energy.statistic, "p_value": self.energy.p_value,
-                           "critical": self.energy.critical, "n_permutations": self.energy.n_permutations},
-                "p_holm": dict(self.p_holm)}
-
-
-def compare_samples(a: pd.DataFrame, b: pd.DataFrame, *, scale: np.ndarray | None = None, alpha: float = 0.05,
-                    n_permutations: int = 1000, seed: int | np.random.Generator = 0, label: str = "") -> Comparison:
-    """KS per six-D metric + energy test on the six-D points (divided by `scale`, default the
-    pooled standard deviation of a and b), Holm over the family."""
-    ks = ks_tests(a, b, SIX_D).set_index("metric")
-    xa, xb = six_d_points(a), six_d_points(b)
-    if len(xa) < 2 or len(xb) < 2:
-        raise ValueError(f"comparison {label or 'X vs Y'} needs at least 2 finite trials per side "
-                         f"(got {len(xa)} and {len(xb)})")
-    if scale is None:
-        scale = common_scale([a, b])
-    family = len(SIX_D) + 1
-    energy = energy_test(xa / scale, xb / scale, n_permutations, seed, alpha=alpha / family)
-    pvalues = list(ks["p_value"]) + [energy.p_value]
-    adjusted = holm(pvalues)
-    names = list(SIX_D) + ["energy"]
-    return Comparison(label, len(a), len(b), {m: float(ks.at[m, "statistic"]) for m in SIX_D},
-                      {m: float(ks.at[m, "p_value"]) for m in SIX_D}, energy,
-                      dict(zip(names, map(float, adjusted))), alpha)
-
-
-@dataclass(frozen=True)
-class Validation:
-    """A verdict with its evidence: the main comparison, the null comparisons, the TOST
-    results (one per six-D metric) and the tests that separate beyond the null."""
-    verdict: str
-    reason: str
-    main: Comparison
-    nulls: tuple = ()
-    equivalence: tuple = ()
-    separated: tuple = ()
-    margin: float = DEFAULT_MARGIN
-    alpha: float = 0.05
-
-    def to_json(self) -> dict:
-        return {"verdict": self.verdict, "reason": self.reason, "alpha": self.alpha, "margin": self.margin,
-                "ks": dict(self.main.ks_p), "ks_statistic": dict(self.main.ks_statistic),
-                "energy": {"statistic": self.main.energy.statistic, "p_value": self.main.energy.p_value,
-                           "critical": self.main.energy.critical,
-                           "n_permutations": self.main.energy.n_permutations, "squared": True},
-                "p_holm": dict(self.main.p_holm), "separated_beyond_null": list(self.separated),
-                "equivalence": {e["metric"]: {"difference": e["difference"], "margin": e["margin"], "paired": e["paired"],
-                                              "p_value": e["p_value"], "equivalent": e["equivalent"]}
-                                for e in self.equivalence},
-                "null": [c.to_json() for c in self.nulls]}
-
-    def to_row(self) -> dict:
-        row = {"verdict": self.verdict, "reason": self.reason, "n_a": self.main.n_a, "n_b": self.main.n_b,
-               "n_null": len(self.nulls), "energy_statistic": self.main.energy.statistic,
-               "energy_p": self.main.energy.p_value, "min_p_holm": float(np.nanmin(list(self.main.p_holm.values())))}
-        row.update({f"ks_p_{m}": p for m, p in self.main.ks_p.items()})
-        return row
-
-
-def _beyond_null(main: Comparison, nulls: list[Comparison]) -> list[str]:
-    """The rejected tests of `main` that separate beyond every null comparison (rule 1)."""
-    family = main.family_size
-    c = ks_critical_value(main.n_a, main.n_b, main.alpha / family)
-    out = []
-    for m in SIX_D:
-        null_d = max(n.ks_statistic[m] for n in nulls)
-        if main.p_holm[m] <= main.alpha and main.ks_statistic[m] - null_d > c:
-            out.append(m)
-    q = np.sqrt(max(main.energy.critical, 0.0))
-    null_e = max(np.sqrt(max(n.energy.statistic, 0.0)) for n in nulls)
-    if main.p_holm["energy"] <= main.alpha and np.sqrt(max(main.energy.statistic, 0.0)) - null_e > q:
-        out.append("energy")
-    return out
-
-
-def decide(main: Comparison, nulls: list[Comparison], a: pd.DataFrame, b: pd.DataFrame,
-           margin: float = DEFAULT_MARGIN) -> Validation:
-    """Apply the decision rule of the module doc to a main comparison and its null comparisons."""
-    nulls = list(nulls)
-    if main.rejects and not nulls:
-        return Validation("inconclusive", f"rejected at Holm-corrected alpha {main.alpha} (min adjusted p "
-                          f"{min(main.p_holm.values()):.3g}), but there is no implementation null to attribute "
-                          f"the difference to; give null comparisons", main, (), (), (), margin, main.alpha)
-    if main.rejects:
-        separated = _beyond_null(main, nulls)
-        if separated:
-            return Validation("codec-difference", f"rejected at Holm-corrected alpha {main.alpha} and beyond the "
-                              f"implementation null ({len(nulls)} null comparison(s)) on {', '.join(separated)}",
-                              main, tuple(nulls), (), tuple(separated), margin, main.alpha)
-        return Validation("implementation-variance", f"rejected at Holm-corrected alpha {main.alpha}, but no test "
-                          f"separates beyond the implementation null ({len(nulls)} null comparison(s))",
-                          main, tuple(nulls), (), (), margin, main.alpha)
-    equivalence = []
-    paired = same_data(a, b)
-    if paired:
-        a, b = a.sort_values("trial"), b.sort_values("trial")
-    for m in SIX_D:
-        pooled = np.concatenate([a[m].to_numpy(float), b[m].to_numpy(float)])
-        pooled = pooled[np.isfinite(pooled)]
-        size = abs(pooled.mean()) if len(pooled) else np.nan
-        # an exactly reproduced tensor has zero error: then only a zero difference is equivalent
-        absolute = margin * size if np.isfinite(size) and size > 0 else 1e-300
-        equivalence.append({"metric": m, "paired": paired, **tost(a[m].to_numpy(float), b[m].to_numpy(float),
-                                                                   absolute, main.alpha, paired=paired).to_row()})
-    if all(e["equivalent"] for e in equivalence):
-        return Validation("equivalent", f"no test rejects at Holm-corrected alpha {main.alpha} and every six-D mean "
-                          f"is within +-{margin:.0%} (TOST)", main, tuple(nulls), tuple(equivalence), (), margin,
-                          main.alpha)
-    failing = [e["metric"] for e in equivalence if not e["equivalent"]]
-    return Validation("inconclusive", f"no test rejects at Holm-corrected alpha {main.alpha}, but equivalence within "
-                      f"+-{margin:.0%} is not shown for {', '.join(failing)}", main, tuple(nulls),
-                      tuple(equivalence), (), margin, main.alpha)
+def _data_key(frame: pd.DataFrame) -> tuple | None:
+    """What the trials of `frame` were drawn from: the DATA_COLUMNS values and the trial
+    indices, or None when a column is missing or not constant, or a trial index repeats."""
+    if any(c not in frame.columns for c in DATA_COLUMNS + ("trial",)) or len(frame) == 0:
+        return None
+    values = []
+    for c in DATA_COLUMNS:
+        column = frame[c].to_numpy()
+        if not (column == column[0]).all():
+            return None
+        values.append(column[0].item() if isinstance(column[0], np.generic) else column[0])
+    trials = np.sort(frame["trial"].to_numpy())
+    if (np.diff(trials) == 0).any():
+        return None
+    return tuple(values) + (tuple(trials.tolist()),)
 
 
 def same_data(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -209,32 +132,410 @@ def same_data(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     RNG family, equal in both, and the same set of trial indices (the runner derives a trial's
     K, V and Q from (seed, rng, scenario, dim, seq_len, queries, trial) alone: calib_tokens
     changes only the calibration sample)."""
-    columns = ("trial", "seed", "rng", "scenario", "dim", "seq_len", "queries")
-    if any(c not in a.columns or c not in b.columns for c in columns):
-        return False
-    for c in columns[1:]:
-        if a[c].nunique() != 1 or b[c].nunique() != 1 or a[c].iloc[0] != b[c].iloc[0]:
-            return False
-    ta, tb = np.sort(a["trial"].to_numpy()), np.sort(b["trial"].to_numpy())
-    return len(ta) == len(np.unique(ta)) and np.array_equal(ta, tb)
+    key = _data_key(a)
+    return key is not None and key == _data_key(b)
 
 
-def validate_samples(a: pd.DataFrame, b: pd.DataFrame, null_pairs=(), *, alpha: float = 0.05,
-                     margin: float = DEFAULT_MARGIN, n_permutations: int = 1000,
-                     seed: int = 0) -> Validation:
-    """The verdict for sample a vs sample b (trial frames of one cell each) against the
-    implementation null given as pairs (x, x′) of trial frames that differ only in an
+@dataclass(frozen=True, eq=False)
+class TrialSample:
+    """One sample's six-D values (n, 6) in trial order (NaN where a value is not finite) and
+    the key of the data it ran on: samples with equal keys ran on the same draws trial by trial
+    (same_data: correlated row by row); samples with different keys are independent."""
+    key: tuple
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, frame) -> "TrialSample":
+        """The TrialSample of a trial frame (or the TrialSample itself)."""
+        if isinstance(frame, TrialSample):
+            return frame
+        missing = [c for c in SIX_D if c not in frame.columns]
+        if missing:
+            raise ValueError(f"trial frame lacks six-D column(s) {', '.join(missing)}")
+        if "trial" in frame.columns:
+            frame = frame.sort_values("trial", kind="stable")
+        values = frame[list(SIX_D)].to_numpy(dtype=float)
+        values = np.where(np.isfinite(values), values, np.nan)
+        key = _data_key(frame)
+        if key is None:
+            # no provenance: only an identical sample is the same random variable
+            key = ("content", hashlib.sha1(values.tobytes()).hexdigest(), values.shape)
+        return cls(key, values)
+
+    @property
+    def finite(self) -> np.ndarray:
+        """The rows (n, 6) without a non-finite coordinate."""
+        return self.values[np.isfinite(self.values).all(axis=1)]
+
+
+def common_scale(samples) -> np.ndarray:
+    """Per-coordinate pooled standard deviation over every sample (trial frames or
+    TrialSamples; zeros replaced by 1)."""
+    pooled = np.concatenate([TrialSample.of(s).finite for s in samples])
+    scale = pooled.std(axis=0) if len(pooled) > 1 else np.ones(len(SIX_D))
+    return np.where(scale > 0, scale, 1.0)
+
+
+# --- effects -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Effect:
+    """An effect estimate, its standard error and degrees of freedom (inf: normal reference)."""
+    estimate: float
+    se: float
+    df: float
+
+    def p_positive(self) -> float:
+        """One-sided p-value of H0: true value ≤ 0 (t with df degrees of freedom; zero
+        standard error: 0 when the estimate is positive, else 1)."""
+        if not np.isfinite(self.estimate):
+            return 1.0
+        if not self.se > 0:
+            return 0.0 if self.estimate > 0 else 1.0
+        return float(_sps.t.sf(self.estimate / self.se, self.df) if np.isfinite(self.df)
+                     else _sps.norm.sf(self.estimate / self.se))
+
+    def to_json(self) -> dict:
+        """Plain JSON: non-finite numbers (df = inf: the normal reference; nan: no estimate) as null."""
+        return {k: float(v) if np.isfinite(v) else None for k, v in
+                (("estimate", self.estimate), ("se", self.se), ("df", self.df))}
+
+
+def _groups(samples) -> dict:
+    """Distinct samples (by identity) grouped by data key, in first-seen order."""
+    groups: dict = {}
+    for s in samples:
+        members = groups.setdefault(s.key, [])
+        if not any(s is m for m in members):
+            members.append(s)
+    return groups
+
+
+def location_effect(terms, column: int) -> Effect:
+    """Σ c · mean(sample[:, column]) over terms (c, TrialSample) (module doc, 'Effects').
+    Samples on the same data (equal keys) are combined trial by trial, so their correlation
+    (and a sample appearing in two comparisons) enters the standard error exactly; groups on
+    different data are independent and their variances add, with Satterthwaite's degrees of
+    freedom (for one sample per group this is Welch's test)."""
+    coefs: dict = {}
+    for coef, sample in terms:
+        coefs[id(sample)] = coefs.get(id(sample), 0.0) + coef
+    estimate, variance, df_denominator = 0.0, 0.0, 0.0
+    for members in _groups([s for _, s in terms]).values():
+        combo = sum(coefs[id(s)] * s.values[:, column] for s in members)
+        combo = combo[np.isfinite(combo)]
+        if len(combo) < 2:
+            return Effect(np.nan, np.nan, np.nan)
+        v = float(combo.var(ddof=1)) / len(combo)
+        estimate += float(combo.mean())
+        variance += v
+        df_denominator += v ** 2 / (len(combo) - 1)
+    df = variance ** 2 / df_denominator if df_denominator > 0 else np.inf
+    return Effect(estimate, float(np.sqrt(variance)), float(df))
+
+
+def energy_effect(terms, scale: np.ndarray) -> Effect:
+    """Σ c · E_U(x, y) over terms (c, x, y) of TrialSamples (module doc, 'Effects'): E_U is the
+    unbiased (U-statistic) squared energy distance of the six-D points divided by `scale`,
+    leaving out the i = j cross pairs when x and y ran on the same data (they are correlated).
+    Standard error: the delete-one-trial jackknife, a trial deleted from every sample on its
+    data at once, summed over independent data groups; normal reference (df = inf)."""
+    samples = [s for _, x, y in terms for s in (x, y)]
+    groups = _groups(samples)
+    # a trial enters only when every sample on its data has all six coordinates there
+    keep = {key: np.logical_and.reduce([np.isfinite(s.values).all(axis=1) for s in members])
+            for key, members in groups.items()}
+    points = {id(s): s.values[keep[s.key]] / scale for s in samples}
+    sizes = {key: int(k.sum()) for key, k in keep.items()}
+    if min(sizes.values()) < 3:
+        return Effect(np.nan, np.nan, np.nan)
+    estimate, replicates = 0.0, {key: np.zeros(n) for key, n in sizes.items()}
+    for coef, x, y in terms:
+        full, leave_one_out = _energy_u(points[id(x)], points[id(y)], x.key, y.key)
+        estimate += coef * full
+        for key in replicates:
+            replicates[key] += coef * leave_one_out.get(key, full)
+    variance = sum((n - 1) / n * float(((r - r.mean()) ** 2).sum()) for n, r in
+                   ((sizes[key], r) for key, r in replicates.items()))
+    return Effect(float(estimate), float(np.sqrt(variance)), np.inf)
+
+
+def _energy_u(x: np.ndarray, y: np.ndarray, key_x, key_y) -> tuple[float, dict]:
+    """E_U(x, y) and, per data key of x and y, its values with one trial of that data left
+    out (arrays over the trials)."""
+    paired = key_x == key_y
+    dxy, dxx, dyy = cdist(x, y), cdist(x, x), cdist(y, y)
+    n_x, n_y = len(x), len(y)
+    diag = np.diag(dxy) if paired else 0.0
+    cross = dxy.sum() - (diag.sum() if paired else 0.0)
+    n_cross = n_x * n_y - (n_x if paired else 0)
+    within_x, within_y = dxx.sum(), dyy.sum()
+
+    def energy(cross, n_cross, within_x, m_x, within_y, m_y):
+        return 2 * cross / n_cross - within_x / (m_x * (m_x - 1)) - within_y / (m_y * (m_y - 1))
+    full = float(energy(cross, n_cross, within_x, n_x, within_y, n_y))
+    out = {}
+    if paired:
+        cross_t = cross - (dxy.sum(axis=1) - diag) - (dxy.sum(axis=0) - diag)
+        out[key_x] = energy(cross_t, (n_x - 1) * (n_y - 1) - (n_x - 1), within_x - 2 * dxx.sum(axis=1), n_x - 1,
+                            within_y - 2 * dyy.sum(axis=1), n_y - 1)
+    else:
+        out[key_x] = energy(cross - dxy.sum(axis=1), (n_x - 1) * n_y, within_x - 2 * dxx.sum(axis=1), n_x - 1,
+                            within_y, n_y)
+        out[key_y] = energy(cross - dxy.sum(axis=0), n_x * (n_y - 1), within_x, n_x,
+                            within_y - 2 * dyy.sum(axis=1), n_y - 1)
+    return full, out
+
+
+# --- one comparison ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    """The test family of one comparison X vs Y (module doc): `p`, the per-metric p-values of
+    the test used (Wilcoxon signed-rank when paired, KS otherwise), the energy test, Holm over
+    the seven; KS is always computed, as information. `effects`: per metric the location
+    effect mean(X) − mean(Y), and under "energy" E_U(X, Y). `samples`: the two TrialSamples
+    and the common scale, for effects that combine comparisons."""
+    label: str
+    n_a: int
+    n_b: int
+    paired: bool
+    p: dict
+    ks_statistic: dict
+    ks_p: dict
+    energy: EnergyResult
+    p_holm: dict          # Holm-adjusted p-values of the family: the six metrics and "energy"
+    effects: dict
+    alpha: float
+    samples: tuple = field(default=(), repr=False, compare=False)
+
+    @property
+    def tests(self) -> str:
+        return PAIRED_TESTS if self.paired else UNPAIRED_TESTS
+
+    @property
+    def rejects(self) -> bool:
+        return bool(np.nanmin(list(self.p_holm.values())) <= self.alpha)
+
+    @property
+    def rejected(self) -> list[str]:
+        """The tests (six-D metrics, then "energy") rejected at Holm-adjusted alpha."""
+        return [m for m in TESTS if self.p_holm[m] <= self.alpha]
+
+    @property
+    def family_size(self) -> int:
+        return len(self.p_holm)
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "n_a": self.n_a, "n_b": self.n_b, "paired": self.paired, "tests": self.tests,
+                "rejects": self.rejects, "p": dict(self.p), "ks": dict(self.ks_p),
+                "ks_statistic": dict(self.ks_statistic),
+                "energy": {"statistic": self.energy.statistic, "p_value": self.energy.p_value,
+                           "critical": self.energy.critical, "n_permutations": self.energy.n_permutations,
+                           "test": self.energy.test},
+                "p_holm": dict(self.p_holm), "effects": {m: e.to_json() for m, e in self.effects.items()}}
+
+
+def _ks(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """KS statistic and p-value per column of x (n_x, k) vs y (n_y, k), NaNs dropped per column
+    (stats.inference.ks_tests, at once where no column has a NaN)."""
+    with warnings.catch_warnings():
+        # scipy warns when its exact recursion fails and it switches to the asymptotic
+        # distribution (nearly identical samples); the fallback is the documented behaviour
+        warnings.filterwarnings("ignore", "ks_2samp: Exact calculation unsuccessful", RuntimeWarning)
+        if len(x) and len(y) and not (np.isnan(x).any() or np.isnan(y).any()):
+            r = _sps.ks_2samp(x, y, axis=0)
+            return np.asarray(r.statistic, dtype=float), np.asarray(r.pvalue, dtype=float)
+        statistic, p = np.full(x.shape[1], np.nan), np.full(x.shape[1], np.nan)
+        for j in range(x.shape[1]):
+            u, v = x[:, j][~np.isnan(x[:, j])], y[:, j][~np.isnan(y[:, j])]
+            if len(u) and len(v):
+                r = _sps.ks_2samp(u, v)
+                statistic[j], p[j] = r.statistic, r.pvalue
+        return statistic, p
+
+
+def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = 0.05, n_permutations: int = 1000,
+                    seed: int | np.random.Generator = 0, label: str = "") -> Comparison:
+    """The test family of a vs b (trial frames or TrialSamples; module doc): paired when they
+    ran on the same data, else unpaired. The six-D points are divided by `scale` (default the
+    pooled standard deviation of a and b) before the energy test. Holm over the seven."""
+    name = label or "X vs Y"
+    sa, sb = TrialSample.of(a), TrialSample.of(b)
+    if scale is None:
+        scale = common_scale([sa, sb])
+    family = len(TESTS)
+    paired = sa.key == sb.key and sa.key[0] != "content"
+    ks_statistic, ks_p = _ks(sa.values, sb.values)
+    if paired:
+        # both in trial order: pair i is trial i of each
+        p = wilcoxon_signed_rank(pd.DataFrame(sa.values, columns=list(SIX_D)),
+                                 pd.DataFrame(sb.values, columns=list(SIX_D)), SIX_D)["p_value"].to_numpy()
+        finite = np.isfinite(sa.values).all(axis=1) & np.isfinite(sb.values).all(axis=1)
+        xa, xb = sa.values[finite], sb.values[finite]
+        if len(xa) < 3:
+            raise ValueError(f"comparison {name} needs at least 3 finite paired trials (got {len(xa)})")
+        energy = paired_energy_test(xa / scale, xb / scale, n_permutations, seed, alpha=alpha / family)
+    else:
+        p = ks_p
+        xa, xb = sa.finite, sb.finite
+        if len(xa) < 3 or len(xb) < 3:
+            raise ValueError(f"comparison {name} needs at least 3 finite trials per side "
+                             f"(got {len(xa)} and {len(xb)})")
+        energy = energy_test(xa / scale, xb / scale, n_permutations, seed, alpha=alpha / family)
+    # a metric without a p-value (no finite value) stays out of the family (holm keeps NaN)
+    adjusted = holm(list(p) + [energy.p_value])
+    effects = {m: location_effect([(1.0, sa), (-1.0, sb)], j) for j, m in enumerate(SIX_D)}
+    effects["energy"] = energy_effect([(1.0, sa, sb)], scale)
+    return Comparison(label, len(sa.values), len(sb.values), paired, dict(zip(SIX_D, map(float, p))),
+                      dict(zip(SIX_D, map(float, ks_statistic))), dict(zip(SIX_D, map(float, ks_p))), energy,
+                      dict(zip(TESTS, map(float, adjusted))), effects, alpha, (sa, sb, scale))
+
+
+def exceeds_null(main: Comparison, null: Comparison, test: str) -> dict:
+    """The test of H0 'the main effect is no larger than the null's' on one test of the family
+    (module doc, rule 1). A metric: H0 |μ_main| ≤ |μ_null|, with s = sign(Δ_main) the
+    intersection of the one-sided tests of s(Δ_main − Δ_null) > 0 and s(Δ_main + Δ_null) > 0,
+    p the larger of the two. "energy": H0 E_main ≤ E_null, one-sided on E_U(main) − E_U(null)."""
+    (xm, ym, scale), (xn, yn, _) = main.samples, null.samples
+    if test == "energy":
+        difference = energy_effect([(1.0, xm, ym), (-1.0, xn, yn)], scale)
+        return {"null": null.label, "effect_null": null.effects[test].estimate,
+                "difference": difference.to_json(), "p_value": difference.p_positive()}
+    j = SIX_D.index(test)
+    s = float(np.sign(main.effects[test].estimate))
+    minus = location_effect([(s, xm), (-s, ym), (-s, xn), (s, yn)], j)
+    plus = location_effect([(s, xm), (-s, ym), (s, xn), (-s, yn)], j)
+    p = max(minus.p_positive(), plus.p_positive()) if s != 0 else 1.0
+    return {"null": null.label, "effect_null": null.effects[test].estimate, "minus": minus.to_json(),
+            "plus": plus.to_json(), "p_value": p}
+
+
+# --- the verdict ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Validation:
+    """A verdict with its evidence: the main comparison, the null comparisons, the TOST
+    results (one per six-D metric), the beyond-null tests (one row per test the main family
+    rejects) and the tests on which the main effect exceeds every null's (rule 1)."""
+    verdict: str
+    reason: str
+    main: Comparison
+    nulls: tuple = ()
+    equivalence: tuple = ()
+    separated: tuple = ()
+    beyond: tuple = ()
+    margin: float = DEFAULT_MARGIN
+    alpha: float = 0.05
+
+    def to_json(self) -> dict:
+        main = self.main
+        return {"verdict": self.verdict, "reason": self.reason, "alpha": self.alpha, "margin": self.margin,
+                "paired": main.paired, "tests": main.tests, "p": dict(main.p),
+                "ks": dict(main.ks_p), "ks_statistic": dict(main.ks_statistic),
+                "energy": {"statistic": main.energy.statistic, "p_value": main.energy.p_value,
+                           "critical": main.energy.critical, "n_permutations": main.energy.n_permutations,
+                           "test": main.energy.test, "squared": True},
+                "p_holm": dict(main.p_holm), "effects": {m: e.to_json() for m, e in main.effects.items()},
+                "separated_beyond_null": list(self.separated),
+                "beyond_null": {r["test"]: {k: v for k, v in r.items() if k != "test"} for r in self.beyond},
+                "equivalence": {e["metric"]: {"difference": e["difference"], "margin": e["margin"], "paired": e["paired"],
+                                              "p_value": e["p_value"], "equivalent": e["equivalent"]}
+                                for e in self.equivalence},
+                "null": [c.to_json() for c in self.nulls]}
+
+    def to_row(self) -> dict:
+        row = {"verdict": self.verdict, "reason": self.reason, "tests": self.main.tests, "n_a": self.main.n_a,
+               "n_b": self.main.n_b, "n_null": len(self.nulls), "energy_statistic": self.main.energy.statistic,
+               "energy_p": self.main.energy.p_value, "min_p_holm": float(np.nanmin(list(self.main.p_holm.values())))}
+        row.update({f"ks_p_{m}": p for m, p in self.main.ks_p.items()})
+        row.update({f"p_{m}": p for m, p in self.main.p.items()})
+        return row
+
+
+def _listed(values: dict) -> str:
+    return ", ".join(f"{m} (p {p:.3g})" for m, p in values.items())
+
+
+def decide(main: Comparison, nulls: list[Comparison], margin: float = DEFAULT_MARGIN) -> Validation:
+    """Apply the decision rule of the module doc to a main comparison and its null comparisons."""
+    nulls, alpha = list(nulls), main.alpha
+    evidence = dict(main=main, nulls=tuple(nulls), margin=margin, alpha=alpha)
+    rejected = (f"the main comparison ({main.tests}) rejects at Holm-corrected alpha {alpha} on "
+                f"{_listed({m: main.p_holm[m] for m in main.rejected})}")
+    if main.rejects and not nulls:
+        # rule 4: nothing to attribute the difference to
+        return Validation("inconclusive", f"{rejected}, but there is no implementation null to attribute the "
+                          f"difference to; give null comparisons", **evidence)
+    if main.rejects:
+        beyond = []
+        for test in main.rejected:
+            rows = [exceeds_null(main, n, test) for n in nulls]
+            beyond.append({"test": test, "effect": main.effects[test].to_json(),
+                           "p_value": max(r["p_value"] for r in rows), "nulls": rows})
+        for row, q in zip(beyond, holm([r["p_value"] for r in beyond])):
+            row["p_holm"] = float(q)
+        beyond = tuple(beyond)
+        separated = {r["test"]: r["p_holm"] for r in beyond if r["p_holm"] <= alpha}
+        if separated:
+            # rule 1
+            return Validation("codec-difference", f"{rejected}; its effect exceeds that of every null comparison "
+                              f"({len(nulls)}; Holm over the {len(beyond)} rejected test(s)) on {_listed(separated)}",
+                              separated=tuple(separated), beyond=beyond, **evidence)
+        matched = [(r["test"], n, row["p_value"]) for r in beyond for n, row in zip(nulls, r["nulls"])
+                   if n.p_holm[r["test"]] <= alpha and row["p_value"] > alpha]
+        if matched:
+            # rule 2
+            said = "; ".join(f"{n.label} ({n.tests}) rejects on {test} (Holm p {n.p_holm[test]:.3g}) and the main "
+                             f"effect is not shown to exceed its effect (p {p:.3g})" for test, n, p in matched)
+            return Validation("implementation-variance", f"{rejected}, and a change of an implementation variable "
+                              f"alone shows an effect of that size: {said}", beyond=beyond, **evidence)
+        # rule 4
+        return Validation("inconclusive", f"{rejected}, but its effect is not shown to exceed the null's and no null "
+                          f"comparison itself rejects on {', '.join(r['test'] for r in beyond)}: the null is too "
+                          f"noisy to attribute the difference to either (more trials)", beyond=beyond, **evidence)
+    xa, xb = (s.values for s in main.samples[:2])
+    equivalence = []
+    for j, m in enumerate(SIX_D):
+        pooled = np.concatenate([xa[:, j], xb[:, j]])
+        pooled = pooled[np.isfinite(pooled)]
+        size = abs(pooled.mean()) if len(pooled) else np.nan
+        # an exactly reproduced tensor has zero error: then only a zero difference is equivalent
+        absolute = margin * size if np.isfinite(size) and size > 0 else 1e-300
+        equivalence.append({"metric": m, "paired": main.paired,
+                            **tost(xa[:, j], xb[:, j], absolute, alpha, paired=main.paired).to_row()})
+    evidence["equivalence"] = tuple(equivalence)
+    quiet = f"no test of the main comparison ({main.tests}) rejects at Holm-corrected alpha {alpha}"
+    if all(e["equivalent"] for e in equivalence):
+        # rule 3
+        return Validation("equivalent", f"{quiet} and every six-D mean is within +-{margin:.0%} "
+                          f"({'paired' if main.paired else 'Welch'} TOST)", **evidence)
+    failing = [e["metric"] for e in equivalence if not e["equivalent"]]
+    # rule 4
+    return Validation("inconclusive", f"{quiet}, but equivalence within +-{margin:.0%} is not shown for "
+                      f"{', '.join(failing)}", **evidence)
+
+
+def validate_samples(a, b, null_pairs=(), *, alpha: float = 0.05, margin: float = DEFAULT_MARGIN,
+                     n_permutations: int = 1000, seed: int = 0) -> Validation:
+    """The verdict for sample a vs sample b (trial frames of one cell each, or TrialSamples)
+    against the implementation null given as pairs (x, x′) of samples that differ only in an
     implementation variable."""
     if not 0 < alpha < 1:
         raise ValueError(f"alpha {alpha!r} must lie in (0, 1)")
     if not margin > 0:
         raise ValueError(f"margin {margin!r} must be positive (a fraction of the pooled mean)")
-    null_pairs = list(null_pairs)
-    scale = common_scale([a, b] + [s for pair in null_pairs for s in pair])
-    main = compare_samples(a, b, scale=scale, alpha=alpha, n_permutations=n_permutations, seed=seed, label="main")
+    # one TrialSample per distinct frame, so a frame in two comparisons is one random variable
+    memo: dict = {}
+
+    def sample(frame):
+        if id(frame) not in memo:
+            memo[id(frame)] = (frame, TrialSample.of(frame))
+        return memo[id(frame)][1]
+    sa, sb = sample(a), sample(b)
+    null_pairs = [(sample(x), sample(y)) for x, y in null_pairs]
+    scale = common_scale([sa, sb] + [s for pair in null_pairs for s in pair])
+    main = compare_samples(sa, sb, scale=scale, alpha=alpha, n_permutations=n_permutations, seed=seed, label="main")
     nulls = [compare_samples(x, y, scale=scale, alpha=alpha, n_permutations=n_permutations, seed=seed + 1 + i,
                              label=f"null {i}") for i, (x, y) in enumerate(null_pairs)]
-    return decide(main, nulls, a, b, margin)
+    return decide(main, nulls, margin)
 
 
 def differing_variables(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[str]:
@@ -250,8 +551,9 @@ def compare_runs(frame_a: pd.DataFrame, frame_b: pd.DataFrame, null: pd.DataFram
     budget, dim, seq_len, queries, calib_tokens). `null`, optional, is a third run whose cells
     differ from frame_a's only in an implementation variable: cell by cell, frame_a vs null is
     the null comparison; without it a detected difference is `inconclusive` (module doc, rule
-    4). Returns the cell columns, verdict, reason, n_a, n_b, n_null, energy_statistic,
-    energy_p, min_p_holm and ks_p_<metric> per six-D metric."""
+    4). Returns the cell columns, verdict, reason, tests (the family used: paired or unpaired),
+    n_a, n_b, n_null, energy_statistic, energy_p, min_p_holm, and per six-D metric ks_p_<metric>
+    and p_<metric> (the p-value of the test used)."""
     for name, frame in (("frame_a", frame_a), ("frame_b", frame_b)) + ((("null", null),) if null is not None else ()):
         missing = [c for c in CELL_COLUMNS + SIX_D if c not in frame.columns]
         if missing:
@@ -267,6 +569,6 @@ def compare_runs(frame_a: pd.DataFrame, frame_b: pd.DataFrame, null: pd.DataFram
         result = validate_samples(a, groups_b[key], pairs, alpha=alpha, margin=margin,
                                   n_permutations=n_permutations, seed=seed + 1000 * i)
         rows.append({**dict(zip(keys, key)), **result.to_row()})
-    columns = keys + ["verdict", "reason", "n_a", "n_b", "n_null", "energy_statistic", "energy_p", "min_p_holm"] + \
-        [f"ks_p_{m}" for m in SIX_D]
+    columns = keys + ["verdict", "reason", "tests", "n_a", "n_b", "n_null", "energy_statistic", "energy_p",
+                      "min_p_holm"] + [f"ks_p_{m}" for m in SIX_D] + [f"p_{m}" for m in SIX_D]
     return pd.DataFrame(rows, columns=columns)

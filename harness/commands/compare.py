@@ -59,5 +59,5 @@ def run(args) -> int:
     for row in table.itertuples(index=False):
         cell = " ".join(f"{getattr(row, c)}" for c in CELL_COLUMNS if c != "calib_tokens")
         cell += f" n_cal={row.calib_tokens}" if several else ""
-        print(f"{cell}: {row.verdict} (energy p {row.energy_p:.3g}, min Holm p {row.min_p_holm:.3g})")
+        print(f"{cell}: {row.verdict} ({row.tests}; energy p {row.energy_p:.3g}, min Holm p {row.min_p_holm:.3g})")
     return 0

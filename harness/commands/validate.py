@@ -89,8 +89,9 @@ def _check(args) -> None:
         raise UsageError("harness validate: --against names the same scheme as --scheme; omit it to compare "
                          "A with itself under --vary")
     check_test_options(args, "validate")
-    if args.trials < 2:
-        raise UsageError(f"harness validate: --trials {args.trials} must be at least 2")
+    if args.trials < 3:
+        raise UsageError(f"harness validate: --trials {args.trials} must be at least 3 (the energy effect's "
+                         f"jackknife leaves one out)")
 
 
 def configs(args) -> dict[str, SweepConfig]:
@@ -167,13 +168,21 @@ def run(args) -> int:
         return 0
     print(f"{args.scenario}, budget {args.budget}, dim {args.dim}: {described}")
     print(f"verdict: {result.verdict} ({result.reason})")
-    print(f"{'metric':<10} {'KS D':>7} {'KS p':>10} {'Holm p':>10}")
-    for m, p in result.main.ks_p.items():
-        print(f"{m:<10} {result.main.ks_statistic[m]:>7.3f} {p:>10.3g} {result.main.p_holm[m]:>10.3g}")
-    e = result.main.energy
-    print(f"energy distance (squared, six-D standardised): {e.statistic:.4g}, permutation p {e.p_value:.3g} "
-          f"({e.n_permutations} permutations), Holm p {result.main.p_holm['energy']:.3g}")
+    main = result.main
+    test = "Wilcoxon p" if main.paired else "KS p"
+    print(f"main comparison, {main.tests}")
+    print(f"{'metric':<10} {'effect':>10} {'SE':>9} {'KS D':>6} {test:>10} {'Holm p':>9} {'beyond null, Holm p':>19}")
+    beyond = {r["test"]: r["p_holm"] for r in result.beyond}  # rule 1's tests, Holm over the rejected ones
+    for m in main.p:
+        e = main.effects[m]
+        print(f"{m:<10} {e.estimate:>10.3g} {e.se:>9.2g} {main.ks_statistic[m]:>6.3f} {main.p[m]:>10.3g} "
+              f"{main.p_holm[m]:>9.3g} {beyond[m] if m in beyond else float('nan'):>19.3g}")
+    e = main.energy
+    print(f"energy distance (squared, six-D standardised): {e.statistic:.4g}, {e.test} p {e.p_value:.3g} "
+          f"({e.n_permutations} permutations), Holm p {main.p_holm['energy']:.3g}; unbiased E_U "
+          f"{main.effects['energy'].estimate:.4g} (jackknife SE {main.effects['energy'].se:.2g})"
+          + (f", beyond null, Holm p {beyond['energy']:.3g}" if "energy" in beyond else ""))
     for n in result.nulls:
-        print(f"{n.label}: energy {n.energy.statistic:.4g} (p {n.energy.p_value:.3g}), "
-              f"max KS D {max(n.ks_statistic.values()):.3f}, rejects: {n.rejects}")
+        print(f"{n.label} ({n.tests}): energy {n.energy.statistic:.4g} (p {n.energy.p_value:.3g}), "
+              f"min Holm p {min(n.p_holm.values()):.3g}, rejects: {n.rejects}")
     return 0
