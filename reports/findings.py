@@ -264,7 +264,7 @@ def to_json(findings: Findings) -> dict:
         fronts.append({"setting": _records(pd.DataFrame([dict(zip(SETTING, setting))]))[0],
                        "points": _records(points)})
     wins = findings.winners.rename(columns={"validation": "verdict", "validation_reason": "verdict_reason"})
-    verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str))][
+    verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str)).astype(bool)][
         SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason"]]
     return {"n_trials": int(len(findings.trials)), "n_cells": int(len(findings.cells)),
             "metric": PRIMARY, "alpha": ALPHA, "equivalence_margin": EQUIVALENCE_MARGIN,

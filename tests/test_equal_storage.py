@@ -146,3 +146,20 @@ def test_crossovers_along_the_storage_axis():
     assert len(cross) == 1
     row = cross.iloc[0]
     assert (row[f"{LEVEL}_low"], row[f"{LEVEL}_high"], row.better_below) == (2.0, 3.0, "b") and row.confident
+
+
+def test_findings_when_no_codec_reaches_a_storage_level():
+    """A run whose codecs all sit away from every level (one budget at a small d) still has
+    findings and a JSON object: fronts, and no winners rather than an error."""
+    from harness.store import TRIAL_COLUMNS
+    from reports.findings import analyse, to_json
+
+    rng = np.random.default_rng(2)
+    rows = [{**{c: rng.uniform(0.1, 0.5) for c in TRIAL_COLUMNS}, **SETTING, "scheme": name, "budget": 3,
+             "trial": t, "impl": "torch", "device": "cpu", "dtype": "float32", "heads": 1,
+             "bits_per_element": bits, "storage_bits_per_element": bits}
+            for name, bits in (("tq-kv", 5.1), ("plain-kv", 5.0)) for t in range(4)]
+    findings = analyse(pd.DataFrame(rows), n_permutations=20)
+    assert findings.equal.empty and findings.winners.empty
+    found = to_json(findings)
+    assert found["winners"] == [] and found["verdicts"] == [] and len(found["fronts"]) == 1

