@@ -22,7 +22,7 @@ from stats.equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, st
 from stats.inference import holm, tost
 from stats.metrics import SIX_D
 from stats.paired import two_sample
-from stats.validation import same_data, validate_samples
+from stats.validation import DEFAULT_MARGIN, same_data, validate_samples
 
 from .summary import mean_ci
 
@@ -34,7 +34,9 @@ ESTIMATED = ("d2_t", "d2_k", "d2_v", "rel_mse_t", "rel_mse_k", "rel_mse_v", "t_r
              "evicted_mass")
 ALPHA = 0.05
 N_BOOT = 1000  # bootstrap replicates of the Pareto-front confidence and the crossover intervals
-EQUIVALENCE_MARGIN = 0.05  # relative: "equivalent" means the means differ by less than 5% of the runner-up's
+# relative: "equivalent" means the means differ by less than this fraction of the runner-up's; the
+# same margin as the verdicts' (stats.validation), so the two columns of a row never disagree on it
+EQUIVALENCE_MARGIN = DEFAULT_MARGIN
 SETTING_LEVEL = list(SETTING) + [LEVEL]
 
 

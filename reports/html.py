@@ -11,9 +11,9 @@ import jinja2
 
 from .figures import ReportFigure
 from .findings import Findings
-from .narrative import (FRONT_HEADER, cell_header, cell_rows, crossover_header, crossover_rows, headline_header,
-                        headline_rows, lede, method_sentence, setting_summaries, verdict_note, winner_header,
-                        winner_rows)
+from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows, claim_detail_rows,
+                        claim_rows, crossover_header, crossover_rows, headline_header, headline_rows, lede,
+                        method_sentence, setting_summaries, verdict_note, winner_header, winner_rows)
 
 PNG_DPI = 110
 
@@ -47,12 +47,23 @@ nav ul { columns: 4; font-size: .9em; }
 .headline h2 { font-size: 1.15em; margin: 0 0 .3em; border: none; }
 .headline-table { flex: 1 1 0; min-width: 0; }
 .headline-table table { font-size: .8em; }
+table.claims { font-size: .78em; }
+tr.verdict-reproduced td:nth-child(3) { color: #1a6b1a; font-weight: bold; }
+tr.verdict-refuted td:nth-child(3) { color: #a11; font-weight: bold; }
 </style>
 </head>
 <body>
 <h1>kvharness report: {{ title }}</h1>
 <p class="lede">{{ lede }}</p>
 <section id="headline">
+{% if claim_rows %}
+<h2 id="claims">The AMD paper, claim by claim</h2>
+<table class="claims" id="claims-table">
+<thead><tr>{% for c in claim_header %}<th>{{ c }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in claim_rows %}<tr class="verdict-{{ row[2] }}">{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table>
+<p class="note">How each claim was tested and the reasons: <a href="#claim-details">claim details</a>.</p>
+{% endif %}
 {% for h in headlines %}
 <div class="headline">
 {% if h.png %}<figure class="front" id="figure-{{ h.key }}"><img src="data:image/png;base64,{{ h.png }}" alt="{{ h.title }}" width="{{ h.width }}" height="{{ h.height }}"></figure>{% endif %}
@@ -93,6 +104,13 @@ nav ul { columns: 4; font-size: .9em; }
 {% if s.unplaced %}<p class="note">{{ s.unplaced }}</p>{% endif %}
 {% endfor %}
 {% endfor %}
+{% if claim_rows %}
+<h3 id="claim-details">Claim details</h3>
+<div class="wide"><table id="claim-details-table">
+<thead><tr>{% for c in claim_detail_header %}<th>{{ c }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in claim_detail_rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>
+{% endif %}
 <h3>Method</h3>
 <p>{{ method }}</p>
 </section>
@@ -178,6 +196,8 @@ def render_html(title: str, findings: Findings, figures: list[ReportFigure], man
             shown.append(entry)
     return env.from_string(_TEMPLATE).render(
         title=title, lede=lede(findings), headlines=headlines, headline_header=headline_header(findings),
+        claim_header=CLAIM_HEADER, claim_rows=claim_rows(findings), claim_detail_header=CLAIM_DETAIL_HEADER,
+        claim_detail_rows=claim_detail_rows(findings),
         method=method_sentence(findings), summaries=setting_summaries(findings), front_header=FRONT_HEADER,
         winner_header=winner_header(findings), winner_rows=winner_rows(findings), verdict_note=verdict_note(findings),
         figures=shown, cell_header=cell_header(findings), cell_rows=cell_rows(findings),

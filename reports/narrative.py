@@ -157,6 +157,25 @@ def headline_rows(findings: Findings, scenario: str) -> list[tuple[str, ...]]:
     return rows
 
 
+CLAIM_HEADER = ("#", "claim (section)", "verdict", "effect [95% CI]", "as claimed / against / tests")
+CLAIM_DETAIL_HEADER = ("#", "test", "paired", "effect", "reason")
+
+
+def claim_rows(findings: Findings) -> list[tuple[str, ...]]:
+    """A reproduction's claims, one short row each (the first screen)."""
+    if findings.claims is None:
+        return []
+    return [(str(c.id), f"{c.claim} ({c.section})", c.verdict, with_ci(c.estimate, c.ci_low, c.ci_high),
+             f"{c.n_as_claimed} / {c.n_opposite} / {c.n_tests}") for c in findings.claims.itertuples()]
+
+
+def claim_detail_rows(findings: Findings) -> list[tuple[str, ...]]:
+    """How each claim was tested and why its verdict is what it is."""
+    if findings.claims is None:
+        return []
+    return [(str(c.id), c.test, str(c.paired), c.effect, c.reason) for c in findings.claims.itertuples()]
+
+
 WINNER_HEADER = ("scenario", "d", "S", "Nq", "bits/el", "best", "best from", "best d₂(T) [95% CI]", "runner-up",
                  "runner-up from", "runner-up d₂(T) [95% CI]", "test", "Holm p", "effect", "comparison", "verdict")
 

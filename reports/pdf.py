@@ -16,9 +16,10 @@ from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from .figures import ReportFigure  # noqa: E402
 from .findings import Findings  # noqa: E402
-from .narrative import (FRONT_HEADER, cell_header, cell_rows, headline_header, headline_rows, lede, crossover_header, crossover_rows,  # noqa: E402
-                        method_sentence, setting_summaries, several_calibrations, verdict_note, winner_header,
-                        winner_rows)
+from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows,  # noqa: E402
+                        claim_detail_rows, claim_rows, crossover_header, crossover_rows, headline_header,
+                        headline_rows, lede, method_sentence, setting_summaries, several_calibrations,
+                        verdict_note, winner_header, winner_rows)
 
 PORTRAIT, LANDSCAPE = (8.27, 11.69), (11.69, 8.27)  # A4, inches
 _LINES_PER_PAGE, _WRAP = 62, 105
@@ -131,6 +132,9 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
         winner_widths.insert(4, 0.035)
         cell_widths.insert(6, 0.035)
     with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42, "text.parse_math": False}), PdfPages(path) as pdf:
+        if findings.claims is not None:
+            _table_pages(pdf, f"kvharness report: {title} — the AMD paper, claim by claim", CLAIM_HEADER,
+                         claim_rows(findings), [0.03, 0.55, 0.08, 0.2, 0.1])
         _headline_pages(pdf, title, findings, figures)
         _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
                      winner_rows(findings), winner_widths)
@@ -147,6 +151,9 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
         if len(findings.crossovers):
             _table_pages(pdf, "Crossovers along the storage axis (Δ = mean d₂(T) of A − B)", crossover_header(findings),
                          crossover_rows(findings))
+        if findings.claims is not None:
+            _table_pages(pdf, "Claim details", CLAIM_DETAIL_HEADER, claim_detail_rows(findings),
+                         [0.03, 0.3, 0.05, 0.22, 0.38])
         _table_pages(pdf, "Provenance", ("item", "value"), provenance, [0.2, 0.75])
         info = pdf.infodict()
         info["Title"] = f"kvharness report: {title}"

@@ -479,3 +479,43 @@ def test_styles_are_fixed_and_distinct_within_a_family():
     markers = {fam: styles[0].marker for fam, styles in by_family.items()}
     assert len(set(markers.values())) == len(markers)                       # and families differ by marker
     assert style("my-plugin") == style("my-plugin") and family("kvpress:KnormPress") == "eviction"
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
+                    ".ci/run installs it with apt-get install chromium")
+def test_a_reproduction_shows_its_claims_table_first(run_dir, tmp_path):
+    """A run with a claims table (harness reproduce) opens with it: the table is the first thing
+    after the title, its top inside the 1400 × 900 first screen, every claim a row with its verdict;
+    the PDF's first page is the claims table too."""
+    from stats.claims import CLAIM_COLUMNS
+    out = tmp_path / "reproduction"
+    shutil.copytree(run_dir, out)
+    verdicts = ["reproduced", "refuted", "inconclusive"] * 4
+    claims = pd.DataFrame([{c: {"id": i, "section": "§4", "claim": f"claim number {i}", "test": "paired Wilcoxon",
+                                "paired": "paired", "verdict": verdicts[i - 1], "reason": f"because {i}",
+                                "effect": "d2(T) difference", "estimate": 0.1 * i, "ci_low": 0.1 * i - 0.05,
+                                "ci_high": 0.1 * i + 0.05, "n_tests": 3, "n_as_claimed": 2, "n_opposite": 1}[c]
+                            for c in CLAIM_COLUMNS} for i in range(1, 12)])
+    RunStore(out).write_table("claims", claims)
+    assert main(["report", str(out), "--permutations", "50", "--storage-levels", "3.5"]) == 0
+    page = (out / "report.html").read_text(encoding="utf-8")
+    rows = parsed(page).tables["claims-table"]
+    assert [r[0] for r in rows[1:]] == [str(i) for i in range(1, 12)]
+    assert [r[2] for r in rows[1:]] == verdicts[:11]
+    assert page.index('id="claims-table"') < page.index('id="headline-table-1"')
+    probe = ('<script>addEventListener("load",()=>{const b=document.getElementById("claims-table")'
+             '.getBoundingClientRect();document.body.dataset.claims=[b.top,b.bottom].map(Math.round).join(",")})'
+             '</script></body>')
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", probe), encoding="utf-8")
+    dom = _chromium(["--dump-dom", "--window-size=1400,900", "--virtual-time-budget=5000", probed.as_uri()],
+                    tmp_path).stdout
+    top, bottom = map(int, re.search(r'data-claims="([-\d,]+)"', dom).group(1).split(","))
+    assert 0 <= top < 300 and bottom <= 900, (top, bottom)
+    pypdf = pytest.importorskip("pypdf")
+    first = pypdf.PdfReader(out / "report.pdf").pages[0].extract_text()
+    assert "claim by claim" in first and "claim number 11" in first
+    found = __import__("json").loads(subprocess.run(
+        [__import__("sys").executable, "-m", "harness", "report", str(out), "--json", "--permutations", "20"],
+        capture_output=True, text=True, check=True).stdout)
+    assert [c["verdict"] for c in found["claims"]] == verdicts[:11]
