@@ -61,9 +61,9 @@ A codec-difference needs a main rejection, which Holm keeps at α when A and B b
 clean nulls nearly every main rejection is one (the nulls reject in about α and, when they do,
 their effect is small); when a null's effect is as large as the main one the null rejects about
 as often as the main comparison does and explains it. Measured (see README for every cell):
-no codec and no implementation difference: codec-difference 1 % unpaired, 4 % paired (≤ α);
-c = 1, i = 0: about 87 % unpaired, 100 % paired; c ≥ 2: 100 %; i = c ≥ 1: codec-difference
-0–3 %, implementation-variance 93–100 %. The price of that power: between the two (e.g. c = 1,
+no codec and no implementation difference: codec-difference 2 % unpaired, 4 % paired (≤ α);
+c = 1, i = 0: 92 % unpaired, 99 % paired; c ≥ 2: 100 %; i = c ≥ 1: codec-difference 0–4 %,
+implementation-variance 84–100 %. The price of that power: between the two (e.g. c = 1,
 i = 0.5) both verdicts occur, since a null shift half the codec shift is often detected and
 not always shown to be smaller.
 """
