@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .threads import small_linalg
+
 
 def covariance(x: torch.Tensor) -> torch.Tensor:
     """C = xᵀx/n for x (..., n, d): (..., d, d)."""
@@ -22,6 +24,7 @@ def covariance(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2) @ x / n
 
 
+@small_linalg()
 def eigh_descending(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues (..., d) in decreasing order and eigenvectors (..., d, d) as columns."""
     values, vectors = torch.linalg.eigh(cov)
@@ -36,6 +39,7 @@ def _orthonormalise(v: torch.Tensor) -> torch.Tensor:
     return q * signs.unsqueeze(-2)
 
 
+@small_linalg()  # small matrices: one thread (schemes/threads.py)
 def top_eigenvectors(cov: torch.Tensor, k: int, start: torch.Tensor, *, n_converge: torch.Tensor | None = None,
                      max_iter: int = 500, tol: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k eigenpairs of symmetric PSD cov (..., d, d) by block power (subspace) iteration with
@@ -142,6 +146,7 @@ def leading_basis(cov: torch.Tensor, d_eff: torch.Tensor, start: torch.Tensor, *
         vals, vecs, its = top_eigenvectors(flat[sel], k, start[:, :k], n_converge=wanted[sel] + 1,
                                            max_iter=max_iter, tol=tol)
         if k < d:
-            vecs = torch.cat((vecs, torch.linalg.qr(vecs, mode="complete").Q[..., k:]), -1)
+            with small_linalg():
+                vecs = torch.cat((vecs, torch.linalg.qr(vecs, mode="complete").Q[..., k:]), -1)
         basis[sel], values[sel, :k], iterations[sel] = vecs, vals, its
     return values.reshape(*batch, d), basis.reshape(*batch, d, d), iterations.reshape(batch)

@@ -58,6 +58,7 @@ from .lloyd_max import gaussian_codebook
 from .packing import pack_bits, unpack_bits
 from .registry import register_variant
 from .rng import generator, seed_sequence
+from .threads import small_linalg
 from .waterfill import MAX_BITS, waterfill
 
 BASIS_BITS = 8
@@ -104,7 +105,8 @@ def _basis_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if known is not None:
         return known
     u = codes.to(torch.float64) * scale.to(torch.float64).unsqueeze(-2)
-    q, r = torch.linalg.qr(u)
+    with small_linalg():
+        q, r = torch.linalg.qr(u)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
     return _BASES.put((codes, scale), q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2))
 

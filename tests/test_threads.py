@@ -56,8 +56,8 @@ def test_small_linalg_as_decorator_and_switched_off():
         assert inside() == 1
 
 
-def _sweep_rows(impl: str, names: tuple[str, ...]) -> pd.DataFrame:
-    config = SweepConfig(scenarios=("spectral_decay", "rope_lowrank"), schemes=names, budgets=(3,), dims=(32,),
+def _sweep_rows(impl: str, names: tuple[str, ...], dim: int = 32) -> pd.DataFrame:
+    config = SweepConfig(scenarios=("spectral_decay", "rope_lowrank"), schemes=names, budgets=(3,), dims=(dim,),
                          seq_lens=(64,), queries=(8,), trials=2, calib_tokens=(64,), impl=impl)
     config.validate()
     rows = []
@@ -80,3 +80,16 @@ def test_rows_identical_with_and_without_small_linalg(impl):
     assert len(after) == 2 * 2 * len(names)
     pd.testing.assert_frame_equal(before, after, check_exact=True)
     assert np.isfinite(after["rel_mse_k"]).all()
+
+
+def test_rows_do_not_depend_on_torch_threads():
+    """With the small linear algebra on one thread, every scheme's rows are the same whatever
+    torch's thread count (MKL's QR and eigh alone change their last bits with it, and an
+    eigenvector's sign with them, which redraws a sign-sensitive sketch: before the threads
+    module, sketched SQ, Shard and SVD rows depended on the machine's core count)."""
+    names = tuple(schemes.available())
+    runs = []
+    for n in (1, 3):
+        with torch_threads(n):
+            runs.append(_sweep_rows("torch", names, dim=64))   # at d = 32 MKL agrees across threads anyway
+    pd.testing.assert_frame_equal(runs[0], runs[1], check_exact=True)
