@@ -5,6 +5,7 @@
 - `top_eigenvectors`: block power (subspace) iteration with Rayleigh–Ritz for the top-k
   eigenvectors (Golub & Van Loan, Matrix Computations, §8.2.4 "orthogonal iteration"), each
   matrix of the batch stopping on its own;
+- `canonical_signs`: each eigenvector's sign fixed by its largest entry (LAPACK's is arbitrary);
 - `participation_ratio` / `effective_dimension`: d_eff = round(tr(C)²/‖C‖_F²);
 - `spectral_gap`: the relative gap (λ_k − λ_{k+1})/λ_1 at the d_eff boundary, which sets how
   fast the power iteration converges and how stable the semantic subspace is.
@@ -29,6 +30,16 @@ def eigh_descending(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues (..., d) in decreasing order and eigenvectors (..., d, d) as columns."""
     values, vectors = torch.linalg.eigh(cov)
     return values.flip(-1), vectors.flip(-1)
+
+
+def canonical_signs(vectors: torch.Tensor) -> torch.Tensor:
+    """The columns of vectors (..., d, k), each multiplied by ±1 so that its entry of largest
+    magnitude is positive (the first such entry on a tie). An eigenvector's sign is arbitrary:
+    LAPACK's choice changes with the library, the device and even the thread count (MKL), and
+    the sketch of the semantic coordinates (sign(S·e) with S drawn from a seed) is not
+    invariant to it, so the basis is made a function of the subspaces alone."""
+    peak = vectors.gather(-2, vectors.abs().argmax(dim=-2, keepdim=True))
+    return vectors * torch.where(peak < 0, -1.0, 1.0).to(vectors.dtype)
 
 
 def _orthonormalise(v: torch.Tensor) -> torch.Tensor:
@@ -131,7 +142,8 @@ def leading_basis(cov: torch.Tensor, d_eff: torch.Tensor, start: torch.Tensor, *
     """An orthonormal basis (..., d, d) of R^d whose leading columns are the top eigenvectors of
     cov (..., d, d) by `top_eigenvectors` on a block of `block_width(d_eff)` vectors (the leading
     d_eff + 1 pairs converged), completed by an orthonormal basis of the complement
-    (Householder QR). Matrices with the same block width are iterated together.
+    (Householder QR), every column with its canonical sign (`canonical_signs`). Matrices with the
+    same block width are iterated together.
 
     start (d, d): the start block, its first columns used. Returns (values (..., d): the block's
     Ritz values, decreasing, NaN past the block; basis; iterations (...,) int64)."""
@@ -149,4 +161,4 @@ def leading_basis(cov: torch.Tensor, d_eff: torch.Tensor, start: torch.Tensor, *
             with small_linalg():
                 vecs = torch.cat((vecs, torch.linalg.qr(vecs, mode="complete").Q[..., k:]), -1)
         basis[sel], values[sel, :k], iterations[sel] = vecs, vals, its
-    return values.reshape(*batch, d), basis.reshape(*batch, d, d), iterations.reshape(batch)
+    return values.reshape(*batch, d), canonical_signs(basis).reshape(*batch, d, d), iterations.reshape(batch)
