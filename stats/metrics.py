@@ -79,6 +79,15 @@ def exact_logits(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
 
 
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits q kᵀ/√d, probabilities softmax(logits), T = probs·v) of the exact cache, the
+    reference of every codec's metrics on the same data: the runner computes it once per chunk
+    and hands it to trial_metrics for each cell of the chunk."""
+    logits = exact_logits(q, k)
+    probs = torch.softmax(logits, dim=-1)
+    return logits, probs, probs @ v
+
+
 def kl_attention(logits: torch.Tensor, logits_hat: torch.Tensor) -> torch.Tensor:
     """KL(p ‖ p̂) of the attention distributions over the S keys, averaged over heads and queries."""
     log_p = torch.log_softmax(logits.double(), dim=-1)
@@ -88,15 +97,16 @@ def kl_attention(logits: torch.Tensor, logits_hat: torch.Tensor) -> torch.Tensor
 
 
 def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor,
-                  k_hat: torch.Tensor, v_hat: torch.Tensor, logits_hat: torch.Tensor) -> dict[str, torch.Tensor]:
+                  k_hat: torch.Tensor, v_hat: torch.Tensor, logits_hat: torch.Tensor,
+                  exact: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Every per-trial metric of DESIGN.md, each a float64 tensor (B,).
 
     logits_hat is the scheme's `score` (which may differ from q k̂ᵀ/√d, e.g. QJL on K); the
     compressed attention output is T̂ = softmax(logits_hat)·v̂, the reference T uses exact K, V.
+    exact: exact_attention(q, k, v) when the caller has it already (shared by the cells of a chunk).
     """
-    logits = exact_logits(q, k)
-    probs, probs_hat = torch.softmax(logits, dim=-1), torch.softmax(logits_hat, dim=-1)
-    t = probs @ v
+    logits, probs, t = exact_attention(q, k, v) if exact is None else exact
+    probs_hat = torch.softmax(logits_hat, dim=-1)
     out = error_point(k, k_hat, "k")
     out.update(error_point(v, v_hat, "v"))
     out.update(error_point(t, probs_hat @ v_hat, "t"))
