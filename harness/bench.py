@@ -5,17 +5,29 @@
 - schemes: encode+decode vectors/s per scheme;
 - attention: achieved fraction of the machine's measured matmul throughput in the metrics'
   attention step (q kᵀ and softmax · v as batched matmuls);
+- rotation: tq-kv's encode+decode with its randomized Hadamard transform vs the same codec
+  rotating with a dense d×d orthogonal matrix, timed alternately in the same run;
+- threads: an SQ cell with its small linear algebra on one thread (schemes/threads.py) vs on
+  every thread, and SQ's calibration with the eigh vs the power-iteration eigensolver;
 - grid (`--grid NAME`): the wall time of a whole preset grid, every cell run by the runner's
   own chunk loop on n and 2n trials, extrapolated linearly to the grid's trial count.
+
+Every timing keeps its raw samples (seconds, after one warm-up call) beside the figure made
+from their minimum, and the result carries the machine's load average (os.getloadavg) before
+and after: on a shared machine the ratios of figures timed alternately are what carries over.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 
 import schemes
+from schemes import threads, turboquant
 
 from .runner import _run_serial, create_scheme, draw_trials, run_cell_chunk
 from .sweep import Cell, SweepConfig, grid, implementation
@@ -33,15 +45,34 @@ class BenchShape:
     repeats: int = 3
 
 
-def _best_time(fn, repeats: int) -> float:
-    """Minimum wall time over repeats (after one warm-up): the least disturbed measurement."""
+def _samples(fn, repeats: int) -> list[float]:
+    """Wall times (s) of `repeats` calls after one warm-up call."""
     fn()
-    best = float("inf")
+    out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _best_time(fn, repeats: int) -> float:
+    """Minimum wall time over repeats (after one warm-up): the least disturbed measurement."""
+    return min(_samples(fn, repeats))
+
+
+def _alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Samples of several variants timed in turn (a, b, a, b, ...) after one warm-up each, so a
+    change of the machine's load hits them alike."""
+    for fn in fns.values():
+        fn()
+    out = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[name].append(time.perf_counter() - t0)
+    return out
 
 
 def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
@@ -60,27 +91,31 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
         # new calibration tensors each call, so a calibrated scheme cannot reuse the previous
         # call's calibration (its memo keys on the tensors): the same work as the loop does
         return {**data, "k_cal": data["k_cal"].clone(), "v_cal": data["v_cal"].clone()}
-    batched = _best_time(lambda: run_cell_chunk(scheme, fresh()), shape.repeats)
-    loop = _best_time(lambda: [run_cell_chunk(scheme, one(i)) for i in range(shape.trials)], shape.repeats)
+    samples = {"batched": _samples(lambda: run_cell_chunk(scheme, fresh()), shape.repeats),
+               "loop": _samples(lambda: [run_cell_chunk(scheme, one(i)) for i in range(shape.trials)], shape.repeats)}
+    batched, loop = min(samples["batched"]), min(samples["loop"])
     out = {"cell": cell.key, "trials": shape.trials,
            "batched_trials_per_s": shape.trials / batched, "loop_trials_per_s": shape.trials / loop,
-           "batched_over_loop": loop / batched}
+           "batched_over_loop": loop / batched, "samples_s": samples}
     try:
         ref_scheme = implementation("reference")(shape.scheme, budget=shape.budget, dim=shape.dim,
                                                  seed=scheme.seed, rng=config.rng)
     except ValueError:
         out["reference_trials_per_s"] = None
         return out
-    ref = _best_time(lambda: run_cell_chunk(ref_scheme, fresh()), 1)
+    samples["reference"] = _samples(lambda: run_cell_chunk(ref_scheme, fresh()), 1)
+    ref = min(samples["reference"])
     out["reference_trials_per_s"] = shape.trials / ref
     out["batched_over_reference"] = ref / batched
     return out
 
 
 def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] | None = None,
-                      budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",)) -> dict:
+                      budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",),
+                      samples: dict | None = None) -> dict:
     """Encode+decode vectors/s on (8, 1, S, d) Gaussian K and V (a vector is one token of K or V):
-    {scheme: {impl: {budget: vectors/s}}}; schemes an implementation lacks are left out."""
+    {scheme: {impl: {budget: vectors/s}}}; schemes an implementation lacks are left out. The raw
+    samples (s) go to `samples` in the same layout."""
     g = torch.Generator(device="cpu").manual_seed(0)
     k = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
     v = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
@@ -93,8 +128,10 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
                 except ValueError:
                     continue  # not in this implementation, or this shape breaks its constraints
                 s.fit(k, v)
-                t = _best_time(lambda: s.decode(s.encode(k, v)), 1 if impl == "reference" else shape.repeats)
-                result.setdefault(name, {}).setdefault(impl, {})[budget] = 2 * k.shape[0] * shape.seq_len / t
+                times = _samples(lambda: s.decode(s.encode(k, v)), 1 if impl == "reference" else shape.repeats)
+                result.setdefault(name, {}).setdefault(impl, {})[budget] = 2 * k.shape[0] * shape.seq_len / min(times)
+                if samples is not None:
+                    samples.setdefault(name, {}).setdefault(impl, {})[budget] = times
     return result
 
 
@@ -115,12 +152,84 @@ def attention_efficiency(shape: BenchShape, device: torch.device) -> dict:
     return {"matmul_gflops": peak, "attention_gflops": achieved, "attention_fraction_of_matmul": achieved / peak}
 
 
+@contextlib.contextmanager
+def _dense_rotation(dim: int, device: torch.device):
+    """TurboQuant rotating with a dense d×d Haar-orthogonal matrix (y = u M, û = ŷ Mᵀ) in place
+    of its randomized Hadamard transform, for the comparison only."""
+    gen = torch.Generator().manual_seed(0)
+    q, r = torch.linalg.qr(torch.randn(dim, dim, generator=gen, dtype=torch.float64))
+    m = q * torch.sign(torch.diagonal(r))
+    cast = {}
+
+    def matrix(dtype):
+        return cast.setdefault(dtype, m.to(device=device, dtype=dtype))
+    with mock.patch.object(turboquant, "rht", lambda x, signs: x @ matrix(x.dtype)), \
+            mock.patch.object(turboquant, "rht_inverse", lambda y, signs: y @ matrix(y.dtype).T):
+        yield
+
+
+def rotation_comparison(shape: BenchShape, device: torch.device) -> dict:
+    """tq-kv encode+decode vectors/s with its randomized Hadamard transform and with a dense
+    matmul rotation, timed alternately; fast_over_dense > 1 when the Hadamard path is faster."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    k = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
+    v = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
+    s = schemes.create("tq-kv", budget=shape.budget, dim=shape.dim)
+
+    def dense():
+        with _dense_rotation(shape.dim, device):
+            s.decode(s.encode(k, v))
+    samples = _alternate({"hadamard": lambda: s.decode(s.encode(k, v)), "dense": dense}, shape.repeats)
+    n_vectors = 2 * k.shape[0] * shape.seq_len
+    return {"scheme": "tq-kv", "budget": shape.budget, "hadamard_vectors_per_s": n_vectors / min(samples["hadamard"]),
+            "dense_vectors_per_s": n_vectors / min(samples["dense"]),
+            "fast_over_dense": min(samples["dense"]) / min(samples["hadamard"]), "samples_s": samples}
+
+
+def threads_comparison(shape: BenchShape, device: torch.device, n_trials: int = 8) -> dict:
+    """An sq-kv cell (run_cell_chunk on n_trials trials of spectral_decay) with the small linear
+    algebra on one thread vs on every thread, and SQ's calibration (fit) with the eigh vs the
+    power-iteration eigensolver, each pair timed alternately on fresh calibration tensors (so SQ's
+    calibration memo cannot serve a repeat)."""
+    config = SweepConfig(scenarios=("spectral_decay",), schemes=("sq-kv",), budgets=(shape.budget,),
+                         dims=(shape.dim,), seq_lens=(shape.seq_len,), queries=(shape.queries,), trials=n_trials,
+                         device=device.type)
+    cell = Cell("spectral_decay", "sq-kv", shape.budget, shape.dim, shape.seq_len, shape.queries,
+                config.calib_tokens[0])
+    data = draw_trials(config, cell, range(n_trials), device, torch.float32)
+
+    def fresh():
+        return {**data, "k_cal": data["k_cal"].clone(), "v_cal": data["v_cal"].clone()}
+    scheme = create_scheme(config, cell)
+
+    def cell_with(on: bool):
+        def run():
+            with threads.enabled(on):
+                run_cell_chunk(scheme, fresh())
+        return run
+    cells = _alternate({"small_linalg_one_thread": cell_with(True), "all_threads": cell_with(False)}, shape.repeats)
+    fits = {}
+    for solver in ("eigh", "power"):
+        fitted = schemes.create("sq-kv", budget=shape.budget, dim=shape.dim, eigensolver=solver)
+        fits[solver] = (lambda f=fitted: f.fit(*(t.clone() for t in (data["k_cal"], data["v_cal"]))))
+    fit_samples = _alternate(fits, shape.repeats)
+    return {"cell": cell.key, "trials": n_trials,
+            "one_thread_over_all_threads": min(cells["all_threads"]) / min(cells["small_linalg_one_thread"]),
+            "eigh_over_power": min(fit_samples["power"]) / min(fit_samples["eigh"]),
+            "samples_s": {"cell": cells, "fit": fit_samples}}
+
+
 def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] | None = None,
               budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",)) -> dict:
-    return {"device": str(device), "threads": torch.get_num_threads(), "shape": shape.__dict__,
-            "runner": runner_throughput(shape, device),
-            "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names, budgets, impls),
-            "attention": attention_efficiency(shape, device)}
+    load_before = os.getloadavg()
+    samples: dict = {}
+    result = {"device": str(device), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+              "shape": shape.__dict__, "runner": runner_throughput(shape, device),
+              "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names, budgets, impls, samples),
+              "schemes_samples_s": samples, "attention": attention_efficiency(shape, device),
+              "rotation": rotation_comparison(shape, device), "threads_comparison": threads_comparison(shape, device)}
+    result["load_average"] = {"before": list(load_before), "after": list(os.getloadavg())}
+    return result
 
 
 def _time_cells(config: SweepConfig, device: torch.device) -> tuple[float, dict[Cell, tuple[float, float]]]:
@@ -141,6 +250,7 @@ def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
     head dimension, and the largest peak memory of a cell."""
     preset = grid(name)
     full = preset["trials"]
+    load_before = os.getloadavg()
     passes = {}
     for n in (sample_trials, 2 * sample_trials):
         config = SweepConfig(**{**preset, "trials": n, "device": device.type})
@@ -162,4 +272,5 @@ def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
             "fixed_s": 2 * t1 - t2, "per_trial_s": (t2 - t1) / sample_trials,
             "trials_per_s": len(cells1) * sample_trials / (t2 - t1) if t2 > t1 else float("inf"),
             "estimated_s_by_family": by_family, "estimated_s_by_dim": by_dim,
-            "peak_mem_mb_max": max((peak for _, peak in list(cells1.values()) + list(cells2.values())), default=0.0)}
+            "peak_mem_mb_max": max((peak for _, peak in list(cells1.values()) + list(cells2.values())), default=0.0),
+            "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}

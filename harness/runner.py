@@ -29,7 +29,7 @@ import scenarios
 import schemes
 from schemes.base import BitLedger, TrialBits, call_with_optional
 from schemes.rng import generator, seed_sequence
-from stats.metrics import exact_logits, trial_metrics
+from stats.metrics import exact_attention, exact_logits, trial_metrics
 
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .memory import peak_bytes, reset_peak
@@ -131,7 +131,9 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
       decode tokens as part of the cache they summarise, i.e. the most favourable case for them.
     """
     _fit(scheme, data)
+    exact = None
     if "k_decode" not in data:
+        exact = data.get("exact")   # the chunk's exact attention, shared by the cells of the chunk (_run_serial)
         enc = _encode(scheme, data["k"], data["v"], data["positions"])
         k_hat, v_hat = scheme.decode(enc)
         k, v = data["k"], data["v"]
@@ -159,7 +161,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
             logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
             bits = BitLedger.per_trial(enc)
             kept = scheme.kept(enc)
-    metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept)
+    metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept, exact=exact)
     metrics.update({name: x for name, x in scheme.diagnostics().items() if name in DIAGNOSTIC_COLUMNS})
     return {name: m.cpu().numpy() for name, m in metrics.items()}, bits
 
@@ -244,6 +246,8 @@ def _run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_bud
         peak = dict.fromkeys(group, 0)
         for n_chunk, trials in enumerate(chunks):
             data = draw_trials(config, group[0], trials, device, dtype)
+            if len(group) > 1 and not config.decode_tokens:
+                data["exact"] = exact_attention(data["q"], data["k"], data["v"])
             for cell in group:
                 t0 = time.perf_counter()
                 reset_peak(device)

@@ -15,6 +15,8 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
+from schemes.threads import small_linalg
+
 Streams = Callable[..., np.random.Generator]
 
 
@@ -119,7 +121,8 @@ class Scenario:
 
 def random_orthonormal(gen: np.random.Generator, dim: int, n_columns: int) -> np.ndarray:
     """A Haar-random (dim, n_columns) matrix with orthonormal columns (QR with sign fix)."""
-    q, r = np.linalg.qr(gen.standard_normal((dim, n_columns)))
+    with small_linalg():  # a 128×128 QR on two contended threads costs 15–80x one thread's time
+        q, r = np.linalg.qr(gen.standard_normal((dim, n_columns)))
     return q * np.sign(np.diag(r))
 
 

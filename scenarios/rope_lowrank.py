@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from schemes.rope import DEFAULT_BASE, apply_rope, undo_rope
+from schemes.threads import small_linalg
 
 from . import register
 from .base import Scenario, random_orthonormal
@@ -95,7 +96,8 @@ def singular_value_decay(k: np.ndarray, positions: np.ndarray, *, base: float = 
     for label, keys in (("rope_applied", k),
                         ("rope_undone", undo_rope(torch.from_numpy(k), torch.from_numpy(positions), base=base).numpy())):
         flat = keys.transpose(1, 0, 2).reshape(keys.shape[1], -1)
-        sv = np.linalg.svd(flat, compute_uv=False)
+        with small_linalg():
+            sv = np.linalg.svd(flat, compute_uv=False)
         out[label] = sv / sv[0]
     return out
 

@@ -24,6 +24,7 @@ import torch
 from .base import Encoded, Scheme
 from .packing import pack_bits, unpack_bits
 from .registry import register_variant
+from .threads import small_linalg
 
 FP16_HIGH, FP16_LOW = 2.0 ** 14, 2.0 ** -8  # peaks outside this range are shifted by a power of two
 
@@ -314,7 +315,8 @@ class LowRankSVD(Scheme):
             bound = x.abs().amax(dim=(-1, -2)).double() * math.sqrt(d)
             shift = half_shift(bound, n_lead=2)
             xs = shift_down(x, shift)
-            _, _, vh = torch.linalg.svd(xs, full_matrices=False)
+            with small_linalg():
+                _, _, vh = torch.linalg.svd(xs, full_matrices=False)
             basis = vh[..., :r, :].transpose(-1, -2).half()                    # (B, H, d, r), |entries| <= 1
             coeff = (xs @ basis.to(x.dtype)).half()                           # (B, H, S, r)
             enc.codes.update({f"{prefix}.shift": shift, f"{prefix}.basis": basis, f"{prefix}.coeff": coeff})

@@ -5,6 +5,9 @@
 - `top_eigenvectors`: block power (subspace) iteration with Rayleigh–Ritz for the top-k
   eigenvectors (Golub & Van Loan, Matrix Computations, §8.2.4 "orthogonal iteration"), each
   matrix of the batch stopping on its own;
+- `leading_basis`: SpectralQuant's basis: the leading block of eigenvectors by the power
+  iteration or by `eigh` (faster at d ≤ EIGH_MAX_DIM, see `resolve_eigensolver`), completed by QR;
+- `canonical_signs`: each eigenvector's sign fixed by its largest entry (LAPACK's is arbitrary);
 - `participation_ratio` / `effective_dimension`: d_eff = round(tr(C)²/‖C‖_F²);
 - `spectral_gap`: the relative gap (λ_k − λ_{k+1})/λ_1 at the d_eff boundary, which sets how
   fast the power iteration converges and how stable the semantic subspace is.
@@ -12,6 +15,8 @@
 from __future__ import annotations
 
 import torch
+
+from .threads import small_linalg
 
 
 def covariance(x: torch.Tensor) -> torch.Tensor:
@@ -22,10 +27,21 @@ def covariance(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2) @ x / n
 
 
+@small_linalg()
 def eigh_descending(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues (..., d) in decreasing order and eigenvectors (..., d, d) as columns."""
     values, vectors = torch.linalg.eigh(cov)
     return values.flip(-1), vectors.flip(-1)
+
+
+def canonical_signs(vectors: torch.Tensor) -> torch.Tensor:
+    """The columns of vectors (..., d, k), each multiplied by ±1 so that its entry of largest
+    magnitude is positive (the first such entry on a tie). An eigenvector's sign is arbitrary:
+    LAPACK's choice changes with the library, the device and even the thread count (MKL), and
+    the sketch of the semantic coordinates (sign(S·e) with S drawn from a seed) is not
+    invariant to it, so the basis is made a function of the subspaces alone."""
+    peak = vectors.gather(-2, vectors.abs().argmax(dim=-2, keepdim=True))
+    return vectors * torch.where(peak < 0, -1.0, 1.0).to(vectors.dtype)
 
 
 def _orthonormalise(v: torch.Tensor) -> torch.Tensor:
@@ -36,6 +52,7 @@ def _orthonormalise(v: torch.Tensor) -> torch.Tensor:
     return q * signs.unsqueeze(-2)
 
 
+@small_linalg()  # small matrices: one thread (schemes/threads.py)
 def top_eigenvectors(cov: torch.Tensor, k: int, start: torch.Tensor, *, n_converge: torch.Tensor | None = None,
                      max_iter: int = 500, tol: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k eigenpairs of symmetric PSD cov (..., d, d) by block power (subspace) iteration with
@@ -114,6 +131,25 @@ def spectral_gap(values: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 OVERSAMPLE = 8
 
+# SpectralQuant's `eigensolver` option: how `leading_basis` finds the leading block: "power"
+# (the paper's block power iteration), "eigh" (LAPACK's exact symmetric eigensolver, the block
+# taken from the full decomposition), "auto" (eigh at d ≤ EIGH_MAX_DIM). On one thread a batched
+# eigh of d×d covariances is 3–14x faster than the power iteration at d = 64..256
+# (spectral_decay, lowrank_aligned, heavy_tail, gaussian; 2-core CPU); the iteration pays off
+# only where eigh's O(d³) is large.
+EIGENSOLVERS = ("power", "eigh", "auto")
+EIGH_MAX_DIM = 512
+
+
+def resolve_eigensolver(name: str, d: int) -> str:
+    """"power" or "eigh": the solver `name` stands for at head dimension d."""
+    if name not in EIGENSOLVERS:
+        raise ValueError(f"eigensolver {name!r}; valid: {', '.join(EIGENSOLVERS)}")
+    if name == "auto":
+        return "eigh" if d <= EIGH_MAX_DIM else "power"
+    return name
+
+
 
 def block_width(d_eff: torch.Tensor, d: int) -> torch.Tensor:
     """Vectors the power iteration carries for a head of effective dimension d_eff: 2·d_eff + 8,
@@ -122,26 +158,42 @@ def block_width(d_eff: torch.Tensor, d: int) -> torch.Tensor:
     return ((2 * d_eff + OVERSAMPLE + 7) // 8 * 8).clamp(max=d)
 
 
-def leading_basis(cov: torch.Tensor, d_eff: torch.Tensor, start: torch.Tensor, *, max_iter: int = 500,
-                  tol: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An orthonormal basis (..., d, d) of R^d whose leading columns are the top eigenvectors of
-    cov (..., d, d) by `top_eigenvectors` on a block of `block_width(d_eff)` vectors (the leading
-    d_eff + 1 pairs converged), completed by an orthonormal basis of the complement
-    (Householder QR). Matrices with the same block width are iterated together.
+def leading_basis(cov: torch.Tensor, d_eff: torch.Tensor, start: torch.Tensor, *, solver: str = "power",
+                  max_iter: int = 500, tol: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An orthonormal basis (..., d, d) of R^d whose leading columns are the top
+    `block_width(d_eff)` eigenvectors of cov (..., d, d), completed by an orthonormal basis of
+    the complement (Householder QR), every column with its canonical sign (`canonical_signs`).
 
-    start (d, d): the start block, its first columns used. Returns (values (..., d): the block's
-    Ritz values, decreasing, NaN past the block; basis; iterations (...,) int64)."""
+    solver "power": the block by `top_eigenvectors` (the leading d_eff + 1 pairs converged),
+    matrices with the same block width iterated together; "eigh": the block taken from the
+    exact decomposition (then every block vector is exact, not only the leading d_eff + 1).
+    The completion is the same either way: the exact tail eigenvectors of a sample covariance
+    over-fit the calibration sample (their variances spread per Marchenko–Pastur, and a codebook
+    scaled by an underestimated σ clips fresh data), which costs SQ up to 2–3x in relMSE at
+    d = 256, b = 4, so eigh replaces the iteration, not the basis it builds.
+
+    start (d, d): the start block, its first columns used (by the power iteration). Returns
+    (values (..., d): the block's Ritz values (eigenvalues for eigh), decreasing, NaN past the
+    block; basis; iterations (...,) int64, 0 for eigh)."""
     *batch, d, _ = cov.shape
     flat, wanted = cov.reshape(-1, d, d), d_eff.reshape(-1).to(torch.int64)
     widths = block_width(wanted, d)
     basis = torch.empty_like(flat)
     values = torch.full(flat.shape[:-1], float("nan"), dtype=cov.dtype, device=cov.device)
     iterations = torch.zeros(flat.shape[0], dtype=torch.int64, device=cov.device)
+    if solver == "eigh":
+        exact_values, exact_vectors = eigh_descending(flat)
+    elif solver != "power":
+        raise ValueError(f"solver {solver!r}; valid: power, eigh")
     for k in torch.unique(widths).tolist():
         sel = torch.nonzero(widths == k).squeeze(-1)
-        vals, vecs, its = top_eigenvectors(flat[sel], k, start[:, :k], n_converge=wanted[sel] + 1,
-                                           max_iter=max_iter, tol=tol)
+        if solver == "eigh":
+            vals, vecs, its = exact_values[sel, :k], exact_vectors[sel, :, :k], 0
+        else:
+            vals, vecs, its = top_eigenvectors(flat[sel], k, start[:, :k], n_converge=wanted[sel] + 1,
+                                               max_iter=max_iter, tol=tol)
         if k < d:
-            vecs = torch.cat((vecs, torch.linalg.qr(vecs, mode="complete").Q[..., k:]), -1)
+            with small_linalg():
+                vecs = torch.cat((vecs, torch.linalg.qr(vecs, mode="complete").Q[..., k:]), -1)
         basis[sel], values[sel, :k], iterations[sel] = vecs, vals, its
-    return values.reshape(*batch, d), basis.reshape(*batch, d, d), iterations.reshape(batch)
+    return values.reshape(*batch, d), canonical_signs(basis).reshape(*batch, d, d), iterations.reshape(batch)

@@ -44,6 +44,7 @@ from .registry import register_variant
 from .rng import generator
 from . import rope
 from .rope import DEFAULT_BASE
+from .threads import small_linalg
 from .turboquant import TurboQuant
 
 BIT_CHOICES = (0, 2, 4, 6, 8)
@@ -174,15 +175,22 @@ def randomized_svd(x: torch.Tensor, rank: int, n_iter: int, omega: torch.Tensor)
     between power iterations (Halko et al. 2011, Alg. 4.4)."""
     if omega.shape[1] >= min(x.shape[-2:]):
         # the sketch spans the whole row space: the exact SVD is what the iteration converges to
-        _, s, vh = torch.linalg.svd(x, full_matrices=False)
+        with small_linalg():
+            _, s, vh = torch.linalg.svd(x, full_matrices=False)
         return vh[..., :rank, :].transpose(-1, -2), s[..., :rank]
     y = x @ omega
-    q, _ = torch.linalg.qr(y)
+    with small_linalg():   # the QRs and the small SVD on one thread, the products x @ · on all
+        q, _ = torch.linalg.qr(y)
     for _ in range(n_iter):
-        z, _ = torch.linalg.qr(x.transpose(-1, -2) @ q)
-        q, _ = torch.linalg.qr(x @ z)
+        y = x.transpose(-1, -2) @ q
+        with small_linalg():
+            z, _ = torch.linalg.qr(y)
+        y = x @ z
+        with small_linalg():
+            q, _ = torch.linalg.qr(y)
     small = q.transpose(-1, -2) @ x                      # (B, l, D)
-    _, s, vh = torch.linalg.svd(small, full_matrices=False)
+    with small_linalg():
+        _, s, vh = torch.linalg.svd(small, full_matrices=False)
     return vh[..., :rank, :].transpose(-1, -2), s[..., :rank]
 
 

@@ -3,11 +3,16 @@
 fit(k_cal, v_cal) calibrates, per trial and head and separately for K and V:
   1. C = XᵀX/n of the calibration tokens (float64, after dividing by the largest entry so
      |x| ~ 1e±30 neither overflows nor underflows); d_eff = round(tr(C)²/‖C‖_F²) straight
-     from C; the top eigenvectors by block power iteration (eigen.leading_basis: 2·d_eff + 8
-     vectors, Rayleigh–Ritz after every product, until the leading d_eff + 1 residuals are
-     below 1e-9·λ_1), completed to a basis of R^d by Householder QR; the spectral gap at
-     d_eff. A zero or non-finite C (no information) falls back to the identity basis and
-     d_eff = d. (The NumPy reference takes the exact `eigh` path instead.)
+     from C; the top 2·d_eff + 8 eigenvectors (eigen.leading_basis), completed to a basis of
+     R^d by Householder QR, each vector's sign canonical (largest entry positive). The option
+     `eigensolver` says how the top block is found: "power", the paper's block power iteration
+     (Rayleigh–Ritz after every product, until the leading d_eff + 1 residuals are below
+     1e-9·λ_1), or "eigh", LAPACK's exact decomposition; "auto" (the default) takes eigh at
+     d ≤ 512, where it is several times faster. The two agree on the leading d_eff + 1 pairs
+     to the iteration's tolerance; the rest of the block is exact with eigh and partly
+     converged with the iteration, so its coordinates' σ and widths differ slightly. The
+     spectral gap at d_eff. A zero or non-finite C (no information) falls back to the
+     identity basis and d_eff = d. (The NumPy reference takes all d exact eigenvectors.)
   2. The basis is stored as int8 with one float32 scale per column (BASIS_BITS = 8); encoder
      and decoder both use Q = QR(dequantised basis), which is exactly orthonormal, so the
      coarse storage costs only a slight misalignment, never an inconsistency.
@@ -57,11 +62,12 @@ import torch
 
 from . import qjl
 from .base import Encoded, Scheme, stored_bits
-from .eigen import covariance, effective_dimension, leading_basis, spectral_gap
+from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
 from .packing import pack_bits, unpack_bits
 from .registry import register_variant
 from .rng import generator, seed_sequence
+from .threads import small_linalg
 from .waterfill import MAX_BITS, waterfill
 
 BASIS_BITS = 8
@@ -78,8 +84,9 @@ class Calibration:
     basis_codes int8 (B, H, d, d) and basis_scale float32 (B, H, d): the stored basis;
     basis float64 (B, H, d, d): Q, its orthonormalisation (columns = coordinates);
     sigma float32 (B, H, d); widths int64 (B, H, d): MSE bits per coordinate;
-    d_eff int64 (B, H); eigenvalues float64 (B, H, d), decreasing, NaN past the power iteration's
-    block; gap float64 (B, H); iterations int64 (B, H): products the power iteration took.
+    d_eff int64 (B, H); eigenvalues float64 (B, H, d), decreasing (power iteration: NaN past its
+    block); gap float64 (B, H); iterations int64 (B, H): products the power iteration took (0
+    for eigh).
     """
     basis_codes: torch.Tensor
     basis_scale: torch.Tensor
@@ -108,7 +115,8 @@ def _basis_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if known is not None:
         return known
     u = codes.to(torch.float64) * scale.to(torch.float64).unsqueeze(-2)
-    q, r = torch.linalg.qr(u)
+    with small_linalg():
+        q, r = torch.linalg.qr(u)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
     return _BASES.put((codes, scale), q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2))
 
@@ -284,6 +292,7 @@ class SpectralQuant(Scheme):
     sketch_k: bool = False
     sketch_v: bool = False
     n_projections: int = N_PROJECTIONS
+    eigensolver: str = "auto"       # "power" (the paper's), "eigh", "auto" (eigh at d <= eigen.EIGH_MAX_DIM)
     calibration: dict[str, Calibration] = field(default_factory=dict, repr=False)
     trials: torch.Tensor | None = field(default=None, repr=False)   # (B,) trial indices of the last fit
 
@@ -293,6 +302,7 @@ class SpectralQuant(Scheme):
             raise ValueError(f"allocation {self.allocation!r}; valid: waterfill, uniform")
         if isinstance(self.n_projections, bool) or not isinstance(self.n_projections, int) or self.n_projections < 1:
             raise ValueError(f"n_projections {self.n_projections!r} must be a positive integer")
+        resolve_eigensolver(self.eigensolver, self.dim)
 
     @property
     def tail_bits(self) -> int:
@@ -317,13 +327,15 @@ class SpectralQuant(Scheme):
     def _calibrate(self, x: torch.Tensor, sketched: bool) -> Calibration:
         """The calibration of x (B, H, n, d): the data-dependent part from the memo when the same
         tensor was calibrated last (the cells of a sweep that share data), widths for this scheme."""
-        shared = _CALIBRATIONS.get((x,), self.rng)
+        tag = (self.rng, resolve_eigensolver(self.eigensolver, self.dim))
+        shared = _CALIBRATIONS.get((x,), tag)
         if shared is None:
-            shared = _CALIBRATIONS.put((x,), self._spectrum(x), self.rng)
+            shared = _CALIBRATIONS.put((x,), self._spectrum(x), tag)
         return replace(shared, widths=self._allocate(shared.sigma, shared.d_eff, sketched))
 
     def _spectrum(self, x: torch.Tensor) -> Calibration:
-        """Everything but the widths: a function of x and the RNG family alone."""
+        """Everything but the widths: a function of x, the eigensolver and (power iteration) the
+        RNG family alone."""
         x64 = x.detach().to(torch.float64)
         peak = x64.abs().amax(dim=(-1, -2), keepdim=True)
         informative = torch.isfinite(peak) & (peak > 0)
@@ -334,7 +346,8 @@ class SpectralQuant(Scheme):
         cov = torch.where(ok.unsqueeze(-1), cov, eye)
         d_eff = torch.where(ok.squeeze(-1), effective_dimension(cov), torch.full_like(ok.squeeze(-1), self.dim,
                                                                                       dtype=torch.int64))
-        values, vectors, iterations = leading_basis(cov, d_eff, self._start_block(x.device))
+        values, vectors, iterations = leading_basis(cov, d_eff, self._start_block(x.device),
+                                                    solver=resolve_eigensolver(self.eigensolver, self.dim))
         vectors = torch.where(ok.unsqueeze(-1), vectors, eye)
         values = torch.where(ok, values.clamp_min(0), torch.zeros_like(values))
         codes, scale = _quantise_basis(vectors)

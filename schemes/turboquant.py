@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import qjl
+from . import fastquant, qjl
 from .base import Encoded, Scheme
 from .hadamard import check_power_of_two, rht, rht_inverse
-from .lloyd_max import beta_codebook, dequantize, quantize
-from .packing import pack_bits, unpack_bits
+from .lloyd_max import beta_codebook, dequantize
+from .packing import pack_bits, unpack_codes
 from .registry import register_variant
 from .rng import generator, rademacher
 
@@ -75,7 +75,7 @@ class TurboQuant(Scheme):
 
     @staticmethod
     def _unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-        return unpack_bits(packed, 1, n).to(dtype) * 2 - 1
+        return unpack_codes(packed, 1, n).to(dtype) * 2 - 1
 
     def _projection(self, side: dict, prefix: str, kind: str, dtype) -> torch.Tensor:
         if kind == "rht":
@@ -91,22 +91,23 @@ class TurboQuant(Scheme):
         # Scale by the largest entry first so ‖x‖² cannot overflow (|x| ~ 1e30 in float32).
         peak = x.abs().amax(dim=-1, keepdim=True)
         peak = torch.where(peak > 0, peak, torch.ones_like(peak))
-        scaled_norms = torch.linalg.vector_norm(x / peak, dim=-1, keepdim=True)
+        scaled = x / peak
+        scaled_norms = torch.linalg.vector_norm(scaled, dim=-1, keepdim=True)
         norms = peak * scaled_norms
-        u = (x / peak) / torch.where(scaled_norms > 0, scaled_norms, torch.ones_like(scaled_norms))
+        u = scaled.div_(torch.where(scaled_norms > 0, scaled_norms, torch.ones_like(scaled_norms)))
         y = rht(u, self._rotation(enc, prefix, x.dtype)) if self.rotate else u
         enc.codes[f"{prefix}.norm"] = norms.squeeze(-1).to(torch.float32)
         bits = self._mse_bits(kind)
-        y_hat = torch.zeros_like(y)
+        codes = None
         if bits >= 1:
             book = beta_codebook(d, bits)
-            idx = quantize(y, book)
-            enc.codes[f"{prefix}.codes"] = pack_bits(idx, bits)
+            # uint8 codes, the same as bucketize on the thresholds (schemes/fastquant.py), packed
+            enc.codes[f"{prefix}.codes"], codes = fastquant.quantize_pack(y, book.thresholds, bits)
             # one table per width, shared by K and V: stored (and counted) once
             enc.side[f"codebook.{bits}bit"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
             enc.model.add(f"codebook.{bits}bit")
-            y_hat = dequantize(idx, book, x.dtype)
         if kind:
+            y_hat = torch.zeros_like(y) if codes is None else dequantize(codes.to(torch.int64), book, x.dtype)
             residual = y - y_hat
             enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
             proj = self._projection(enc.side, prefix, kind, x.dtype)
@@ -121,8 +122,8 @@ class TurboQuant(Scheme):
         b, h, s, d = enc.shape
         if bits < 1:
             return torch.zeros(enc.shape, dtype=enc.dtype, device=enc.codes[f"{prefix}.norm"].device)
-        idx = unpack_bits(enc.codes[f"{prefix}.codes"], bits, d)
-        return enc.side[f"codebook.{bits}bit"].to(enc.dtype)[idx]
+        return fastquant.dequantize_packed(enc.codes[f"{prefix}.codes"], enc.side[f"codebook.{bits}bit"].to(enc.dtype),
+                                           bits, d)
 
     def _sketch_signs(self, enc: Encoded, prefix: str) -> torch.Tensor:
         return self._unpack_signs(enc.codes[f"{prefix}.sketch"], self.dim, enc.dtype)

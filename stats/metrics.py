@@ -156,8 +156,18 @@ def evicted_mass(logits: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     return mass.reshape(mass.shape[0], -1).mean(dim=1)
 
 
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits q kᵀ/√d, probabilities softmax(logits), T = probs·v) of the exact cache, the
+    reference of every codec's metrics on the same data: the runner computes it once per chunk
+    and hands it to trial_metrics for each cell of the chunk."""
+    logits = exact_logits(q, k)
+    probs = torch.softmax(logits, dim=-1)
+    return logits, probs, probs @ v
+
+
 def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor,
-                  logits_hat: torch.Tensor, kept: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                  logits_hat: torch.Tensor, kept: torch.Tensor | None = None,
+                  exact: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Every per-trial metric of DESIGN.md, each a float64 tensor (B,): METRIC_NAMES, and with
     kept also EVICTION_METRIC_NAMES.
 
@@ -165,10 +175,10 @@ def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torc
     compressed attention output is T̂ = softmax(logits_hat)·v̂, the reference T uses exact K, V.
     kept (B, H, S), bool: the tokens an evicting codec keeps (Scheme.kept); T̂'s softmax, the KL
     and the logit metrics are then over the kept tokens only (module docstring).
+    exact: exact_attention(q, k, v) when the caller has it already (shared by the cells of a chunk).
     """
-    logits = exact_logits(q, k)
-    probs, probs_hat = torch.softmax(logits, dim=-1), attention(logits_hat, kept)
-    t = probs @ v
+    logits, probs, t = exact_attention(q, k, v) if exact is None else exact
+    probs_hat = attention(logits_hat, kept)
     out = error_point(k, k_hat, "k")
     out.update(error_point(v, v_hat, "v"))
     out.update(error_point(t, probs_hat @ v_hat, "t"))

@@ -19,6 +19,33 @@ def test_bench_json_has_every_figure(capsys):
     assert set(table["tq-kv"]) == {"torch", "reference"} and set(table["tq-kv"]["torch"]) == {"2", "4"}
     assert all(rate > 0 for by_impl in table.values() for by_b in by_impl.values() for rate in by_b.values())
     assert 0 < result["attention"]["attention_fraction_of_matmul"]
+    # raw samples (asv-style) beside every figure, and the machine's load
+    assert len(r["samples_s"]["batched"]) == 1 and min(r["samples_s"]["loop"]) > 0
+    assert set(result["schemes_samples_s"]["tq-kv"]["torch"]) == {"2", "4"}
+    rot = result["rotation"]
+    assert rot["fast_over_dense"] == pytest.approx(min(rot["samples_s"]["dense"]) / min(rot["samples_s"]["hadamard"]))
+    th = result["threads_comparison"]
+    assert th["one_thread_over_all_threads"] > 0 and th["eigh_over_power"] > 0
+    assert set(th["samples_s"]["fit"]) == {"eigh", "power"}
+    assert len(result["load_average"]["before"]) == 3 and result["cpu_count"] >= 1
+
+
+def test_dense_rotation_is_a_rotation_and_only_while_asked():
+    """The bench's baseline codes with a dense orthogonal matrix: the same error level as the
+    Hadamard codec (both are random rotations), and the codec is itself again afterwards."""
+    import torch
+
+    import schemes
+    from harness.bench import _dense_rotation
+    from schemes import turboquant
+    k = torch.randn(2, 1, 64, 32, generator=torch.Generator().manual_seed(0))
+    s = schemes.create("tq-kv", budget=3, dim=32)
+    fast = s.decode(s.encode(k, k))[0]
+    with _dense_rotation(32, torch.device("cpu")):
+        dense = s.decode(s.encode(k, k))[0]
+    err = [float(((x - k) ** 2).sum() / (k ** 2).sum()) for x in (fast, dense)]
+    assert abs(err[1] - err[0]) < 0.2 * err[0] and not torch.equal(fast, dense)
+    assert turboquant.rht.__module__ == "schemes.hadamard"
 
 
 def test_bench_bad_input(capsys):

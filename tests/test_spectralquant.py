@@ -312,9 +312,10 @@ def test_reference_building_blocks_agree_with_torch_ones():
 @pytest.mark.parametrize("name", ["sq-kv", "squ-kqv", "sq-qkqv"])
 @pytest.mark.parametrize("scenario", ["lowrank_aligned", "spectral_decay"])
 def test_reference_agrees_with_torch(name, scenario):
-    """The torch codec (power iteration, basis completed by QR) and the reference (exact eigh)
+    """The torch codec (top block by eigh at this d, basis completed by QR) and the reference (exact eigh)
     share d_eff, the leading eigenpairs and the ledger exactly; their reconstructions then
-    agree in distribution: the mean relative error over scheme seeds within 10%."""
+    agree in distribution: the mean relative error over scheme seeds within 10 % or within
+    4 standard errors of the difference where the sketches make it noisier."""
     from schemes import reference
     data = _draw(scenario, n_trials=3, seq_len=32, dim=64)
     errors = {"torch": [], "reference": []}
@@ -342,9 +343,13 @@ def test_reference_agrees_with_torch(name, scenario):
     for (_, _, bits_t), (_, _, bits_r) in zip(errors["torch"], errors["reference"]):
         assert bits_t == bits_r
     for i in (0, 1):
-        mean_t = np.mean([e[i] for e in errors["torch"]])
-        mean_r = np.mean([e[i] for e in errors["reference"]])
-        assert abs(mean_r - mean_t) < 0.10 * mean_t, (i, mean_r, mean_t)
+        err_t = np.array([e[i] for e in errors["torch"]])
+        err_r = np.array([e[i] for e in errors["reference"]])
+        # the sketches are independent draws in the two implementations: their means differ by
+        # sampling error, whose standard error (Welch, over the seeds) sets the bound where it
+        # exceeds the 10 % allowed for the two eigen-solvers' tails
+        se = np.sqrt(err_t.var(ddof=1) / len(err_t) + err_r.var(ddof=1) / len(err_r))
+        assert abs(err_r.mean() - err_t.mean()) < max(0.10 * err_t.mean(), 4 * se), (i, err_r, err_t)
 
 
 def test_run_stores_d_eff_per_trial_and_it_tracks_the_calibration_budget(tmp_path):
@@ -380,7 +385,9 @@ def test_calibration_memo_shares_only_the_same_unmodified_tensor():
     changed = schemes.create("sq-kv", budget=3, dim=32).fit(copy, data["v_cal"])
     assert not torch.equal(changed.calibration["k"].basis, fresh.calibration["k"].basis)
     # the power iteration converged on every head, well inside its cap of 500 products
-    assert int(first.calibration["k"].iterations.max()) < 500
+    power = schemes.create("sq-kv", budget=3, dim=32, eigensolver="power").fit(data["k_cal"], data["v_cal"])
+    assert 0 < int(power.calibration["k"].iterations.max()) < 500
+    assert int(first.calibration["k"].iterations.max()) == 0                          # auto: eigh at d = 32
 
 
 @given(st.integers(0, 2 ** 32 - 1), st.floats(0.1, 1e6))

@@ -74,6 +74,16 @@ def run(args) -> int:
     a = result["attention"]
     print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
           f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
+    rot = result["rotation"]
+    print(f"  tq-kv b={rot['budget']} Hadamard rotation {rot['hadamard_vectors_per_s']:,.0f} vectors/s, dense matmul "
+          f"rotation {rot['dense_vectors_per_s']:,.0f} vectors/s (Hadamard = {rot['fast_over_dense']:.2f}x dense)")
+    th = result["threads_comparison"]
+    print(f"  sq-kv cell ({th['trials']} trials): small linear algebra on one thread = "
+          f"{th['one_thread_over_all_threads']:.1f}x all threads; calibration with eigh = "
+          f"{th['eigh_over_power']:.1f}x the power iteration")
+    load = result["load_average"]
+    print(f"  load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after "
+          f"({result['cpu_count']} CPUs); figures are minima, --json keeps every sample")
     return 0
 
 
@@ -89,4 +99,6 @@ def _print_grid(result: dict, as_json: bool) -> int:
     for title, table in (("scheme family", result["estimated_s_by_family"]), ("head dim", result["estimated_s_by_dim"])):
         print(f"  by {title}: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in table.items()))
     print(f"  largest peak memory of a cell: {result['peak_mem_mb_max']:.0f} MiB")
+    load = result["load_average"]
+    print(f"  load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after")
     return 0

@@ -41,6 +41,7 @@ from scipy import optimize, stats
 
 from schemes.base import Encoded, Scheme
 from schemes.rng import generator
+from schemes.threads import small_linalg
 
 from . import register
 from .adapter import to_array, to_tensor
@@ -106,7 +107,8 @@ class _HeadFit:
 
 
 def _orthonormal_from_codes(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    q, r = np.linalg.qr(codes.astype(np.float64) * scale.astype(np.float64)[None, :])
+    with small_linalg():
+        q, r = np.linalg.qr(codes.astype(np.float64) * scale.astype(np.float64)[None, :])
     signs = np.sign(np.diag(r))
     return q * np.where(signs == 0, 1.0, signs)[None, :]
 
@@ -156,7 +158,8 @@ class ReferenceSpectralQuant(Scheme):
         if np.isfinite(peak) and peak > 0:
             scaled = x / peak
             cov = scaled.T @ scaled / len(scaled)
-            values, vectors = np.linalg.eigh(cov)
+            with small_linalg():
+                values, vectors = np.linalg.eigh(cov)
             values, vectors = values[::-1], vectors[:, ::-1]
             d_eff = int(min(max(round(np.trace(cov) ** 2 / np.sum(cov ** 2)), 1), d))
         else:

@@ -1,0 +1,47 @@
+"""The exact attention (logits, probabilities, T) of a chunk is computed once and shared by
+every cell of the chunk; metrics identical to computing it per cell."""
+import pandas as pd
+import torch
+
+import stats.metrics
+from harness import runner
+from harness.sweep import SweepConfig
+from stats.metrics import exact_attention, trial_metrics
+
+
+def test_trial_metrics_with_the_exact_attention_given_are_identical():
+    g = torch.Generator().manual_seed(0)
+    k, v, q = (torch.randn(3, 2, 40, 16, generator=g) for _ in range(3))
+    k_hat, v_hat = k + 0.1 * torch.randn(k.shape, generator=g), v + 0.1 * torch.randn(v.shape, generator=g)
+    logits_hat = stats.metrics.exact_logits(q, k_hat)
+    alone = trial_metrics(k, v, q[:, :, :5], k_hat, v_hat, logits_hat[:, :, :5])
+    shared = trial_metrics(k, v, q[:, :, :5], k_hat, v_hat, logits_hat[:, :, :5],
+                           exact=exact_attention(q[:, :, :5], k, v))
+    assert alone.keys() == shared.keys()
+    assert all(torch.equal(alone[name], shared[name]) for name in alone)
+
+
+def test_runner_computes_the_exact_attention_once_per_chunk(monkeypatch):
+    calls = []
+
+    def counting(q, k, v):
+        calls.append(q.shape[0])
+        return exact_attention(q, k, v)
+    monkeypatch.setattr(runner, "exact_attention", counting)
+    monkeypatch.setattr(stats.metrics, "exact_attention", counting)
+    config = SweepConfig(scenarios=("spectral_decay",), schemes=("tq-kv", "sq-qkv", "int4"), budgets=(2, 3),
+                         dims=(16,), seq_lens=(32,), queries=(4,), trials=5, calib_tokens=(32,))
+    cells = config.cells()
+    budget = 3 * runner.bytes_per_trial(config, cells[0])                     # chunks of 3 and 2 trials
+    device = torch.device("cpu")
+
+    def rows(todo):
+        out = []
+        runner._run_serial(config, todo, device, torch.float32, budget, lambda c, r, w, p: out.extend(r))
+        return pd.DataFrame(out)
+    together = rows(cells)
+    assert calls == [3, 2]                                                    # not once per cell
+    calls.clear()
+    apart = pd.concat([rows([cell]) for cell in cells], ignore_index=True)    # one cell at a time
+    assert len(calls) == 2 * len(cells)
+    pd.testing.assert_frame_equal(together, apart, check_exact=True)
