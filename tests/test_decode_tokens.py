@@ -231,7 +231,7 @@ def test_replay_refuses_decode_tokens_before_anything_is_written(tmp_path, capsy
     capture = write_npz(tmp_path / "cap.npz", arrays, meta)
     out = tmp_path / "never"
     code = main(["run", "--scenario", f"replay:{capture}", "--scheme", "tq-kv", "--budget", "2", "--dim", "32",
-                 "--seq-len", "16", "--queries", "2", "--trials", "1", "--calib-tokens", "8",
+                 "--seq-len", "16", "--queries", "2", "--trials", "2", "--calib-tokens", "8",
                  "--decode-tokens", "4", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "replay: --decode-tokens is not supported" in err and err.count("\n") == 1
