@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import contextlib
+import inspect
 import itertools
 import sys
 import time
@@ -70,21 +71,25 @@ def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, budget: in
     return max(1, min(config.trials, budget // bytes_per_trial(config, cell)))
 
 
-def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -> dict[str, torch.Tensor]:
+def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype,
+                prefill_queries: bool = False) -> dict[str, torch.Tensor]:
     """The scenario's data for the given trials, stacked to (B, H, n, d) tensors on device:
     k, v, q, k_cal, v_cal, positions (S,), trials (B,) (the trial indices, on the CPU); with config.decode_tokens = N > 0 also k_decode,
     v_decode (B, H, N, d) and positions_decode (N,). decode_tokens is not part of the streams'
-    labels: the prefill data are the same whatever N is."""
+    labels: the prefill data are the same whatever N is. With prefill_queries also q_prefill
+    (B, H, S, d) (and q_prefill_decode (B, H, N, d)), from streams of their own: drawing them
+    changes no other tensor."""
     scenario = scenarios.create(cell.scenario, **config.scenario_params.get(cell.scenario, {}))
     shape = scenarios.TrialShape(config.heads, cell.seq_len, cell.queries, cell.dim, cell.calib_tokens,
-                                 config.decode_tokens)
+                                 config.decode_tokens, prefill_queries)
     draws = []
     for t in trials:
         def streams(*labels, _t=t):
             return generator(config.rng, config.seed, "data", cell.scenario, cell.dim, cell.seq_len,
                              cell.queries, config.heads, _t, *labels)
         draws.append(scenario.draw(streams, shape))
-    tensors = ("k", "v", "q", "k_cal", "v_cal") + (("k_decode", "v_decode") if config.decode_tokens else ())
+    tensors = ("k", "v", "q", "k_cal", "v_cal") + (("k_decode", "v_decode") if config.decode_tokens else ()) + \
+        tuple(name for name in ("q_prefill", "q_prefill_decode") if name in draws[0])
     out = {name: torch.from_numpy(np.stack([d[name] for d in draws])).to(device=device, dtype=dtype)
            for name in tensors}
     out["positions"] = torch.from_numpy(draws[0]["positions"]).to(device)
@@ -96,9 +101,16 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype) -
     return out
 
 
-def _encode(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
-    # Schemes that undo RoPE (Shard) take the tokens' positions; the rest ignore them.
-    return call_with_optional(scheme.encode, k, v, positions=positions)
+def _encode(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+            queries: torch.Tensor | None = None):
+    # Schemes that undo RoPE (Shard) take the tokens' positions; schemes that observe the prefill's
+    # attention (kvpress presses) take the cached tokens' own queries; the rest ignore them.
+    return call_with_optional(scheme.encode, k, v, positions=positions, queries=queries)
+
+
+def takes_prefill_queries(scheme: schemes.Scheme) -> bool:
+    """Whether the scheme's encode observes the cached tokens' own queries (`queries`)."""
+    return "queries" in inspect.signature(scheme.encode).parameters
 
 
 def _fit(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> None:
@@ -134,7 +146,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
     exact = None
     if "k_decode" not in data:
         exact = data.get("exact")   # the chunk's exact attention, shared by the cells of the chunk (_run_serial)
-        enc = _encode(scheme, data["k"], data["v"], data["positions"])
+        enc = _encode(scheme, data["k"], data["v"], data["positions"], data.get("q_prefill"))
         k_hat, v_hat = scheme.decode(enc)
         k, v = data["k"], data["v"]
         logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
@@ -156,7 +168,9 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
             if kept is not None:
                 raise NotImplementedError(f"{scheme.name}: an evicting codec with a decode-token path")
         else:
-            enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])))
+            queries = torch.cat((data["q_prefill"], data["q_prefill_decode"]), dim=2) \
+                if "q_prefill_decode" in data else None
+            enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])), queries)
             k_hat, v_hat = scheme.decode(enc)
             logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
             bits = BitLedger.per_trial(enc)
@@ -241,11 +255,12 @@ def _run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_bud
         size = chunk_size(config, group[0], device, memory_budget)
         chunks = [range(i, min(i + size, config.trials)) for i in range(0, config.trials, size)]
         cell_schemes = {cell: create_scheme(config, cell) for cell in group}
+        prefill_queries = any(takes_prefill_queries(s) for s in cell_schemes.values())
         rows = {cell: [] for cell in group}
         wall = dict.fromkeys(group, 0.0)
         peak = dict.fromkeys(group, 0)
         for n_chunk, trials in enumerate(chunks):
-            data = draw_trials(config, group[0], trials, device, dtype)
+            data = draw_trials(config, group[0], trials, device, dtype, prefill_queries)
             if len(group) > 1 and not config.decode_tokens:
                 data["exact"] = exact_attention(data["q"], data["k"], data["v"])
             for cell in group:

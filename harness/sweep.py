@@ -136,7 +136,9 @@ class SweepConfig:
                                                           self.decode_tokens))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
-                create(name, budget=budget, dim=dim, rng=self.rng)
+                scheme = create(name, budget=budget, dim=dim, rng=self.rng)
+                for seq_len in self.seq_lens:
+                    getattr(scheme, "check_cache", lambda n: None)(seq_len + self.decode_tokens)
             except ValueError as exc:
                 raise ValueError(f"scheme {name} (budget {budget}, dim {dim}): {exc}") from None
 

@@ -3,9 +3,9 @@ figures are faceted by (no panel draws more than MAX_SERIES codecs).
 
 A codec's family fixes its marker and line style; its place in the family fixes its colour
 (seaborn's colour-blind palette), so two codecs differ in colour within a family and in marker
-across families, and stay tellable in grey. The registered codecs have their places written
-out below, so a codec looks the same whichever others a run has; a plug-in codec gets a place
-from a hash of its name (stable across runs).
+across families, and stay tellable in grey. The registered codecs (and kvpress's bridged presses) have their places written out below, so a
+codec looks the same whichever others a run has; a plug-in codec gets a place from a hash of its
+name (stable across runs).
 """
 from __future__ import annotations
 
@@ -23,10 +23,15 @@ _FAMILIES = (
     ("SpectralQuant uniform", "D", "-.", ("squ-kv", "squ-qkv", "squ-kqv", "squ-qkqv")),
     ("Shard", "^", (0, (5, 1)), ("shard", "shard-pca-decode")),
     ("quantisation and low-rank baselines", "v", ":", ("int8", "int4", "kivi", "svd")),
-    ("eviction", "P", (0, (3, 1, 1, 1)), ("h2o", "streaming")),
+    ("eviction", "P", (0, (3, 1, 1, 1)), ("h2o", "streaming", *(f"kvpress:{press}" for press in (
+        "StreamingLLMPress", "SnapKVPress", "TOVAPress", "KnormPress", "ObservedAttentionPress",
+        "ExpectedAttentionPress", "KeyDiffPress", "PyramidKVPress", "CURPress", "LagKVPress", "RandomPress",
+        "CompactorPress", "LeverageScorePress", "NonCausalAttnPress", "CapPress")))),
     ("other", "X", (0, (1, 1)), ()),
 )
-_PALETTE = sns.color_palette("colorblind", 10)
+# colour-blind palette first; its "dark" variant gives a family of more than 10 (eviction with
+# kvpress's presses) distinct colours for its members 11-20
+_PALETTE = sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ def family(name: str) -> str:
 def style(name: str) -> SchemeStyle:
     fam = family(name)
     _, marker, line, members = next(f for f in _FAMILIES if f[0] == fam)
-    place = members.index(name) if name in members else zlib.crc32(name.encode()) % len(_PALETTE)
+    place = members.index(name) if name in members else zlib.crc32(name.encode()) % 10  # first 10: colour-blind
     return SchemeStyle(_PALETTE[place % len(_PALETTE)], marker, line)
 
 

@@ -36,11 +36,12 @@ def format_summary(table: pd.DataFrame, metric: str = "d2_t") -> str:
     """A plain-text table: one line per cell with the metric's mean and 95% CI; an n_cal column
     only when the table has several calibration sizes."""
     several = table["calib_tokens"].nunique() > 1 if len(table) else False
-    lines = [f"{'scenario':<20} {'scheme':<10} {'b':>2} {'d':>4} {'S':>5} {'Nq':>4} "
+    w = max([10] + [len(name) for name in table["scheme"]]) if len(table) else 10   # kvpress:ObservedAttentionPress
+    lines = [f"{'scenario':<20} {'scheme':<{w}} {'b':>2} {'d':>4} {'S':>5} {'Nq':>4} "
              + (f"{'n_cal':>6} " if several else "") + f"{'bits/el':>8} {metric + ' mean [95% CI]':>34}"]
     for r in table.itertuples(index=False):
         mean, lo, hi = getattr(r, metric), getattr(r, f"{metric}_ci_low"), getattr(r, f"{metric}_ci_high")
-        lines.append(f"{r.scenario:<20} {r.scheme:<10} {r.budget:>2} {r.dim:>4} {r.seq_len:>5} {r.queries:>4} "
+        lines.append(f"{r.scenario:<20} {r.scheme:<{w}} {r.budget:>2} {r.dim:>4} {r.seq_len:>5} {r.queries:>4} "
                      + (f"{r.calib_tokens:>6} " if several else "")
                      + f"{r.bits_per_element:>8.3f} {mean:>12.5f} [{lo:.5f}, {hi:.5f}]")
     return "\n".join(lines)

@@ -6,7 +6,10 @@ same data (paired comparisons), and changing the calibration size never changes 
 Shapes of one trial: k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d); positions (S,).
 With n_decode = N > 0 also k_decode, v_decode (H, N, d) and positions_decode (N,): the tokens
 generated after the prefill, from a drifted population and their own labelled streams, so the
-prefill (k, v, q, calibration) is the same whatever N is.
+prefill (k, v, q, calibration) is the same whatever N is. With prefill_queries also q_prefill
+(H, S, d) (and q_prefill_decode (H, N, d)): the queries of the cached tokens themselves, drawn
+from the query law on streams of their own, for codecs that observe the prefill's attention
+(kvpress's presses); q, the evaluated queries, stay a separate draw no codec sees.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class TrialShape:
     dim: int
     n_calib: int
     n_decode: int = 0   # tokens generated after the S prefill tokens (harness run --decode-tokens)
+    prefill_queries: bool = False   # also draw q_prefill: the cached tokens' own queries
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,8 @@ class Scenario:
 
     def draw(self, streams: Streams, shape: TrialShape) -> dict[str, np.ndarray]:
         """One trial, float64 arrays: k, v, q, k_cal, v_cal, positions; with shape.n_decode = N > 0
-        also k_decode, v_decode (H, N, d) and positions_decode = S..S+N−1.
+        also k_decode, v_decode (H, N, d) and positions_decode = S..S+N−1; with
+        shape.prefill_queries also q_prefill (H, S, d) (and q_prefill_decode (H, N, d)).
 
         Drift model of the decode tokens: per head a second population (mix_new, from the stream
         "population-drift") is drawn independently of the first, and a decode token is
@@ -103,6 +108,11 @@ class Scenario:
             out["q"][head] = streams("q", head).standard_normal((shape.n_queries, d)) / self.temperature
             if shape.n_decode:
                 self._draw_decode(streams, head, pop, shape, out)
+            if shape.prefill_queries:
+                for name, n in (("q_prefill", s), ("q_prefill_decode", shape.n_decode)):
+                    if n:
+                        queries = out.setdefault(name, np.empty((h, n, d)))
+                        queries[head] = streams(name, head).standard_normal((n, d)) / self.temperature
         out["positions"] = np.arange(s)
         if shape.n_decode:
             out["positions_decode"] = np.arange(s, s + shape.n_decode)

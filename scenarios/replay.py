@@ -289,7 +289,8 @@ class Replay(Scenario):
         return starts
 
     def draw(self, streams, shape):
-        """One trial, float64: k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d); positions (S,)."""
+        """One trial, float64: k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d); positions (S,);
+        with shape.prefill_queries also q_prefill (H, S, d), the window tokens' own queries."""
         cap = self.capture()
         h, s = shape.n_heads, shape.seq_len
         starts = self.check_shape(shape)
@@ -313,6 +314,8 @@ class Replay(Scenario):
             query_head = head * cap.group_size + streams("query_head", i).integers(cap.group_size)
             tokens = streams("queries", i).choice(s, size=shape.n_queries, replace=shape.n_queries > s)
             out["q"][i] = queries[layer, query_head, start + tokens]
+            if shape.prefill_queries:   # the window's own queries (the query head of the evaluated ones)
+                out.setdefault("q_prefill", np.empty((h, s, cap.dim)))[i] = queries[layer, query_head, window]
             cal = streams("calibration", i).choice(n_avail, size=n_cal, replace=n_cal > n_avail)
             out["k_cal"][i] = keys[layer, head, cal]
             out["v_cal"][i] = cap.v[layer, head, cal]

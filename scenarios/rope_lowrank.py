@@ -59,7 +59,8 @@ class RopeLowRank(Scenario):
     def draw(self, streams, shape):
         """One trial (float64): k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d);
         positions (S,); k_cal is at positions 0..n_cal−1 of its own sequence. With
-        shape.n_decode = N > 0 also k_decode, v_decode (H, N, d) and positions_decode (N,)."""
+        shape.n_decode = N > 0 also k_decode, v_decode (H, N, d) and positions_decode (N,); with
+        shape.prefill_queries also q_prefill (H, S, d) (and q_prefill_decode), at the tokens' positions."""
         h, s, d, n_cal = shape.n_heads, shape.seq_len, shape.dim, shape.n_calib
         if d % 2:
             raise ValueError(f"scenario {self.name}: head dimension {d} must be even for RoPE")
@@ -74,6 +75,11 @@ class RopeLowRank(Scenario):
                "v_cal": streams("v_cal").standard_normal((h, n_cal, d)), "positions": positions}
         if shape.n_decode:
             out.update(self._decode_tokens(streams, frame, shape))
+        if shape.prefill_queries:  # the cached tokens' own queries, rotated at their positions
+            for name, pos in (("q_prefill", positions), ("q_prefill_decode", np.arange(s, s + shape.n_decode))):
+                if len(pos):
+                    q_own = streams(name).standard_normal((h, len(pos), d)) / self.temperature
+                    out[name] = _rope_np(q_own, pos, self.rope_base)
         return out
 
     def _decode_tokens(self, streams, frame: np.ndarray, shape) -> dict[str, np.ndarray]:

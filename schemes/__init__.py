@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 
 from .base import BitLedger, Encoded, Scheme
-from .registry import available, create, register, specs
+from .registry import available, create, is_registered, register, specs, unavailable
 
 # The codec families in DESIGN.md's order (this fixes the order of `available()`), then the rest.
 _FIRST = ("turboquant", "spectralquant", "shard", "baselines")
@@ -16,4 +16,4 @@ _modules = [m.name for m in pkgutil.iter_modules(__path__) if not m.ispkg]
 for _name in sorted(_modules, key=lambda n: (_FIRST.index(n) if n in _FIRST else len(_FIRST), n)):
     importlib.import_module(f"{__name__}.{_name}")
 
-__all__ = ["BitLedger", "Encoded", "Scheme", "available", "create", "register", "specs"]
+__all__ = ["BitLedger", "Encoded", "Scheme", "available", "create", "register", "specs", "unavailable", "is_registered"]

@@ -212,6 +212,10 @@ class Scheme:
         """Raise ValueError naming the problem and what is valid; called by `create`."""
         check_family(self.rng)
 
+    def check_cache(self, seq_len: int) -> None:
+        """Raise ValueError when the scheme cannot code a cache of seq_len tokens (a kvpress press
+        whose observation window is longer); the sweep calls it before anything is written."""
+
     def diagnostics(self) -> dict[str, torch.Tensor]:
         """Per-trial facts of the last fit, (B,) each, stored beside the metrics when their name
         is one of harness.store.DIAGNOSTIC_COLUMNS (e.g. d_eff_k of a calibrated basis)."""

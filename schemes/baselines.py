@@ -200,7 +200,7 @@ def kept_tokens(s: int, budget: int) -> int:
 
 
 @dataclass
-class _Eviction(Scheme):
+class Eviction(Scheme):
     """Keeps a subset of tokens in fp16 and evicts the rest. `kept` names the kept tokens;
     attention over the cache is the softmax over them alone, as a real evicting cache computes
     it (stats.metrics). Evicted tokens decode to zero, so `score` (q·k̂ᵀ/√d) gives them the
@@ -215,13 +215,17 @@ class _Eviction(Scheme):
 
     def encode(self, k, v):
         enc = Encoded(tuple(k.shape), k.dtype)
-        idx = self.kept_index(k, enc)
+        self.store_kept(enc, k, v, self.kept_index(k, enc))
+        return enc
+
+    @staticmethod
+    def store_kept(enc: Encoded, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor) -> None:
+        """Store the tokens at idx (B, H, n_keep) of k and v in fp16 after a per-trial shift."""
         gather_idx = idx[..., None].expand(-1, -1, -1, k.shape[-1])
         for prefix, x in (("k", k), ("v", v)):
             shift = half_shift(x)
             enc.codes[f"{prefix}.shift"] = shift
             enc.codes[f"{prefix}.kept"] = torch.gather(shift_down(x, shift), 2, gather_idx).half()
-        return enc
 
     def decode(self, enc):
         idx = self.stored_index(enc)
@@ -240,7 +244,7 @@ class _Eviction(Scheme):
 
 
 @dataclass
-class Streaming(_Eviction):
+class Streaming(Eviction):
     """StreamingLLM (arXiv 2309.17453): `n_sinks` attention-sink tokens plus the most recent
     window, fp16; the window is sized so kept tokens = round(S·budget/16). Positions are
     implied by S, so no index is stored."""
@@ -260,7 +264,7 @@ class Streaming(_Eviction):
 
 
 @dataclass
-class HeavyHitter(_Eviction):
+class HeavyHitter(Eviction):
     """H2O (arXiv 2306.14048): per head keep the `recent` share of the kept tokens as a recent
     window and the rest as heavy hitters — the tokens with the largest attention accumulated
     from an observation window, s_i = Σ_j α_{j,i} (survey §4.1.2). The evaluated queries are

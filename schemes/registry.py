@@ -1,6 +1,10 @@
 """The one registry of schemes: built-ins register with `register`, third-party packages
 through the entry-point group `kvharness.schemes` (name = scheme name, value = a Scheme
-subclass or a factory taking budget, dim, seed and options)."""
+subclass or a factory taking budget, dim, seed and options), and families that come from an
+optional package (`kvpress:<PressClass>`) through `register_namespace`: a loader run on first
+use, so that importing the package (seconds, for kvpress and transformers) is paid only by a
+command that needs its names. A namespace whose package is missing is listed by
+`unavailable()` with the reason, and so is each member that cannot run here."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +24,19 @@ class SchemeSpec:
     description: str
 
 
+@dataclass(frozen=True)
+class Namespace:
+    """Schemes named `prefix:<member>` from an optional package. load() returns (specs, not
+    runnable: {name: reason}) or raises ImportError when the package is not installed."""
+    prefix: str
+    load: Callable[[], tuple[dict[str, SchemeSpec], dict[str, str]]]
+    missing: str   # what to install, said when the package is absent
+
+
 _BUILTIN: dict[str, SchemeSpec] = {}
 _plugins: dict[str, SchemeSpec] | None = None
+_NAMESPACES: dict[str, Namespace] = {}
+_loaded: dict[str, tuple[dict[str, SchemeSpec], dict[str, str]]] = {}
 
 
 def register(name: str, factory: Callable[..., Scheme], description: str) -> None:
@@ -42,6 +57,23 @@ def register_variant(name: str, cls: type[Scheme], description: str, **fixed) ->
     register(name, make, description)
 
 
+def register_namespace(prefix: str, load, missing: str) -> None:
+    """Add a family of schemes named `prefix:<member>`, loaded on first use (see Namespace)."""
+    if prefix in _NAMESPACES or not prefix or ":" in prefix:
+        raise ValueError(f"namespace {prefix!r} is empty, contains ':' or is taken")
+    _NAMESPACES[prefix] = Namespace(prefix, load, missing)
+
+
+def _load_namespace(prefix: str) -> tuple[dict[str, SchemeSpec], dict[str, str]]:
+    if prefix not in _loaded:
+        ns = _NAMESPACES[prefix]
+        try:
+            _loaded[prefix] = ns.load()
+        except ImportError as exc:
+            _loaded[prefix] = ({}, {f"{prefix}:*": f"{ns.missing} ({exc})"})
+    return _loaded[prefix]
+
+
 def _load_plugins() -> dict[str, SchemeSpec]:
     global _plugins
     if _plugins is None:
@@ -56,8 +88,55 @@ def _load_plugins() -> dict[str, SchemeSpec]:
 
 
 def specs() -> dict[str, SchemeSpec]:
-    """Every registered scheme, built-ins first, in registration order."""
-    return {**_BUILTIN, **_load_plugins()}
+    """Every registered scheme, built-ins first, in registration order, then plug-ins and the
+    runnable members of each namespace."""
+    out = {**_BUILTIN, **_load_plugins()}
+    for prefix in _NAMESPACES:
+        out.update(_load_namespace(prefix)[0])
+    return out
+
+
+def unavailable() -> dict[str, str]:
+    """Names that are known but cannot run here, each with a one-line reason: a namespace whose
+    package is not installed (as `prefix:*`) and the members a namespace cannot run."""
+    out = {}
+    for prefix in _NAMESPACES:
+        out.update(_load_namespace(prefix)[1])
+    return out
+
+
+def spec(name: str) -> SchemeSpec | None:
+    """The spec of one name, loading only what it needs: a built-in without importing any
+    optional package, a `prefix:member` with only its namespace; None for an unknown name."""
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    prefix = name.split(":", 1)[0] if ":" in name else None
+    if prefix in _NAMESPACES:
+        return _load_namespace(prefix)[0].get(name)
+    return _load_plugins().get(name)
+
+
+def is_registered(name: str) -> bool:
+    """Whether `name` is a runnable scheme, loading only what it needs (see spec)."""
+    return spec(name) is not None
+
+
+def unavailable_reason(name: str) -> str | None:
+    """Why a known name cannot run here (its namespace's package missing, or the member itself),
+    None for a runnable or an unknown name."""
+    if ":" not in name or name.split(":", 1)[0] not in _NAMESPACES:
+        return None
+    prefix = name.split(":", 1)[0]
+    reasons = _load_namespace(prefix)[1]
+    return reasons.get(name) or reasons.get(f"{prefix}:*")
+
+
+def unknown_message(name: str) -> str:
+    """Why `name` is not a scheme: the reason it cannot run here, or the available names."""
+    reason = unavailable_reason(name)
+    if reason:
+        return f"scheme {name!r} cannot run here: {reason}"
+    return f"unknown scheme {name!r}; available: {', '.join(specs())}"
 
 
 def available() -> list[str]:
@@ -66,13 +145,13 @@ def available() -> list[str]:
 
 def create(name: str, *, budget: int, dim: int, seed: int = 0, **options) -> Scheme:
     """A ready scheme for one configuration; ValueError naming what is valid otherwise."""
-    table = specs()
-    if name not in table:
-        raise ValueError(f"unknown scheme {name!r}; available: {', '.join(table)}")
+    found = spec(name)
+    if found is None:
+        raise ValueError(unknown_message(name))
     if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= MAX_BUDGET:
         raise ValueError(f"budget {budget!r} is outside {MIN_BUDGET}..{MAX_BUDGET} bits per element")
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"head dimension {dim!r} must be a positive integer")
-    scheme = table[name].factory(budget=budget, dim=dim, seed=seed, **options)
+    scheme = found.factory(budget=budget, dim=dim, seed=seed, **options)
     scheme.validate()
     return scheme

@@ -74,3 +74,33 @@ def test_plugin_never_shadows_a_builtin(monkeypatch):
     monkeypatch.setattr(registry, "_plugins", None)
     assert schemes.specs()["tq-kv"].factory is not RoundKV
     registry._plugins = None
+
+
+@pytest.fixture
+def missing_namespace(monkeypatch):
+    """A namespace whose package is not installed (as kvpress is where the extra is not)."""
+    def load():
+        raise ImportError("No module named 'fakepress'")
+    monkeypatch.setitem(registry._NAMESPACES, "fakepress",
+                        registry.Namespace("fakepress", load, "fakepress is not installed: pip install fakepress"))
+    monkeypatch.setattr(registry, "_loaded", {})
+    yield "fakepress"
+
+
+def test_missing_namespace_is_listed_with_its_reason(missing_namespace, capsys):
+    assert not any(n.startswith("fakepress:") for n in schemes.available())
+    reason = schemes.unavailable()["fakepress:*"]
+    assert reason.startswith("fakepress is not installed: pip install fakepress")
+    with pytest.raises(ValueError, match="'fakepress:Foo' cannot run here: fakepress is not installed"):
+        schemes.create("fakepress:Foo", budget=2, dim=16)
+    from harness.cli import main
+    assert main(["list", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "schemes that cannot run here:" in out and "fakepress:*" in out
+    assert main(["run", "--scenario", "gaussian", "--scheme", "fakepress:Foo", "--trials", "2"]) == 2
+    assert "'fakepress:Foo' cannot run here: fakepress is not installed" in capsys.readouterr().err
+
+
+def test_builtins_resolve_without_loading_namespaces(missing_namespace):
+    assert schemes.create("tq-kv", budget=2, dim=16).name == "tq-kv"
+    assert "fakepress" not in registry._loaded

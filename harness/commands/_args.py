@@ -18,10 +18,13 @@ def _repeated(items) -> None:
         seen.add(x)
 
 
-def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callable[[str], None] | None = None):
+def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callable[[str], None] | None = None,
+               known: Callable[[str], bool] | None = None, why: Callable[[str], str | None] | None = None):
     """An argparse type for comma-separated lists of distinct values. With `names`, 'all' expands
     to every name ('all,-a,-b': every name but a and b) and each item must be a name, or pass
-    `check` (which raises ValueError naming what is valid)."""
+    `check` (which raises ValueError naming what is valid). `known(x)`, where given, accepts a
+    name without listing them all (schemes: a built-in without importing an optional package);
+    `why(x)`, where given, says why a known name that is not available cannot be used."""
     def parse(text: str):
         items = [x.strip() for x in text.split(",") if x.strip()]
         if not items:
@@ -35,6 +38,8 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
             return values
         _repeated(items)
         if names is not None:
+            if items[0] != "all" and known is not None and all(known(x) for x in items):
+                return tuple(items)
             valid = names()
             if items[0] == "all":
                 excluded = [x[1:] for x in items[1:] if x.startswith("-")]
@@ -51,6 +56,9 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
                 if x in valid:
                     continue
                 if check is None:
+                    reason = why(x) if why is not None else None
+                    if reason:
+                        raise argparse.ArgumentTypeError(f"{x!r} cannot run here: {reason}")
                     raise argparse.ArgumentTypeError(f"unknown name {x!r}; available: all, {', '.join(valid)}")
                 try:
                     check(x)

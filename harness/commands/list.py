@@ -1,4 +1,4 @@
-"""harness list: the registered schemes and scenarios."""
+"""harness list: the registered schemes and scenarios (--all: also the schemes that cannot run here)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,8 @@ HELP = "registered schemes and scenarios"
 
 def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--all", action="store_true", help="also the schemes that cannot run here, each with the "
+                   "reason (an optional package not installed, a kvpress press that needs a real model)")
 
 
 def run(args) -> int:
@@ -20,11 +22,17 @@ def run(args) -> int:
         "scenarios": [{"name": n, "description": scenarios.describe(n)}
                       for n in scenarios.available() + scenarios.parametric()],
     }
+    if args.all:
+        listing["unavailable"] = [{"name": n, "reason": r} for n, r in schemes.unavailable().items()]
     if args.json:
         print(json.dumps(listing, indent=2))
         return 0
-    for kind in ("schemes", "scenarios"):
-        print(f"{kind}:")
+    for kind, field in (("schemes", "description"), ("scenarios", "description"),
+                        ("unavailable", "reason")):
+        if kind not in listing:
+            continue
+        print(f"{kind}:" if kind != "unavailable" else "schemes that cannot run here:")
+        width = max([20] + [len(item["name"]) + 1 for item in listing[kind]])
         for item in listing[kind]:
-            print(f"  {item['name']:<20} {item['description']}")
+            print(f"  {item['name']:<{width}} {item[field]}")
     return 0

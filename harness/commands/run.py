@@ -32,7 +32,8 @@ def add_arguments(p):
     p.add_argument("--scenario", type=comma_list(str, scenarios.available, scenarios.create),
                    help="NAME[,NAME...] or all (all,-NAME excludes one); parameters after colons, e.g. "
                         "heavy_tail:dof=5 or lowrank_aligned:rank=4:noise=0.05; replay:FILE[:layer=N]")
-    p.add_argument("--scheme", type=comma_list(str, schemes.available),
+    p.add_argument("--scheme", type=comma_list(str, schemes.available, why=schemes.registry.unavailable_reason,
+                                               known=schemes.is_registered),
                    help="NAME[,NAME...] or all; all,-shard,-svd excludes those. With all, codecs that cannot "
                         "take the sweep's budgets or dims are skipped with one line saying which and why; a "
                         "codec named explicitly that cannot is an error")
@@ -65,7 +66,7 @@ def add_arguments(p):
 
 
 def _skip_unfit(values: dict, impl: str) -> tuple[str, ...]:
-    """Of the codecs 'all' expanded to, those that take every budget and dim of the sweep; the
+    """Of the codecs 'all' expanded to, those that take every budget, dim and cache length of the sweep; the
     others are named on stderr in one line, grouped by reason (UsageError if none is left)."""
     from ..sweep import implementation
     create, fit, reasons = implementation(impl), [], {}
@@ -74,7 +75,9 @@ def _skip_unfit(values: dict, impl: str) -> tuple[str, ...]:
         for budget in values["budgets"]:
             for dim in values["dims"]:
                 try:
-                    create(name, budget=budget, dim=dim, rng=values["rng"])
+                    scheme = create(name, budget=budget, dim=dim, rng=values["rng"])
+                    for seq_len in values["seq_lens"]:
+                        getattr(scheme, "check_cache", lambda n: None)(seq_len + values["decode_tokens"])
                 except ValueError as exc:
                     reason = reason or str(exc)
         if reason:

@@ -83,8 +83,8 @@ def _check(args) -> None:
         raise UsageError(f"harness validate: unknown scenario {args.scenario!r}; "
                          f"available: {', '.join(scenarios.available())}")
     for name in (args.scheme, args.against):
-        if name is not None and name not in schemes.available():
-            raise UsageError(f"harness validate: unknown scheme {name!r}; available: {', '.join(schemes.available())}")
+        if name is not None and not schemes.is_registered(name):
+            raise UsageError(f"harness validate: {schemes.registry.unknown_message(name)}")
     if args.against == args.scheme:
         raise UsageError("harness validate: --against names the same scheme as --scheme; omit it to compare "
                          "A with itself under --vary")
