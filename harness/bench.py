@@ -120,7 +120,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
     k = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
     v = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
     result: dict = {}
-    for name in names or schemes.available():
+    for name in names or schemes.registry.everyday():
         for impl in impls:
             for budget in budgets or (shape.budget,):
                 try:

@@ -139,8 +139,15 @@ def unknown_message(name: str) -> str:
     return f"unknown scheme {name!r}; available: {', '.join(specs())}"
 
 
-def available() -> list[str]:
-    return list(specs())
+def available(families: bool = True) -> list[str]:
+    """Every runnable scheme name; families=False leaves out the members of the optional-package
+    families (kvpress:<Press>), as the CLI's `all` does: those are asked for by name."""
+    return list(specs()) if families else [*_BUILTIN, *_load_plugins()]
+
+
+def everyday() -> list[str]:
+    """What `all` means on the command line: the built-in codecs and entry-point plug-ins."""
+    return available(families=False)
 
 
 def create(name: str, *, budget: int, dim: int, seed: int = 0, **options) -> Scheme:

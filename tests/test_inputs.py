@@ -17,7 +17,7 @@ TINY = ["run", "--dim", "16", "--seq-len", "16", "--queries", "4", "--trials", "
     (["--scenario", "gaussian,gaussian", "--scheme", "tq-kv"], "gaussian is given twice"),
     (["--scenario", "gaussian", "--scheme", "tq-kv", "--trials", "1"], "--trials 1 must be at least 2"),
     (["--scenario", "gaussian", "--scheme", "all,-nope"], "exclusions -NAME of known names"),
-    (["--scenario", "gaussian", "--scheme", "all,-" + ",-".join(schemes.available())], "excludes every name"),
+    (["--scenario", "gaussian", "--scheme", "all,-" + ",-".join(schemes.registry.everyday())], "excludes every name"),
     (["--scenario", "heavy_tail:dof=x", "--scheme", "tq-kv"], "dof='x' is not a float"),
     (["--scenario", "heavy_tail:nope=1", "--scheme", "tq-kv"], "unknown parameter 'nope'; valid: alpha, dof"),
     (["--scenario", "heavy_tail:dof=-1", "--scheme", "tq-kv"], "must be positive"),

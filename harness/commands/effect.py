@@ -16,7 +16,7 @@ HELP = "end-to-end effect: a scheme inside all-MiniLM-L6-v2's attention vs the u
 
 
 def add_arguments(p):
-    p.add_argument("--scheme", type=comma_list(str, schemes.available, why=schemes.registry.unavailable_reason,
+    p.add_argument("--scheme", type=comma_list(str, schemes.registry.everyday, why=schemes.registry.unavailable_reason,
                                                  known=schemes.is_registered), required=True, help="NAME[,NAME...] or all")
     p.add_argument("--budget", type=comma_list(int), default=(2, 3, 4), help="bits per element (default 2,3,4)")
     p.add_argument("--model", type=Path, default=None,
