@@ -107,6 +107,9 @@ def run(args) -> int:
         raise UsageError(f"harness report: --null {args.null} holds no {RESULTS_FILE}; give a run directory")
     if args.permutations < 1:
         raise UsageError(f"harness report: --permutations {args.permutations} must be a positive integer")
+    store.check_integrity()
+    if args.null is not None:
+        RunStore(args.null).check_integrity()
     levels = None
     if args.storage_levels is not None:
         try:
