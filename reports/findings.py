@@ -261,8 +261,11 @@ def to_json(findings: Findings) -> dict:
         fronts.append({"setting": _records(pd.DataFrame([dict(zip(SETTING, setting))]))[0],
                        "points": _records(points)})
     wins = findings.winners.rename(columns={"validation": "verdict", "validation_reason": "verdict_reason"})
-    verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str))][
-        SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason"]]
+    columns = SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason"]
+    if "runner_up" in wins.columns:
+        verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str))].reindex(columns=columns)
+    else:  # no storage level holds two codecs: an empty frame without the columns
+        verdicts = pd.DataFrame(columns=columns)
     return {"n_trials": int(len(findings.trials)), "n_cells": int(len(findings.cells)),
             "metric": PRIMARY, "alpha": ALPHA, "equivalence_margin": EQUIVALENCE_MARGIN,
             "storage": {"column": findings.storage, "levels": list(findings.levels), "tolerance": TOLERANCE},
