@@ -274,3 +274,32 @@ def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
             "estimated_s_by_family": by_family, "estimated_s_by_dim": by_dim,
             "peak_mem_mb_max": max((peak for _, peak in list(cells1.values()) + list(cells2.values())), default=0.0),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
+
+
+def workers_speedup(shape: BenchShape, device: torch.device, workers: int = 2) -> dict:
+    """One sweep of 12 cells (heavy_tail; tq-kv, sq-kv, kivi, plain-kv; b = 2, 3, 4; the shape's
+    d, S, Nq and trials) run serially and with `workers` local Dask workers, each into a fresh
+    store as `harness run` does: wall times, their ratio serial/workers (> 1: the workers are
+    faster), whether the rows are identical, and os.getloadavg() before, between and after (other
+    processes on the machine change both times)."""
+    import tempfile
+    from pathlib import Path
+
+    from .runner import run_sweep
+    from .store import RunStore
+    config = SweepConfig(scenarios=("heavy_tail",), schemes=("tq-kv", "sq-kv", "kivi", "plain-kv"), budgets=(2, 3, 4),
+                         dims=(shape.dim,), seq_lens=(shape.seq_len,), queries=(shape.queries,), trials=shape.trials,
+                         device=device.type)
+    load, wall, frames = [os.getloadavg()], {}, {}
+    with tempfile.TemporaryDirectory(prefix="kvharness-bench-") as tmp:
+        for name, n in (("serial", None), ("workers", workers)):
+            store = RunStore(Path(tmp) / name)
+            t0 = time.perf_counter()
+            run_sweep(config, store, progress=False, workers=n)
+            wall[name] = time.perf_counter() - t0
+            load.append(os.getloadavg())
+            frames[name] = store.trials()
+    return {"cells": len(config.cells()), "trials": shape.trials, "workers": workers, "serial_s": wall["serial"],
+            "workers_s": wall["workers"], "serial_over_workers": wall["serial"] / wall["workers"],
+            "rows_identical": bool(frames["serial"].equals(frames["workers"])),
+            "loadavg": {"before": load[0], "between": load[1], "after": load[2]}}

@@ -1,15 +1,30 @@
-"""Cells as independent Dask tasks, results gathered to the single writer of the store.
+"""Chunks of cells as independent Dask tasks, results gathered to the single writer of the store.
 
-`--workers N` starts a local cluster of N single-threaded worker processes; `--scheduler
-ADDRESS` uses an existing cluster (its workers must have kvharness installed). A task
-computes one cell from (configuration, cell) alone — seeds derive from the cell, not the
-schedule — so the rows equal a serial run's. A task whose worker dies is retried elsewhere
-(dask reschedules it; `retries` covers exceptions), so a dead worker costs only its cell.
+`--workers N` runs the sweep in N processes: this one and a local cluster of N - 1 worker
+processes, started in the background while this one computes; `--scheduler ADDRESS` uses an
+existing cluster (its workers must have kvharness installed). A task is one chunk of trials of
+the cells that share data (runner.chunk_plan): it draws the chunk once and runs every cell on it,
+from (configuration, cells, trials) alone — seeds derive from the cell and the trial, not the
+schedule — so the rows equal a serial run's. The writer commits each cell's chunks in trial
+order as they arrive. A task whose worker dies is retried elsewhere (dask reschedules it;
+`retries` covers exceptions), so a dead worker costs only its chunk.
+
+Speed. Each worker runs torch with the serial run's thread count (reductions split over
+threads, so another count would change the last bits of some codecs' rows, and their k-means
+and eigen-solvers' choices with them). The workers' environment is the serial process's, not
+dask's defaults: dask sets MALLOC_TRIM_THRESHOLD_=65536, which stops glibc from raising its
+mmap threshold, so every large tensor is mmap'ed, zero-filled and unmapped again (a serial
+cell took 7.0 s without it, 31.1 s with it); and OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE)
+instead of spinning, which on a machine with more runnable threads than cores (two workers of
+two threads on two cores, or any loaded machine) costs several times the work.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import os
+import warnings
 from typing import Callable
 
 from .sweep import Cell, SweepConfig
@@ -17,6 +32,12 @@ from .sweep import Cell, SweepConfig
 # Resilience-test hook: when this variable names a file that does not exist yet, the first
 # task to see it creates the file and kills its own worker process.
 FAULT_ENV = "KVHARNESS_FAULT_KILL_WORKER_ONCE"
+
+# Tasks per worker a sweep is cut into at least (smaller chunks, where a sweep has few data
+# groups), so that the workers finish together rather than one waiting on the last big chunk;
+# but no task of fewer than MIN_TASK_TRIALS trials (each draws its data and runs every cell's
+# fixed costs once).
+TASKS_PER_WORKER, MIN_TASK_TRIALS = 3, 8
 
 
 def _maybe_inject_fault() -> None:
@@ -30,51 +51,192 @@ def _maybe_inject_fault() -> None:
         os._exit(13)
 
 
-def compute_cell_task(config_json: dict, cell_key: tuple, memory_budget: int | None, n_threads: int):
-    """Run on a worker: every chunk of one cell; returns (rows, wall_s, peak_mem_mb)."""
+class _Schemes:
+    """A process's schemes, created once per cell as the serial runner does (the chunks of a cell
+    share one scheme object), not once per task; those of the last GROUPS data groups are kept
+    (tasks come group by group)."""
+
+    GROUPS = 2
+
+    def __init__(self):
+        self.sweep, self.groups = None, {}
+
+    def of(self, config: SweepConfig, cells: list[Cell]) -> dict:
+        from .runner import create_scheme
+        if self.sweep != config:
+            self.sweep, self.groups = config, {}
+        group = self.groups.pop(cells[0].data_key, {})
+        self.groups[cells[0].data_key] = group          # the most recent last
+        while len(self.groups) > self.GROUPS:
+            del self.groups[next(iter(self.groups))]
+        for cell in cells:
+            if cell not in group:
+                group[cell] = create_scheme(config, cell)
+        return group
+
+
+_SCHEMES = _Schemes()
+
+
+def compute_chunk_task(config_json: dict, cell_keys: list[tuple], first: int, stop: int, n_threads: int):
+    """Run on a worker: one chunk (trials first..stop-1) of cells that share data; returns
+    [(cell key, rows, wall_s, peak_mem_mb)] per cell."""
     import torch
 
-    from .runner import compute_cell
-    torch.set_num_threads(n_threads)
+    from .devices import resolve_device, resolve_dtype
+    from .runner import run_chunk
+    if torch.get_num_threads() != n_threads:
+        torch.set_num_threads(n_threads)
     _maybe_inject_fault()
-    return compute_cell(SweepConfig.from_json(config_json), Cell(*cell_key), memory_budget)
+    config = SweepConfig.from_json(config_json)
+    cells = [Cell(*key) for key in cell_keys]
+    return [(cell.key, rows, wall, peak) for cell, rows, wall, peak in
+            run_chunk(config, cells, range(first, stop), resolve_device(config.device), resolve_dtype(config.dtype),
+                      _SCHEMES.of(config, cells))]
+
+
+def worker_environment(n_threads: int) -> dict:
+    """dask's pre-spawn environment for the workers, corrected (module docstring): no
+    MALLOC_TRIM_THRESHOLD_, OpenMP threads that sleep when idle and as many as torch will use."""
+    import dask
+    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ") or {})
+    env["MALLOC_TRIM_THRESHOLD_"] = None  # dask: None unsets a variable it would set
+    env["OMP_NUM_THREADS"] = str(n_threads)
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
 
 
 @contextlib.contextmanager
-def cluster(workers: int | None, scheduler: str | None, timeout: float = 10):
-    """A connected Dask client: a local cluster of `workers` single-threaded processes, or the
-    scheduler at `scheduler`. Connect before anything is written, so an unreachable scheduler
-    leaves no half-made run directory."""
+def cluster(workers: int | None, scheduler: str | None, timeout: float = 10, *, spare: int = 0):
+    """A connected Dask client: a local cluster of `workers` - `spare` processes (spare: how many
+    of the N workers the calling process stands in for, computing tasks itself), or the
+    scheduler at `scheduler`. The local workers start in the background (a task submitted
+    before they are up waits for them), so starting them costs the caller no time."""
     try:
+        import dask
         from dask.distributed import Client, LocalCluster
     except ImportError:
         raise ValueError("distributed sweeps need dask: pip install 'kvharness[distributed]'") from None
     if scheduler:
         try:
-            client, local = Client(scheduler, timeout=timeout), None
+            client = Client(scheduler, timeout=timeout)
         except OSError as exc:
             raise ConnectionError(f"no Dask scheduler answered at {scheduler} within {timeout:.0f} s ({exc})") from None
-    else:
-        local = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                             dashboard_address=None, silence_logs=40)
-        client = Client(local)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    import torch
+    # the nanny copies its pre-spawn variables into this process's environment (and a worker
+    # inherits this environment): keep them out of it, and restore it afterwards. The workers
+    # start in the background, so the configuration holds for the cluster's life.
+    saved = dict(os.environ)
+    os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
     try:
-        yield client
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environment(torch.get_num_threads())}):
+            with warnings.catch_warnings():
+                # the scheduler's HTTP endpoint moves off a busy port 8787 with a warning: not ours to report
+                warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+                local = LocalCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=None,
+                                     silence_logs=40)
+            with local, Client(local) as client:
+                local.scale(max(0, workers - spare))
+                yield client
     finally:
-        client.close()
-        if local is not None:
-            local.close()
+        for name in set(os.environ) - set(saved):
+            del os.environ[name]
+        os.environ.update({k: v for k, v in saved.items() if os.environ.get(k) != v})
+
+
+def n_workers(client) -> int:
+    """Workers connected to the scheduler now."""
+    return len(client.nthreads())
+
+
+def plan_tasks(config: SweepConfig, cells: list[Cell], start: dict[Cell, int], memory_budget: int | None,
+               workers: int) -> list[tuple[range, list[Cell]]]:
+    """The serial runner's chunks (runner.chunk_plan), made smaller where the sweep has too few
+    of them to keep every worker busy: at least TASKS_PER_WORKER tasks per worker where the
+    trials allow it (and MIN_TASK_TRIALS). Rows do not depend on chunking."""
+    from .devices import resolve_device
+    from .runner import chunk_plan, chunk_size
+    device = resolve_device(config.device)
+    groups = [list(g) for _, g in itertools.groupby(cells, key=lambda c: c.data_key)]
+    pieces = math.ceil(TASKS_PER_WORKER * workers / max(1, len(groups)))
+    tasks = []
+    for group in groups:
+        remaining = config.trials - min(start.get(c, 0) for c in group)
+        size = chunk_size(config, group[0], device, memory_budget)
+        size = min(size, max(MIN_TASK_TRIALS, math.ceil(remaining / pieces)))
+        size = math.ceil(remaining / math.ceil(remaining / size))  # as many tasks, of equal size
+        tasks += chunk_plan(config, group, size, start)
+    return tasks
 
 
 def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_budget: int | None,
-                    on_cell: Callable[[Cell, list, float, float], None]) -> None:
-    """Submit every cell as a task on `client` and hand each finished one to on_cell (the single writer)."""
-    from dask.distributed import as_completed
+                    on_chunk: Callable[[Cell, range, list, float, float], None],
+                    start: dict[Cell, int] | None = None, workers: int | None = None,
+                    compute_here: bool = False) -> None:
+    """Run every chunk of the cells as a task, on `client`'s workers and, with compute_here, in
+    this process too (one of `workers`); hand each cell's chunks to on_chunk (the single writer)
+    in trial order as they arrive. start: each cell's first missing trial.
+
+    The workers are kept two tasks deep; this process takes the next task whenever it is free,
+    and when none is left, takes back the tasks queued for workers that have not started them
+    (all of them while the workers are still starting; a result that comes anyway is ignored),
+    so the run does not wait on workers that are starting or busy."""
+    from collections import deque
+
+    from dask.distributed import wait
 
     import torch
+
+    from .devices import resolve_device, resolve_dtype
+    from .runner import run_chunk
+    start = start or {}
     n_threads = torch.get_num_threads()  # the serial run's thread count: same reduction order, same rows
-    futures = {client.submit(compute_cell_task, config.to_json(), cell.key, memory_budget, n_threads,
-                             pure=False, retries=2): cell for cell in cells}
-    for future in as_completed(futures):
-        rows, wall, peak = future.result()
-        on_cell(futures[future], rows, wall, peak)
+    config_json = config.to_json()
+    workers = workers or max(1, n_workers(client))
+    tasks = deque(plan_tasks(config, cells, start, memory_budget, workers))
+    remote = workers - 1 if compute_here else workers
+    following = {cell: start.get(cell, 0) for cell in cells}  # each cell's next trial to commit
+    waiting: dict[Cell, dict[int, tuple]] = {cell: {} for cell in cells}
+    pending: dict = {}  # future -> (trials, cells)
+
+    def deliver(trials: range, results) -> None:
+        for key, rows, wall, peak in results:
+            cell = Cell(*key)
+            waiting[cell][trials.start] = (trials, rows, wall, peak)
+            while following[cell] in waiting[cell]:
+                chunk = waiting[cell].pop(following[cell])
+                on_chunk(cell, *chunk)
+                following[cell] = chunk[0].stop
+
+    local_schemes = _Schemes()
+
+    def here(trials: range, task_cells: list[Cell]) -> None:
+        deliver(trials, [(cell.key, rows, wall, peak) for cell, rows, wall, peak in
+                         run_chunk(config, task_cells, trials, resolve_device(config.device),
+                                   resolve_dtype(config.dtype), local_schemes.of(config, task_cells))])
+
+    while tasks or pending:
+        depth = 2 * (remote if compute_here else max(1, n_workers(client)))
+        while tasks and len(pending) < depth:
+            trials, task_cells = tasks.popleft()
+            future = client.submit(compute_chunk_task, config_json, [c.key for c in task_cells], trials.start,
+                                   trials.stop, n_threads, pure=False, retries=2)
+            pending[future] = (trials, task_cells)
+        for future in [f for f in pending if f.done()]:
+            trials, _ = pending.pop(future)
+            deliver(trials, future.result())
+        if compute_here and tasks:
+            here(*tasks.popleft())
+        elif compute_here and len(pending) > n_workers(client):
+            # more tasks queued than workers up to run them (each runs one at a time, oldest
+            # first): take back the newest, which none has started
+            future = next(reversed(pending))
+            future.cancel()
+            here(*pending.pop(future))
+        elif pending:
+            wait(list(pending), return_when="FIRST_COMPLETED")

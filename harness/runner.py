@@ -19,7 +19,7 @@ import dataclasses
 import contextlib
 import inspect
 import itertools
-import sys
+import os
 import time
 from dataclasses import dataclass
 
@@ -33,11 +33,14 @@ from schemes.rng import generator, seed_sequence
 from stats.metrics import exact_attention, exact_logits, trial_metrics
 
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
+from .errors import UsageError
 from .memory import peak_bytes, reset_peak
 from .provenance import now, provenance
-from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, RunStore
+from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, LOCK_FILE, MANIFEST_FILE, RunStore
 from .sweep import Cell, SweepConfig, implementation
 
+CHUNK_TRIALS_ENV = "KVHARNESS_CHUNK_TRIALS"
+HOLD_ENV = "KVHARNESS_TEST_HOLD"
 DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
 
 
@@ -45,11 +48,16 @@ class RunConflict(ValueError):
     """The output directory holds something other than this run."""
 
 
+class RunTooLarge(UsageError):
+    """One trial of the sweep cannot fit in the available memory."""
+
+
 @dataclass(frozen=True)
 class RunResult:
     n_cells_run: int
     n_cells_skipped: int
     wall_s: float
+    n_trials_kept: int = 0  # trials of the cells run that an earlier, interrupted run had stored
 
 
 def scheme_seed(root_seed: int, name: str, budget: int, dim: int) -> int:
@@ -67,8 +75,12 @@ def bytes_per_trial(config: SweepConfig, cell: Cell) -> int:
 
 
 def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, budget: int | None = None) -> int:
+    """Trials per chunk: as many as fit the memory budget; at most $KVHARNESS_CHUNK_TRIALS where
+    that is set (tests interrupt runs between small chunks; rows do not depend on chunking)."""
     budget = budget or min(DEFAULT_MEMORY_BUDGET, available_memory_bytes(device) // 4)
-    return max(1, min(config.trials, budget // bytes_per_trial(config, cell)))
+    size = max(1, min(config.trials, budget // bytes_per_trial(config, cell)))
+    forced = os.environ.get(CHUNK_TRIALS_ENV)
+    return min(size, max(1, int(forced))) if forced else size
 
 
 def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype,
@@ -218,8 +230,9 @@ def _stored_config(manifest: dict | None) -> dict | None:
                                      **manifest["config"]})
 
 
-def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
-    """Check the directory against this run (RunConflict when it holds another) and write the manifest."""
+def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
+    """RunConflict when the directory holds a run and this is not its --resume, or holds another
+    run; CorruptStore when its results.sqlite is damaged. Writes nothing."""
     manifest = store.read_manifest()
     if manifest is not None or store.path.exists():
         if not resume:
@@ -230,6 +243,14 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
             differing = sorted(k for k, v in config.to_json().items() if stored is None or stored.get(k) != v)
             raise RunConflict(f"{store.directory} holds a different run (differs in: "
                               f"{', '.join(differing)}); choose another --out")
+        store.check_integrity()
+
+
+def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
+    """Check the directory against this run (RunConflict when it holds another) and write the manifest."""
+    check_store(config, store, resume=resume)
+    manifest = store.read_manifest()
+    if manifest is not None:
         manifest.setdefault("resumed_at", []).append(now())
         manifest["finished_at"] = None
         store.write_manifest(manifest)
@@ -238,86 +259,206 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
                           "started_at": now(), "finished_at": None})
 
 
+def completion(store: RunStore) -> tuple[int, int] | None:
+    """(finished cells, cells of the run's configuration) from the manifest and the store; None
+    when the directory has no manifest to say which cells the run has."""
+    stored = _stored_config(store.read_manifest())
+    if stored is None:
+        return None
+    expected = {cell.key for cell in SweepConfig.from_json(stored).cells()}
+    return len(expected & store.finished_cells()), len(expected)
+
+
+def trial_memory_bytes(config: SweepConfig, cell: Cell) -> int:
+    """What one trial of the cell needs at least: its working tensors (bytes_per_trial) and the
+    d × d float64 matrices of the scenario's population and of a codec's bases (4 per head)."""
+    return bytes_per_trial(config, cell) + 4 * 8 * config.heads * cell.dim ** 2
+
+
+def check_memory(config: SweepConfig, device: torch.device) -> None:
+    """RunTooLarge (one line) when one trial of some cell cannot fit in the available memory."""
+    available = available_memory_bytes(device)
+    cell = max(config.cells(), key=lambda c: trial_memory_bytes(config, c))
+    need = trial_memory_bytes(config, cell)
+    if need > available:
+        raise RunTooLarge(f"harness run: one trial of d = {cell.dim}, S = {cell.seq_len} (+{config.decode_tokens}), "
+                          f"Nq = {cell.queries}, H = {config.heads} needs about {need / 2 ** 30:.1f} GiB, more than the "
+                          f"{available / 2 ** 30:.1f} GiB available on {device.type}; lower --dim, --seq-len, --queries "
+                          f"or --heads")
+
+
+def chunk_plan(config: SweepConfig, group: list[Cell], size: int,
+               start: dict[Cell, int] | None = None) -> list[tuple[range, list[Cell]]]:
+    """The chunks of one data group, (trials, the cells that take them): ranges of at most `size`
+    trials from the group's earliest missing trial (start: a cell's first missing trial, 0 when
+    absent), cut also at each cell's own first missing trial, so that a cell takes a chunk whole
+    or not at all and no stored trial is computed again."""
+    start = start or {}
+    first = {cell: start.get(cell, 0) for cell in group}
+    cuts = sorted(set(first.values()) | {config.trials})
+    plan, a = [], min(first.values())
+    while a < config.trials:
+        b = min(a + size, next(c for c in cuts if c > a))
+        plan.append((range(a, b), [cell for cell in group if first[cell] <= a]))
+        a = b
+    return plan
+
+
+def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dtype, cell_schemes=None):
+    """One chunk of cells that share data: the trials drawn once, then each cell run on them;
+    yields (cell, rows, wall_s, peak_mem_mb) per cell (wall time and peak without the draw)."""
+    cell_schemes = cell_schemes if cell_schemes is not None else {c: create_scheme(config, c) for c in cells}
+    prefill_queries = any(takes_prefill_queries(cell_schemes[c]) for c in cells)
+    data = draw_trials(config, cells[0], trials, device, dtype, prefill_queries)
+    if len(cells) > 1 and not config.decode_tokens:
+        data["exact"] = exact_attention(data["q"], data["k"], data["v"])  # shared by the chunk's cells
+    for cell in cells:
+        t0 = time.perf_counter()
+        reset_peak(device)
+        metrics, bits = run_cell_chunk(cell_schemes[cell], data)
+        peak = peak_bytes(device) or 0
+        rows = list(_rows(config, cell, device, trials, metrics, bits))
+        yield cell, rows, time.perf_counter() - t0, peak / 2 ** 20
+
+
 def compute_cell(config: SweepConfig, cell: Cell, memory_budget: int | None = None):
-    """One cell on its own (the distributed path): (rows, wall_s, peak_mem_mb), by the serial
-    runner's own chunk loop, so its rows equal a serial run's."""
+    """One cell on its own: (rows, wall_s, peak_mem_mb), by the serial runner's own chunk loop,
+    so its rows equal a serial run's."""
     finished = []
     _run_serial(config, [cell], resolve_device(config.device), resolve_dtype(config.dtype), memory_budget,
                 lambda _cell, rows, wall, peak_mb: finished.append((rows, wall, peak_mb)))
     return finished[0]
 
 
-def _run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell) -> None:
-    """Cells that share data are run together on each chunk of drawn trials; a cell is handed to
-    on_cell as soon as its last chunk is done."""
+def _run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell=None, *,
+                start: dict[Cell, int] | None = None, on_chunk=None) -> None:
+    """Cells that share data are run together on each chunk of drawn trials. Each cell's chunk is
+    handed to on_chunk(cell, trials, rows, wall_s, peak_mem_mb) as soon as it is done; with
+    on_cell, a cell's rows of this call, summed wall time and peak memory go to
+    on_cell(cell, rows, wall_s, peak_mem_mb) after its last chunk. start: each cell's first
+    missing trial (chunk_plan)."""
     for _, group in itertools.groupby(todo, key=lambda c: c.data_key):
         group = list(group)
         size = chunk_size(config, group[0], device, memory_budget)
-        chunks = [range(i, min(i + size, config.trials)) for i in range(0, config.trials, size)]
         cell_schemes = {cell: create_scheme(config, cell) for cell in group}
-        prefill_queries = any(takes_prefill_queries(s) for s in cell_schemes.values())
         rows = {cell: [] for cell in group}
         wall = dict.fromkeys(group, 0.0)
-        peak = dict.fromkeys(group, 0)
-        for n_chunk, trials in enumerate(chunks):
-            data = draw_trials(config, group[0], trials, device, dtype, prefill_queries)
-            if len(group) > 1 and not config.decode_tokens:
-                data["exact"] = exact_attention(data["q"], data["k"], data["v"])
-            for cell in group:
-                t0 = time.perf_counter()
-                reset_peak(device)
-                metrics, bits = run_cell_chunk(cell_schemes[cell], data)
-                peak[cell] = max(peak[cell], peak_bytes(device) or 0)
-                rows[cell].extend(_rows(config, cell, device, trials, metrics, bits))
-                wall[cell] += time.perf_counter() - t0
-                if n_chunk == len(chunks) - 1:
-                    on_cell(cell, rows.pop(cell), wall[cell], peak[cell] / 2 ** 20)
+        peak = dict.fromkeys(group, 0.0)
+        for trials, cells in chunk_plan(config, group, size, start):
+            for cell, chunk_rows, chunk_wall, chunk_peak in run_chunk(config, cells, trials, device, dtype,
+                                                                      cell_schemes):
+                if on_chunk is not None:
+                    on_chunk(cell, trials, chunk_rows, chunk_wall, chunk_peak)
+                if on_cell is not None:
+                    rows[cell].extend(chunk_rows)
+                    wall[cell] += chunk_wall
+                    peak[cell] = max(peak[cell], chunk_peak)
+                    if trials.stop == config.trials:
+                        on_cell(cell, rows.pop(cell), wall[cell], peak[cell])
 
 
 def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
               memory_budget: int | None = None, workers: int | None = None,
               scheduler: str | None = None) -> RunResult:
-    """Run every cell of the sweep not yet in the store; each finished cell is committed at once.
-    With workers (a local Dask cluster) or scheduler (an existing one) cells run as Dask tasks."""
+    """Run every trial of the sweep not yet in the store, committed a chunk at a time (a cell's
+    chunk in one transaction; RunStore.write_chunk). With workers N > 1 chunks run as Dask tasks
+    on N - 1 local worker processes and in this one; with scheduler, on an existing cluster.
+
+    Refused, with nothing written, when one trial cannot fit in memory (RunTooLarge), another run
+    holds the directory (StoreLocked), or the directory holds another run or a damaged store
+    (RunConflict, CorruptStore); a run with nothing left to do leaves its manifest as it was. A
+    new run that fails or is interrupted before its first chunk is stored removes what it wrote."""
     start = time.perf_counter()
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    check_memory(config, device)
     with contextlib.ExitStack() as stack:
-        client = None
-        if workers or scheduler:
-            from .distributed import cluster
-            client = stack.enter_context(cluster(workers, scheduler))
-        prepare_store(config, store, resume=resume)
-        result = _run_cells(config, store, device, dtype, progress, memory_budget, client)
-    return RunResult(result[0], result[1], time.perf_counter() - start)
+        stack.enter_context(store.lock())
+        fresh = store.read_manifest() is None and not store.path.exists()
+        check_store(config, store, resume=resume)
+        done = store.finished_cells()
+        todo = [c for c in config.cells() if c.key not in done]
+        if not todo:
+            return RunResult(0, len(done), time.perf_counter() - start)
+        try:
+            client = None
+            if scheduler or (workers or 1) > 1:  # --workers 1 is the serial run
+                from .distributed import cluster
+                # with a local cluster this process is one of the workers
+                client = stack.enter_context(cluster(workers, scheduler, spare=0 if scheduler else 1))
+            prepare_store(config, store, resume=resume)
+            kept = _run_cells(config, store, todo, device, dtype, progress, memory_budget, client,
+                              None if scheduler else workers)
+        except BaseException:
+            if fresh:
+                _discard_if_empty(store)
+            raise
+    return RunResult(len(todo), len(done), time.perf_counter() - start, kept)
 
 
-def _run_cells(config, store, device, dtype, progress, memory_budget, client) -> tuple[int, int]:
-    """The cells not yet stored, serially or as tasks on a Dask client: (cells run, cells skipped)."""
-    done = store.finished_cells()
-    todo = [c for c in config.cells() if c.key not in done]
-    if progress is None:
-        progress = sys.stderr.isatty()
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(todo), unit="cell", file=sys.stderr)
+def _test_hold(n_commit: int, phase: str) -> None:
+    """Interruption tests: with $KVHARNESS_TEST_HOLD = "N:PHASE:FILE", the run creates FILE and
+    waits (to be signalled or killed) at its N-th chunk commit, PHASE 'before' it (the chunk
+    computed, not stored), 'during' it (inside the transaction) or 'after' it."""
+    hold = os.environ.get(HOLD_ENV)
+    if not hold:
+        return
+    n, when, marker = hold.split(":", 2)
+    if int(n) != n_commit or when != phase:
+        return
+    open(marker, "a").close()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
 
-    def on_cell(cell: Cell, rows: list, wall: float, peak_mb: float) -> None:
-        store.write_cell(cell.key, rows, wall_s=wall, finished_at=now(), peak_mem_mb=peak_mb)
-        if bar:
-            bar.update(1)
+
+def _discard_if_empty(store: RunStore) -> None:
+    """Remove what a new run wrote to its directory (manifest, empty store, lock file, and the
+    directory when nothing else is in it), unless a trial was stored."""
+    try:
+        if store.path.exists() and store.stored_trials():
+            return
+    except Exception:  # noqa: BLE001 - a store we cannot read is not ours to remove
+        return
+    for name in (store.path.name, store.path.name + "-journal", MANIFEST_FILE, LOCK_FILE):
+        (store.directory / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        store.directory.rmdir()
+
+
+def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None) -> int:
+    """The trials not yet stored, serially or as tasks on a Dask client, each chunk committed as
+    it arrives; the manifest's finished_at once all are in. Returns the trials of these cells
+    that were stored before."""
+    from .progress import Progress
+
+    stored = store.stored_trials()
+    start = {cell: stored[cell.key] for cell in todo if cell.key in stored}
+    n_cells = len(config.cells())
+    bar = Progress.auto(progress, n_cells, n_cells * config.trials, cells_done=n_cells - len(todo),
+                        trials_done=(n_cells - len(todo)) * config.trials + sum(start.values()))
+
+    commits = itertools.count(1)
+
+    def on_chunk(cell: Cell, trials: range, rows: list, wall: float, peak_mb: float) -> None:
+        n = next(commits)
+        _test_hold(n, "before")
+        finished = store.write_chunk(cell.key, rows, first_trial=trials.start, n_trials_cell=config.trials,
+                                     wall_s=wall, finished_at=now(), peak_mem_mb=peak_mb,
+                                     before_commit=lambda: _test_hold(n, "during"))
+        _test_hold(n, "after")
+        bar.advance(len(rows), int(finished))
 
     try:
         if client is not None:
             from .distributed import run_distributed
-            run_distributed(client, config, todo, memory_budget=memory_budget, on_cell=on_cell)
+            run_distributed(client, config, todo, memory_budget=memory_budget, on_chunk=on_chunk, start=start,
+                            workers=workers, compute_here=workers is not None)
         else:
-            _run_serial(config, todo, device, dtype, memory_budget, on_cell)
+            _run_serial(config, todo, device, dtype, memory_budget, start=start, on_chunk=on_chunk)
     finally:
-        if bar:
-            bar.close()
+        bar.close()
     manifest = store.read_manifest()
     manifest["finished_at"] = now()
     manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
     store.write_manifest(manifest)
-    return len(todo), len(done)
+    return sum(start.values())

@@ -3,19 +3,25 @@ row per finished cell) and DIR/manifest.json (configuration and provenance). A r
 reproduces a paper (harness reproduce) also holds its `claims` table there (RunStore.claims),
 and may hold other derived tables (RunStore.write_table / RunStore.table).
 
-A cell's rows and its `cells` entry are written in one transaction, so an interrupted run
-keeps every finished cell and no partial one; `--resume` skips the cells already present.
+Work is committed a chunk of trials at a time: a chunk's rows and its `chunks` entry in one
+transaction, and with a cell's last chunk also its `cells` row (write_chunk). An interruption at
+any moment loses at most the chunk in progress; `--resume` continues each cell from its first
+missing trial (stored_trials). A cell counts as finished, and its rows are read (trials), only
+once its `cells` row exists. The store is checked on open for the commands that read or resume
+it (check_integrity: PRAGMA quick_check), and one run at a time writes a directory (lock).
 A store written before calib_tokens was part of a cell (its `cells` table lacks the column)
 is migrated when opened for writing (RunStore._connect); one written before a column of
 ADDED_COLUMNS existed gains it (NULL in the old rows) on open, and reads back with it as NaN.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import sqlite3
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -23,8 +29,11 @@ import pandas as pd
 from stats.cells import CELL_COLUMNS
 from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES
 
+from .errors import UsageError
+
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
+LOCK_FILE = ".lock"  # held (flock) by the run writing the directory, for the run's life
 
 # The trials table's column order is that of results.sqlite since its first version (calib_tokens
 # after heads), though calib_tokens is now part of the cell.
@@ -69,6 +78,25 @@ def _add_missing_columns(con: sqlite3.Connection) -> None:
         with con:
             for column in missing:
                 con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
+
+
+class CorruptStore(UsageError):
+    """results.sqlite is damaged (PRAGMA quick_check, or sqlite itself, says so)."""
+
+
+class StoreLocked(UsageError):
+    """Another run holds the directory's lock."""
+
+
+# what sqlite's messages about a damaged file contain, and the message
+_DAMAGED = {"malformed": "database disk image is malformed", "not a database": "file is not a database"}
+
+
+def _chunks_schema() -> str:
+    cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
+    return (f"CREATE TABLE IF NOT EXISTS chunks ({cell_cols}, first_trial INTEGER NOT NULL, n_trials INTEGER NOT NULL, "
+            f"wall_s REAL NOT NULL, peak_mem_mb REAL, finished_at TEXT NOT NULL, "
+            f"PRIMARY KEY ({', '.join(CELL_COLUMNS)}, first_trial))")
 
 
 class RunStore:
@@ -152,6 +180,106 @@ class RunStore:
         finally:
             con.close()
 
+    def write_chunk(self, cell: tuple, rows: Iterable[dict], *, first_trial: int, n_trials_cell: int,
+                    wall_s: float, finished_at: str, peak_mem_mb: float | None = None,
+                    before_commit: Callable[[], None] | None = None) -> bool:
+        """One chunk of one cell — its trial rows (trials first_trial, first_trial + 1, ...) and
+        its `chunks` entry — in one transaction; when the cell then holds all n_trials_cell
+        trials, its `cells` row too (wall time summed over its chunks, the largest peak memory),
+        in the same transaction. Returns whether the cell is now finished. before_commit (tests:
+        an interruption inside the transaction) is called after the writes, before the commit."""
+        rows = list(rows)
+        con = self._connect()
+        try:
+            with con:  # commits on success, rolls back on any exception
+                con.execute(_chunks_schema())
+                match = " AND ".join(f"{c} = ?" for c in CELL_COLUMNS)
+                # entries from this trial on whose rows are gone (a store edited by hand) are stale
+                con.execute(f"DELETE FROM chunks WHERE {match} AND first_trial >= ?", (*cell, first_trial))
+                con.executemany(
+                    f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
+                    [tuple(row.get(c) for c in TRIAL_COLUMNS) for row in rows])
+                con.execute(f"INSERT INTO chunks VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 5))})",
+                            (*cell, first_trial, len(rows), wall_s, peak_mem_mb, finished_at))
+                stored, wall, peak = con.execute(
+                    f"SELECT SUM(n_trials), SUM(wall_s), MAX(peak_mem_mb) FROM chunks WHERE {match}", cell).fetchone()
+                finished = stored >= n_trials_cell
+                if finished:
+                    con.execute(f"INSERT INTO cells VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 4))})",
+                                (*cell, stored, wall, finished_at, peak))
+                if before_commit is not None:
+                    before_commit()
+                return finished
+        finally:
+            con.close()
+
+    def stored_trials(self) -> dict[tuple, int]:
+        """Trials stored per cell, finished or not (cell key -> n): a cell's stored trials are
+        always 0 .. n-1, its chunks being committed in order; CorruptStore where they are not."""
+        if not self.path.exists():
+            return {}
+        with self._reading() as con:
+            cols = ", ".join(CELL_COLUMNS)
+            counts = con.execute(f"SELECT {cols}, COUNT(*), MIN(trial), MAX(trial) FROM trials GROUP BY {cols}")
+            out = {}
+            for *key, n, first, last in counts:
+                if first != 0 or last != n - 1:
+                    raise CorruptStore(f"{self.path}: cell {'/'.join(map(str, key))} holds {n} trials that are not "
+                                       f"trials 0..{n - 1}; this store was not written by harness run alone")
+                out[tuple(key)] = n
+            return out
+
+    def check_integrity(self) -> None:
+        """CorruptStore (one line naming the file) unless PRAGMA quick_check finds the store sound;
+        nothing to check where there is no store yet."""
+        if not self.path.exists():
+            return
+        with self._reading() as con:
+            found = [row[0] for row in con.execute("PRAGMA quick_check")]
+        if found != ["ok"]:
+            detail = " ".join(" ".join(found[:2]).replace("*** in database main ***", "").split())
+            raise self._damaged(detail if len(detail) <= 120 else detail[:117] + "...")
+
+    @contextlib.contextmanager
+    def _reading(self):
+        """A connection whose sqlite errors of a damaged file surface as CorruptStore."""
+        try:
+            con = sqlite3.connect(self.path)
+            try:
+                yield con
+            finally:
+                con.close()
+        except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
+            # pandas wraps sqlite's errors in its own DatabaseError ("Execution failed on sql ...")
+            detail = next((message for word, message in _DAMAGED.items() if word in str(exc)), None)
+            if detail is None:
+                raise
+            raise self._damaged(detail) from None
+
+    def _damaged(self, detail: str) -> CorruptStore:
+        return CorruptStore(f"{self.path} is damaged (sqlite: {detail}); it cannot be read or resumed: restore it "
+                            f"from a copy, or run again into a new --out")
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold the directory's lock file (flock) for the life of the block: StoreLocked at once
+        when another process holds it. Creates the directory if needed."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                raise StoreLocked(f"{self.directory} is being written by another harness run (pid {holder}); "
+                                  f"wait for it to finish, or choose another --out") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def cells(self) -> pd.DataFrame:
         """The finished cells with their trial count, wall time and peak memory."""
         con = self._connect()
@@ -165,16 +293,19 @@ class RunStore:
         return {"/".join(str(x) for x in row[: len(CELL_COLUMNS)]): row[-1]
                 for row in self.cells()[list(CELL_COLUMNS) + ["peak_mem_mb"]].itertuples(index=False)}
 
-    def trials(self) -> pd.DataFrame:
-        """Every stored trial as a frame, in a stable order."""
+    def trials(self, *, unfinished: bool = False) -> pd.DataFrame:
+        """Every stored trial of the finished cells (with unfinished=True also those of cells
+        still missing chunks) as a frame, in a stable order."""
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path} does not exist: not a kvharness run directory")
-        con = sqlite3.connect(self.path)
-        try:
+        with self._reading() as con:
             order = ", ".join(CELL_COLUMNS + ("trial",))
-            frame = pd.read_sql_query(f"SELECT * FROM trials ORDER BY {order}", con)
-        finally:
-            con.close()
+            where = ""
+            keyed = [c for c in CELL_COLUMNS if c in {row[1] for row in con.execute("PRAGMA table_info(cells)")}]
+            if not unfinished and keyed:  # a cell is read only once its `cells` row exists
+                match = " AND ".join(f"c.{k} = trials.{k}" for k in keyed)
+                where = f" WHERE EXISTS (SELECT 1 FROM cells c WHERE {match})"
+            frame = pd.read_sql_query(f"SELECT * FROM trials{where} ORDER BY {order}", con)
         # a column that is NULL throughout (no scheme of the run reports it) reads back as
         # None objects; make every numeric column float so NULL is NaN, as in CSV and Parquet
         for column in frame.columns:

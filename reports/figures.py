@@ -27,6 +27,10 @@ from .findings import SETTING, Findings  # noqa: E402
 from .styles import MAX_SERIES, SchemeStyle, panel_groups, scheme_styles  # noqa: E402
 
 _UNIT_D2 = "(dimensionless)"
+# The area of an A4 landscape PDF page a figure may take (inches; reports.pdf draws figures that
+# fit it at their own size) and the smallest label size there, in points.
+PAGE_FIGURE_BOX = (10.9, 6.7)
+_LABEL_PT = 7
 _FRONT_COLOUR = "black"
 _CELL_GREY = "#b8b8b8"
 
@@ -295,9 +299,18 @@ def significance_figure(findings: Findings, styles) -> ReportFigure:
     tests = tests[tests.dim == dim]
     scen, levels = sorted(tests.scenario.unique()), sorted(tests.storage_level.unique())
     names = sorted(set(tests.scheme_a) | set(tests.scheme_b))
-    size = max(3.2, 0.42 * len(names) + 1.4)
-    fig, axes = plt.subplots(len(scen), len(levels), figsize=(size * len(levels) + 1.2, size * len(scen)),
-                             squeeze=False)
+    # Laid out for an A4 landscape page (PAGE_FIGURE_BOX, where the PDF draws it unscaled): tick
+    # labels of 7 pt, names only on the outer panels, panels as large as the page allows but with
+    # rows of at least 7.5 pt (a larger grid outgrows the page and is scaled onto it).
+    n, n_rows, n_cols = len(names), len(scen), len(levels)
+    label = max(len(x) for x in names) * 0.62 * _LABEL_PT / 72 + 0.35  # inches: tick labels and axis label
+    bar, title = 0.9, 0.3
+    width, height = PAGE_FIGURE_BOX[0] - 0.3, PAGE_FIGURE_BOX[1] - 0.3  # less savefig's padding
+    side = min((width - label - bar) / n_cols - 0.1, (height - label) / n_rows - title)
+    side = max(side, n * 7.5 / 72 + 0.1)
+    fig, axes = plt.subplots(n_rows, n_cols, squeeze=False,
+                             figsize=(label + n_cols * (side + 0.1) + bar, n_rows * (side + title) + label))
+    annotate = side / n >= 6 * 0.62 * _LABEL_PT / 72  # room for "+0.53*" in a cell, else stars only
     for r, sc in enumerate(scen):
         for c, level in enumerate(levels):
             sel = tests[(tests.scenario == sc) & (tests.storage_level == level)]
@@ -308,19 +321,20 @@ def significance_figure(findings: Findings, styles) -> ReportFigure:
                 effect.loc[t.scheme_a, t.scheme_b], effect.loc[t.scheme_b, t.scheme_a] = t.effect, -t.effect
                 note.loc[t.scheme_a, t.scheme_b] = f"{t.effect:+.2f}{star}"
                 note.loc[t.scheme_b, t.scheme_a] = f"{-t.effect:+.2f}{star}"
-            if len(names) > 12:  # numbers would not fit: stars only
+            if not annotate:
                 note = note.map(lambda t: "*" if t.endswith("*") else "")
-            sns.heatmap(effect, ax=axes[r, c], vmin=-1, vmax=1, cmap="RdBu_r", annot=note, fmt="",
-                        annot_kws={"fontsize": 6}, cbar=False, square=True, linewidths=0.4,
-                        linecolor="white")
-            axes[r, c].set_title(f"{sc}, {level:g} bits/element", fontsize=9)
-            axes[r, c].set_xlabel("scheme (column)")
-            axes[r, c].set_ylabel("scheme (row)")
-            axes[r, c].tick_params(labelsize=7)
-            axes[r, c].grid(False)
-    fig.tight_layout(rect=(0, 0, 0.93, 1))
+            ax = axes[r, c]
+            sns.heatmap(effect, ax=ax, vmin=-1, vmax=1, cmap="RdBu_r", annot=note, fmt="",
+                        annot_kws={"fontsize": _LABEL_PT}, cbar=False, square=True, linewidths=0.4,
+                        linecolor="white", xticklabels=True, yticklabels=True)
+            ax.set_title(f"{sc}, {level:g} bits/element", fontsize=9)
+            ax.set_xlabel("scheme (column)" if r == n_rows - 1 else "")
+            ax.set_ylabel("scheme (row)" if c == 0 else "")
+            ax.tick_params(labelsize=_LABEL_PT, labelleft=c == 0, labelbottom=r == n_rows - 1, length=0)
+            ax.grid(False)
+    fig.tight_layout(rect=(0, 0, 1 - bar / fig.get_figwidth(), 1))
     # one colour bar for every panel, so all panels keep the same size
-    bar = fig.add_axes((0.945, 0.25, 0.012, 0.5))
+    bar = fig.add_axes((1 - 0.75 * bar / fig.get_figwidth(), 0.25, 0.15 / fig.get_figwidth(), 0.5))
     fig.colorbar(matplotlib.cm.ScalarMappable(matplotlib.colors.Normalize(-1, 1), "RdBu_r"), cax=bar,
                  label="effect, row vs column (−1 … 1)")
     caption = (f"d = {dim}, {where}, at each storage level (schemes absent from a level cannot reach it without "

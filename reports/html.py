@@ -40,6 +40,8 @@ figcaption { font-size: .9em; color: #333; }
 .absent { color: #7a4b00; background: #fff6e5; padding: .4em .6em; border-left: 3px solid #e0a030; }
 .note { font-size: .9em; color: #444; }
 nav ul { columns: 4; font-size: .9em; }
+.incomplete { color: #8a1c00; background: #fff0eb; border-left: 3px solid #d0502a; padding: .25em .6em;
+              margin: -.3em 0 .6em; font-weight: bold; font-size: .95em; }
 .lede { color: #333; margin: -.4em 0 .6em; font-size: .95em; }
 .headline { display: flex; gap: 1.2em; align-items: flex-start; margin-bottom: .6em; }
 .headline figure.front { margin: 0; flex: 0 0 auto; }
@@ -54,6 +56,7 @@ tr.verdict-refuted td:nth-child(3) { color: #a11; font-weight: bold; }
 </head>
 <body>
 <h1>kvharness report: {{ title }}</h1>
+{% if notice %}<p class="incomplete" id="incomplete">{{ notice }}</p>{% endif %}
 <p class="lede">{{ lede }}</p>
 <section id="headline">
 {% if claim_rows %}
@@ -182,7 +185,8 @@ def provenance_rows(manifest: dict | None, findings: Findings, run_time: str) ->
 
 
 def render_html(title: str, findings: Findings, figures: list[ReportFigure], manifest: dict | None,
-                run_time: str) -> str:
+                run_time: str, notice: str | None = None) -> str:
+    """The page; `notice` (an unfinished run's 'incomplete: n of m cells ...') under the title."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     shown, headlines = [], []
     for f in figures:
@@ -195,7 +199,7 @@ def render_html(title: str, findings: Findings, figures: list[ReportFigure], man
         else:
             shown.append(entry)
     return env.from_string(_TEMPLATE).render(
-        title=title, lede=lede(findings), headlines=headlines, headline_header=headline_header(findings),
+        title=title, notice=notice, lede=lede(findings), headlines=headlines, headline_header=headline_header(findings),
         claim_header=CLAIM_HEADER, claim_rows=claim_rows(findings), claim_detail_header=CLAIM_DETAIL_HEADER,
         claim_detail_rows=claim_detail_rows(findings),
         method=method_sentence(findings), summaries=setting_summaries(findings), front_header=FRONT_HEADER,

@@ -1,6 +1,8 @@
 """The PDF report: matplotlib's PdfPages with text pages (the summary in sentences), table
-pages (winners, every cell, provenance) and one page per figure. Fonts are embedded as
-TrueType (pdf.fonttype 42) so the text can be searched and extracted."""
+pages (winners, every cell, provenance) and one page per figure. Every page is A4: text pages
+portrait, tables and figures landscape, each figure scaled onto its page (never enlarged) as
+an image at FIGURE_PPI, its title and caption as text. Fonts are embedded as TrueType
+(pdf.fonttype 42) so the text can be searched and extracted."""
 from __future__ import annotations
 
 import io
@@ -14,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from .figures import ReportFigure  # noqa: E402
+from .figures import PAGE_FIGURE_BOX, ReportFigure  # noqa: E402
 from .findings import Findings  # noqa: E402
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows,  # noqa: E402
                         claim_detail_rows, claim_rows, crossover_header, crossover_rows, headline_header,
@@ -22,6 +24,10 @@ from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_he
                         verdict_note, winner_header, winner_rows)
 
 PORTRAIT, LANDSCAPE = (8.27, 11.69), (11.69, 8.27)  # A4, inches
+# The area of a landscape page a figure may take (inches; below the title, above the caption)
+# and the resolution it is drawn at there.
+FIGURE_BOX, FIGURE_PPI = PAGE_FIGURE_BOX, 200
+_NOTICE = {"color": "#a02000", "fontweight": "bold", "va": "top"}
 _LINES_PER_PAGE, _WRAP = 62, 105
 _ROWS_PER_PAGE = 30
 
@@ -47,13 +53,16 @@ def _text_pages(pdf: PdfPages, lines: list[tuple[str, str]]) -> None:
         plt.close(fig)
 
 
-def _table_pages(pdf: PdfPages, title: str, header, rows, col_widths=None) -> None:
-    """A table split over landscape pages of _ROWS_PER_PAGE rows, header repeated."""
+def _table_pages(pdf: PdfPages, title: str, header, rows, col_widths=None, notice: str | None = None) -> None:
+    """A table split over landscape pages of _ROWS_PER_PAGE rows, header repeated; `notice` (a
+    warning line) under the first page's title."""
     for start in range(0, max(len(rows), 1), _ROWS_PER_PAGE):
         chunk = rows[start:start + _ROWS_PER_PAGE] or [tuple("" for _ in header)]
         fig = plt.figure(figsize=LANDSCAPE)
         part = f" ({start // _ROWS_PER_PAGE + 1}/{-(-len(rows) // _ROWS_PER_PAGE)})" if len(rows) > _ROWS_PER_PAGE else ""
         fig.text(0.04, 0.96, title + part, fontsize=12, fontweight="bold", va="top")
+        if notice and start == 0:
+            fig.text(0.04, 0.935, notice, fontsize=8, **_NOTICE)
         ax = fig.add_axes([0.03, 0.03, 0.94, 0.88])
         ax.axis("off")
         table = ax.table(cellText=[list(r) for r in chunk], colLabels=list(header), loc="upper center",
@@ -69,17 +78,23 @@ def _table_pages(pdf: PdfPages, title: str, header, rows, col_widths=None) -> No
         plt.close(fig)
 
 
-def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list[ReportFigure]) -> None:
+def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list[ReportFigure],
+                    notice: str | None = None) -> int:
     """The report's first screen as its first page(s): per scenario, on one landscape page, the
-    title and lede, the Pareto-front figure and the table of the best codec at each storage level."""
+    title and lede, the Pareto-front figure and the table of the best codec at each storage level;
+    `notice` (an unfinished run's warning) in a line under the title. Returns the pages written."""
     header = headline_header(findings)
+    n_pages = 0
     for f in figures:
         if not f.key.startswith("front-") or f.figure is None:
             continue
         scenario = f.key[len("front-"):]
         page = plt.figure(figsize=LANDSCAPE)
         page.text(0.04, 0.96, f"kvharness report: {title}", fontsize=15, fontweight="bold", va="top")
-        page.text(0.04, 0.915, "\n".join(textwrap.wrap(lede(findings), 150)), fontsize=8, va="top")
+        if notice:
+            page.text(0.04, 0.928, notice, fontsize=8, **_NOTICE)
+        page.text(0.04, 0.915 - (0.02 if notice else 0), "\n".join(textwrap.wrap(lede(findings), 150)), fontsize=8,
+                  va="top")
         buf = io.BytesIO()
         f.figure.savefig(buf, format="png", dpi=150, bbox_inches="tight")
         buf.seek(0)
@@ -107,11 +122,46 @@ def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list
                   va="top")
         pdf.savefig(page)
         plt.close(page)
+        n_pages += 1
+    return n_pages
+
+
+def page_scale(figure) -> float:
+    """The factor a figure is drawn at on its PDF page: it fits FIGURE_BOX, never enlarged."""
+    box, pad = figure.get_tightbbox(), 2 * matplotlib.rcParams["savefig.pad_inches"]
+    return min(1.0, FIGURE_BOX[0] / (box.width + pad), FIGURE_BOX[1] / (box.height + pad))
+
+
+def _figure_page(pdf: PdfPages, f: ReportFigure) -> None:
+    """One figure on an A4 landscape page: its title, the figure scaled to fit FIGURE_BOX (as an
+    image of FIGURE_PPI on the page) and its caption."""
+    from PIL import Image
+
+    scale = page_scale(f.figure)
+    buf = io.BytesIO()
+    f.figure.savefig(buf, format="png", dpi=FIGURE_PPI * scale, bbox_inches="tight")
+    buf.seek(0)
+    image = Image.open(buf).convert("RGB")
+    width, height = (n / FIGURE_PPI for n in image.size)  # inches on the page
+    page = plt.figure(figsize=LANDSCAPE)
+    page.text(0.04, 0.96, f.title, fontsize=11, fontweight="bold", va="top")
+    left = (LANDSCAPE[0] - width) / 2
+    top = 0.7  # inches below the page's top edge
+    ax = page.add_axes([left / LANDSCAPE[0], 1 - (top + height) / LANDSCAPE[1], width / LANDSCAPE[0],
+                        height / LANDSCAPE[1]])
+    ax.imshow(image, interpolation="none")
+    ax.axis("off")
+    if f.caption:
+        page.text(0.04, 1 - (top + height + 0.12) / LANDSCAPE[1], "\n".join(textwrap.wrap(f.caption, 190)),
+                  fontsize=7, va="top")
+    pdf.savefig(page)
+    plt.close(page)
 
 
 def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFigure],
-              provenance: list[tuple[str, str]]) -> None:
-    """Write the whole report to `path` (the caller renames it into place)."""
+              provenance: list[tuple[str, str]], notice: str | None = None) -> None:
+    """Write the whole report to `path` (the caller renames it into place); `notice` (an unfinished
+    run's 'incomplete: n of m cells ...') on the first page."""
     lines = [("h1", f"kvharness report: {title}"), ("h2", "Summary"), ("p", verdict_note(findings))]
     fronts = []
     for scenario, settings in setting_summaries(findings).items():
@@ -134,19 +184,20 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
     with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42, "text.parse_math": False}), PdfPages(path) as pdf:
         if findings.claims is not None:
             _table_pages(pdf, f"kvharness report: {title} — the AMD paper, claim by claim", CLAIM_HEADER,
-                         claim_rows(findings), [0.03, 0.55, 0.08, 0.2, 0.1])
-        _headline_pages(pdf, title, findings, figures)
+                         claim_rows(findings), [0.03, 0.55, 0.08, 0.2, 0.1], notice=notice)
+            notice_shown = notice is not None
+        else:
+            notice_shown = False
+        first = _headline_pages(pdf, title, findings, figures, None if notice_shown else notice) == 0
         _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
-                     winner_rows(findings), winner_widths)
+                     winner_rows(findings), winner_widths, notice=notice if first and not notice_shown else None)
         _table_pages(pdf, "The Pareto front on measured storage, per setting", ("setting",) + FRONT_HEADER,
                      fronts, [0.3, 0.1, 0.05, 0.08, 0.2, 0.07])
         _text_pages(pdf, lines)
         for f in figures:
             if f.figure is None or f.key.startswith("front-"):
                 continue
-            f.figure.suptitle(f.title, fontsize=11, y=1.04)
-            pdf.savefig(f.figure, bbox_inches="tight")
-            f.figure.suptitle("")
+            _figure_page(pdf, f)
         _table_pages(pdf, "Every cell (mean [95% CI])", cell_header(findings), cell_rows(findings), cell_widths)
         if len(findings.crossovers):
             _table_pages(pdf, "Crossovers along the storage axis (Δ = mean d₂(T) of A − B)", crossover_header(findings),

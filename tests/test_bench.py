@@ -81,3 +81,17 @@ def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
     assert abs(result["per_trial_s"] - 4 * (0.1 + 0.3)) < 1e-12 and abs(result["fixed_s"] - (4 * 2.5 + 1)) < 1e-9
     assert main(["bench", "--grid", "tiny", "--trials", "3"]) == 0
     assert "estimated at 12 trials" in capsys.readouterr().out
+
+
+def test_bench_times_a_sweep_serially_and_with_workers_in_one_run(capsys):
+    """--workers N: the same 12-cell sweep serial and on N local Dask workers, the ratio, the rows
+    compared, and the load average (which sways both times) recorded with them."""
+    pytest.importorskip("distributed")
+    argv = ["bench", "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "4", "--repeats", "1",
+            "--schemes", "tq-kv", "--workers", "2"]
+    assert main([*argv, "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["workers"]
+    assert w["cells"] == 12 and w["workers"] == 2 and w["rows_identical"] is True
+    assert w["serial_over_workers"] == pytest.approx(w["serial_s"] / w["workers_s"])
+    assert all(len(w["loadavg"][k]) == 3 for k in ("before", "between", "after"))
+    assert main(["bench", "--workers", "0"]) == 2

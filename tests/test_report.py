@@ -2,6 +2,7 @@
 sqlite rows, self-containedness, escaping, a headless-Chromium check and the PDF's pages."""
 import base64
 import io
+import json
 import math
 import re
 import shutil
@@ -519,3 +520,102 @@ def test_a_reproduction_shows_its_claims_table_first(run_dir, tmp_path):
         [__import__("sys").executable, "-m", "harness", "report", str(out), "--json", "--permutations", "20"],
         capture_output=True, text=True, check=True).stdout)
     assert [c["verdict"] for c in found["claims"]] == verdicts[:11]
+
+
+@pytest.fixture(scope="module")
+def unfinished_dir(tmp_path_factory):
+    """A run interrupted with 3 of its 4 cells finished (chunks of 3 trials; the 8th chunk never
+    ran), then reported."""
+    from harness import runner
+    out = tmp_path_factory.mktemp("unfinished") / "run"
+    args = ["run", "--scenario", "gaussian", "--scheme", "tq-kv,plain-kv", "--budget", "2,3", "--dim", "16",
+            "--seq-len", "64", "--queries", "8", "--trials", "6", "--quiet", "--out", str(out)]
+    real, calls = runner.run_cell_chunk, {"n": 0}
+
+    def stop_at_the_eighth_chunk(scheme, data):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise KeyboardInterrupt
+        return real(scheme, data)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(runner.CHUNK_TRIALS_ENV, "3")
+        mp.setattr(runner, "run_cell_chunk", stop_at_the_eighth_chunk)
+        assert main(args) == 130
+    assert len(RunStore(out).finished_cells()) == 3
+    assert main(["report", str(out), "--permutations", "20"]) == 0
+    return out
+
+
+def test_report_of_an_unfinished_run_says_so_on_its_first_screen(unfinished_dir, html, capsys):
+    page = (unfinished_dir / "report.html").read_text(encoding="utf-8")
+    notice = re.search(r'<p class="incomplete" id="incomplete">([^<]*)</p>', page)
+    assert notice and notice.group(1).startswith("incomplete: 3 of 4 cells")
+    assert page.index('id="incomplete"') < page.index('<section id="headline">')     # under the title
+    assert 'id="incomplete"' not in html                                            # a finished run: none
+    pypdf = pytest.importorskip("pypdf")
+    first = pypdf.PdfReader(unfinished_dir / "report.pdf").pages[0].extract_text()
+    assert "incomplete: 3 of 4 cells" in first
+    capsys.readouterr()
+    assert main(["report", str(unfinished_dir), "--json", "--permutations", "20"]) == 0
+    found = json.loads(capsys.readouterr().out)["incomplete"]
+    assert found["finished_cells"] == 3 and found["cells"] == 4
+
+
+def test_every_pdf_page_is_a4_and_figures_are_landscape(run_dir):
+    pypdf = pytest.importorskip("pypdf")
+    reader = pypdf.PdfReader(run_dir / "report.pdf")
+    a4 = (841.68, 595.44)
+    sizes = [(float(p.mediabox.width), float(p.mediabox.height)) for p in reader.pages]
+    for size in sizes:
+        assert min(max(abs(a - b) for a, b in zip(size, paper)) for paper in (a4, a4[::-1])) < 1, size
+    for page in reader.pages:
+        text = page.extract_text()
+        if any(title in text for title in FIGURE_TITLES):
+            assert float(page.mediabox.width) > float(page.mediabox.height)
+
+
+def test_significance_heatmap_labels_are_readable_on_the_pdf_page():
+    """24 codecs at three storage levels (the README's main job): tick labels of at least 7 pt
+    on the PDF page the figure is scaled onto (they were about 2 pt: a 35-inch-wide figure)."""
+    import matplotlib.pyplot as plt
+
+    import schemes
+    from reports.figures import significance_figure
+    from reports.pdf import page_scale
+    from reports.styles import scheme_styles
+
+    names = schemes.available()
+    rng = np.random.default_rng(3)
+    rows = []
+    for name in names:
+        for budget in (2, 3, 4):
+            for trial in range(6):
+                row = {c: rng.uniform(0.01, 0.5) for c in TRIAL_COLUMNS}
+                row.update(scenario="heavy_tail", scheme=name, budget=budget, dim=32, seq_len=64, queries=8,
+                           trial=trial, seed=0, impl="torch", device="cpu", dtype="float32", rng="pcg64", heads=1,
+                           calib_tokens=512, bits_per_element=budget + 0.5, storage_bits_per_element=budget + 0.5)
+                rows.append(row)
+    f = significance_figure(analyse(pd.DataFrame(rows), n_permutations=20), scheme_styles(names))
+    try:
+        labels = [t for ax in f.figure.axes[:-1] for t in ax.get_xticklabels() + ax.get_yticklabels() if t.get_text()]
+        assert {t.get_text() for t in labels} == set(names)
+        assert min(t.get_fontsize() for t in labels) * page_scale(f.figure) >= 7
+    finally:
+        plt.close(f.figure)
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
+                    ".ci/run installs it with apt-get install chromium")
+def test_screenshot_captures_the_whole_page(tmp_path):
+    """A page 9000 CSS pixels tall with a red band at its very bottom: the PNG holds all of it
+    (it was cut at 6000 px) and ends just below the band (the blank bottom is cropped)."""
+    from reports.screenshot import screenshot
+    page = tmp_path / "tall.html"
+    page.write_text('<!DOCTYPE html><html><body style="margin:0;background:#fff">'
+                    '<div style="height:8960px;background:linear-gradient(#eee,#ccc)"></div>'
+                    '<div style="height:40px;background:#f00"></div></body></html>', encoding="utf-8")
+    png = screenshot(page, tmp_path / "tall.png", width=800)
+    pixels = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    assert pixels.shape[1] == 800 and 9000 <= pixels.shape[0] <= 9000 + 64
+    band = pixels[8965:8995]
+    assert (band[..., 0] > 200).all() and (band[..., 1] < 60).all()

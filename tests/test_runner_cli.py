@@ -179,38 +179,25 @@ def test_paper_grid_preset_and_explicit_override():
 
 
 def test_sigkill_mid_sweep_then_resume_gives_exactly_the_uninterrupted_rows(tmp_path):
-    """A run killed with SIGKILL keeps only whole cells (sqlite transactions); --resume adds the
-    rest, with no duplicates, and the rows equal those of an uninterrupted run."""
-    import os
+    """A run killed with SIGKILL keeps what it committed (sqlite transactions) and nothing of the
+    chunk it was writing; --resume adds the rest, with no duplicates, and the rows equal those of
+    an uninterrupted run. The run waits inside its third commit's transaction until it is killed
+    (tests/interrupting.py), so the kill lands there every time."""
     import signal
-    import subprocess
-    import sys
-    import time
+
+    from interrupting import start_held, stored_chunks, wait_for_hold
     args = ["--scenario", "gaussian,heavy_tail,lowrank_aligned,spectral_decay", "--scheme", "tq-kv,plain-kv,tq-qkv",
             "--budget", "2,3", "--dim", "32", "--seq-len", "256", "--queries", "8", "--trials", "40", "--quiet"]
     assert main(["run", *args, "--out", str(tmp_path / "clean")]) == 0
-    out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", *args, "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    total = 4 * 3 * 2
-    done = 0
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if (out / RESULTS_FILE).exists():
-            try:
-                with sqlite3.connect(out / RESULTS_FILE) as con:
-                    done = con.execute("SELECT COUNT(*) FROM cells").fetchone()[0]
-            except sqlite3.Error:
-                done = 0
-            if done >= 1:
-                os.kill(proc.pid, signal.SIGKILL)
-                break
-        time.sleep(0.02)
-    proc.wait()
-    if not 1 <= done < total:
-        pytest.skip(f"the run finished before it could be killed ({done} of {total} cells)")
-    partial = rows(out)
-    assert len(partial) % 40 == 0 and len(partial) == 40 * len(RunStore(out).finished_cells())
+    out, marker = tmp_path / "killed", tmp_path / "held"
+    proc = start_held(["run", *args, "--out", str(out)], marker, 3, "during")
+    wait_for_hold(proc, marker)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert stored_chunks(out, live=False) == 2                   # the third commit rolled back
+    partial = rows(out)                                         # one chunk of 40 trials per cell
+    assert len(partial) == 2 * 40 and len(RunStore(out).finished_cells()) == 2
     assert main(["run", *args, "--out", str(out), "--resume"]) == 0
     resumed, clean = rows(out), rows(tmp_path / "clean")
     assert not resumed.duplicated(["scenario", "scheme", "budget", "dim", "seq_len", "queries", "trial"]).any()
@@ -221,7 +208,7 @@ def test_other_failures_are_one_line_exit_1(tmp_path, capsys):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / RESULTS_FILE).write_text("garbage")
-    assert main(["export", str(bad)]) == 1
+    assert main(["export", str(bad)]) == 2                          # a damaged store: a user-facing error
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "not a database" in err
     afile = tmp_path / "afile"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ..bench import BenchShape, grid_time, run_bench
+from ..bench import BenchShape, grid_time, run_bench, workers_speedup
 from ..devices import DEVICES, resolve_device
 from ..errors import UsageError
 from ..sweep import GRIDS
@@ -31,6 +31,9 @@ def add_arguments(p):
     p.add_argument("--grid", choices=tuple(GRIDS), default=None,
                    help="time a whole preset grid instead (paper: the AMD paper's), on --trials and twice as "
                         "many trials per cell, extrapolated linearly to the grid's trial count")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="also time a 12-cell sweep serially and with --workers N, in this run (the ratio, and the "
+                        "load average, which sways both)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -54,7 +57,11 @@ def run(args) -> int:
         if not 1 <= b <= 8:
             raise UsageError(f"harness bench: budget {b} is outside 1..8 bits per element")
     impls = ("torch", "reference") if args.reference else ("torch",)
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("harness bench: --workers must be a positive integer")
     result = run_bench(shape, device, list(args.schemes) if args.schemes else None, args.budgets, impls)
+    if args.workers:
+        result["workers"] = workers_speedup(shape, device, args.workers)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0
@@ -84,6 +91,12 @@ def run(args) -> int:
     load = result["load_average"]
     print(f"  load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after "
           f"({result['cpu_count']} CPUs); figures are minima, --json keeps every sample")
+    if "workers" in result:
+        w = result["workers"]
+        print(f"  sweep of {w['cells']} cells x {w['trials']} trials: serial {w['serial_s']:.1f} s, --workers "
+              f"{w['workers']} {w['workers_s']:.1f} s (serial/workers = {w['serial_over_workers']:.2f}, rows "
+              f"{'identical' if w['rows_identical'] else 'DIFFER'}); load average {w['loadavg']['before'][0]:.1f} "
+              f"before, {w['loadavg']['after'][0]:.1f} after")
     return 0
 
 

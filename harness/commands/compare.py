@@ -32,6 +32,7 @@ def _trials(directory: Path):
     store = RunStore(directory)
     if not store.path.exists():
         raise UsageError(f"harness compare: {directory} holds no {RESULTS_FILE}; give a run directory")
+    store.check_integrity()
     return store.trials()
 
 

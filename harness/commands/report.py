@@ -57,6 +57,17 @@ def _run_time(store: RunStore, manifest: dict | None) -> str:
     return "; ".join(parts)
 
 
+def incomplete_notice(store: RunStore) -> str | None:
+    """'incomplete: n of m cells ...' for a run whose cells are not all finished, else None."""
+    from ..runner import completion
+    counts = completion(store)
+    if counts is None or counts[0] >= counts[1]:
+        return None
+    done, expected = counts
+    return (f"incomplete: {done} of {expected} cells — only finished cells are reported; the others have not run, "
+            f"or not all their trials (harness run ... --resume finishes the run)")
+
+
 def _findings(directory: Path, null_directory: Path | None, n_permutations: int, levels):
     from reports.findings import analyse
 
@@ -82,14 +93,15 @@ def write_report(directory: Path, null_directory: Path | None = None, n_permutat
     store = RunStore(directory)
     findings = _findings(directory, null_directory, n_permutations, levels)
     manifest = store.read_manifest()
+    notice = incomplete_notice(store)
     figures = build_figures(findings)
     title = directory.resolve().name
     run_time = _run_time(store, manifest)
     html_path, pdf_path = directory / "report.html", directory / "report.pdf"
     tmp_html, tmp_pdf = directory / ".report.html.tmp", directory / ".report.pdf.tmp"
     try:
-        tmp_html.write_text(render_html(title, findings, figures, manifest, run_time), encoding="utf-8")
-        write_pdf(tmp_pdf, title, findings, figures, provenance_rows(manifest, findings, run_time))
+        tmp_html.write_text(render_html(title, findings, figures, manifest, run_time, notice=notice), encoding="utf-8")
+        write_pdf(tmp_pdf, title, findings, figures, provenance_rows(manifest, findings, run_time), notice=notice)
         os.replace(tmp_html, html_path)
         os.replace(tmp_pdf, pdf_path)
     finally:
@@ -110,6 +122,9 @@ def run(args) -> int:
         raise UsageError(f"harness report: --null {args.null} holds no {RESULTS_FILE}; give a run directory")
     if args.permutations < 1:
         raise UsageError(f"harness report: --permutations {args.permutations} must be a positive integer")
+    store.check_integrity()
+    if args.null is not None:
+        RunStore(args.null).check_integrity()
     levels = None
     if args.storage_levels is not None:
         try:
@@ -119,7 +134,13 @@ def run(args) -> int:
     if args.json:
         from reports.findings import to_json
         findings = _findings(args.directory, args.null, args.permutations, levels)
-        print(json.dumps(to_json(findings), indent=2))
+        out = to_json(findings)
+        notice = incomplete_notice(store)
+        if notice is not None:
+            from ..runner import completion
+            done, expected = completion(store)
+            out["incomplete"] = {"finished_cells": done, "cells": expected, "notice": notice}
+        print(json.dumps(out, indent=2))
         return 0
     if args.screenshot:
         from reports.screenshot import chromium

@@ -124,15 +124,32 @@ def config_from_args(args) -> SweepConfig:
     return config
 
 
+def default_out(config: SweepConfig, root: Path = Path("runs")) -> Path:
+    """runs/<scenarios>-<date>-<time>-<microseconds>, made here with mkdir (atomic), so two runs
+    started at the same moment never share it: the second takes the next free -N suffix."""
+    stem = f"{'-'.join(config.scenarios)[:40]}-{datetime.now():%Y%m%d-%H%M%S-%f}"
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        out = root / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            continue
+    raise UsageError(f"harness run: no free directory name under {root} for {stem}; give --out")
+
+
 def run(args) -> int:
     from reports import format_summary, summary_table
 
-    from ..runner import RunConflict, run_sweep
+    from ..runner import RunConflict, check_memory, run_sweep
 
     config = config_from_args(args)
-    out = args.out or Path("runs") / f"{'-'.join(config.scenarios)[:40]}-{datetime.now():%Y%m%d-%H%M%S}"
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"harness run: --out {out} is a file; give a directory (new, or holding this run with --resume)")
+    check_memory(config, resolve_device(config.device))  # before a directory is made
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"harness run: --out {args.out} is a file; give a directory (new, or holding this run with "
+                         f"--resume)")
+    out = args.out or default_out(config)
     store = RunStore(out)
     try:
         result = run_sweep(config, store, resume=args.resume, progress=None if not args.quiet else False,
@@ -141,6 +158,7 @@ def run(args) -> int:
         raise UsageError(f"harness run: {exc}") from None
     if not args.quiet:
         print(format_summary(summary_table(store.trials())))
-    print(f"{result.n_cells_run} cells run, {result.n_cells_skipped} already stored, "
+    kept = f", {result.n_trials_kept} of their trials stored before" if result.n_trials_kept else ""
+    print(f"{result.n_cells_run} cells run, {result.n_cells_skipped} already stored{kept}, "
           f"{result.wall_s:.1f} s -> {out / RESULTS_FILE}")
     return 0

@@ -1,0 +1,55 @@
+"""Runs of `python -m harness` in a subprocess that wait at a chosen chunk commit until the test
+signals or kills them (harness.runner's KVHARNESS_TEST_HOLD hook): interruption tests that are
+deterministic, with no race against the run's speed."""
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.runner import CHUNK_TRIALS_ENV, HOLD_ENV
+from harness.store import RESULTS_FILE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def harness_env(**extra) -> dict:
+    """The environment of a harness subprocess: this checkout first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop(HOLD_ENV, None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start_held(args: list[str], marker: Path, commit: int, phase: str, chunk_trials: int | None = None,
+               cwd: Path | None = None) -> subprocess.Popen:
+    """`python -m harness ARGS` that holds at its commit-th chunk commit, `phase` 'before' (the
+    chunk computed, not stored), 'during' (inside the transaction) or 'after' it; FILE = marker
+    appears when it holds."""
+    extra = {HOLD_ENV: f"{commit}:{phase}:{marker}"}
+    if chunk_trials:
+        extra[CHUNK_TRIALS_ENV] = chunk_trials
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cwd or ROOT, env=harness_env(**extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_hold(proc: subprocess.Popen, marker: Path, timeout: float = 600) -> None:
+    """Until the run holds (its marker exists); AssertionError with its output if it ends first."""
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before holding: {err[-2000:]}")
+        assert time.monotonic() < deadline, "the run did not reach its hold in time"
+        time.sleep(0.05)
+
+
+def stored_chunks(directory: Path, live: bool = True) -> int:
+    """Chunk commits in the store: read-only while the run lives; after a kill with a normal
+    connection, which rolls back the transaction the kill cut short (sqlite's hot journal)."""
+    uri = f"file:{directory / RESULTS_FILE}" + ("?mode=ro" if live else "")
+    with sqlite3.connect(uri, uri=True) as con:
+        return con.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]

@@ -1,0 +1,152 @@
+"""No lost work: a run commits a chunk of trials at a time, so Ctrl-C or a kill at any moment
+loses at most the chunk in progress, --resume continues each cell from its first missing trial,
+and the rows equal an uninterrupted run's. One directory, one writer (a lock); progress per chunk.
+
+The sweep is one data group (every cell shares its draws: the case where a cell used to be
+stored only when the whole group finished), cut into chunks of 3 trials; the runs hold at a
+chosen chunk commit (tests/interrupting.py), so each case is deterministic."""
+import re
+import signal
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from harness import runner
+from harness.cli import main
+from harness.progress import INTERVAL_ENV
+from harness.store import RESULTS_FILE, RunStore
+from interrupting import start_held, stored_chunks, wait_for_hold
+
+# heavy_tail only: one data group of 4 cells; sq-qkv draws a sketch per trial from the trial index
+ARGS = ["--scenario", "heavy_tail", "--scheme", "tq-kv,sq-qkv", "--budget", "2,3", "--dim", "16",
+        "--seq-len", "64", "--queries", "4", "--calib-tokens", "64", "--trials", "8", "--quiet"]
+N_CELLS, N_TRIALS, CHUNK = 4, 8, 3          # chunks of trials 0-2, 3-5, 6-7: commits 1-4, 5-8, 9-12
+CHUNK_SIZES = [3] * 4 + [3] * 4 + [2] * 4
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The uninterrupted run, in one chunk per cell (rows do not depend on chunking)."""
+    out = tmp_path_factory.mktemp("clean") / "run"
+    assert main(["run", *ARGS, "--out", str(out)]) == 0
+    return RunStore(out).trials()
+
+
+@pytest.mark.parametrize("how,commit,phase", [
+    ("SIGINT", 1, "before"),    # the first chunk computed, nothing stored yet
+    ("SIGINT", 6, "during"),    # inside the transaction of a chunk of the second round
+    ("SIGKILL", 3, "during"),
+    ("SIGKILL", 7, "after"),
+    ("SIGINT", 10, "after"),    # two cells finished, two still missing their last chunk
+])
+def test_interrupted_one_group_sweep_loses_at_most_one_chunk_and_resumes_to_identical_rows(
+        tmp_path, clean, how, commit, phase):
+    out, marker = tmp_path / "run", tmp_path / "held"
+    proc = start_held(["run", *ARGS, "--out", str(out)], marker, commit, phase, chunk_trials=CHUNK)
+    wait_for_hold(proc, marker)
+    proc.send_signal(getattr(signal, how))
+    _, err = proc.communicate(timeout=120)
+    if how == "SIGINT":
+        assert proc.returncode == 130
+        assert err.strip().splitlines()[-1].startswith("interrupted: a run keeps every chunk") and "Traceback" not in err
+    else:
+        assert proc.returncode == -signal.SIGKILL
+
+    kept = commit if phase == "after" else commit - 1          # the chunk in progress is the only loss
+    if kept == 0:
+        assert not out.exists()                                 # a new run that stored nothing leaves nothing
+    else:
+        assert stored_chunks(out, live=False) == kept
+        partial = RunStore(out).trials(unfinished=True)
+        assert len(partial) == sum(CHUNK_SIZES[:kept])
+        finished = max(0, kept - 8)                             # cells whose last chunk (commits 9-12) is in
+        assert len(RunStore(out).finished_cells()) == finished
+        assert len(RunStore(out).trials()) == finished * N_TRIALS   # only finished cells are read
+        with sqlite3.connect(out / RESULTS_FILE) as con:
+            assert con.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+
+    assert main(["run", *ARGS, "--out", str(out), "--resume"]) == 0
+    resumed = RunStore(out).trials()
+    assert not resumed.duplicated(["scheme", "budget", "trial"]).any()
+    pd.testing.assert_frame_equal(resumed, clean, check_exact=True)
+    cells = RunStore(out).cells()
+    assert len(cells) == N_CELLS and (cells.n_trials == N_TRIALS).all() and (cells.wall_s > 0).all()
+
+
+def test_resume_computes_only_the_missing_trials(tmp_path, clean, monkeypatch):
+    """After an interruption --resume draws and runs only the trials not stored, each cell from
+    its own first missing trial."""
+    out, marker = tmp_path / "run", tmp_path / "held"
+    proc = start_held(["run", *ARGS, "--out", str(out)], marker, 6, "after", chunk_trials=CHUNK)
+    wait_for_hold(proc, marker)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert stored_chunks(out, live=False) == 6          # cells 1, 2 hold trials 0-5, cells 3, 4 trials 0-2
+    seen = []
+    real = runner.run_cell_chunk
+
+    def spy(scheme, data):
+        seen.append((scheme.name, scheme.budget, tuple(data["trials"].tolist())))
+        return real(scheme, data)
+    monkeypatch.setattr(runner, "run_cell_chunk", spy)
+    monkeypatch.setenv(runner.CHUNK_TRIALS_ENV, str(CHUNK))
+    assert main(["run", *ARGS, "--out", str(out), "--resume"]) == 0
+    computed = {}
+    for name, budget, trials in seen:
+        computed.setdefault((name, budget), []).extend(trials)
+    assert computed == {("tq-kv", 2): [6, 7], ("tq-kv", 3): [6, 7],
+                        ("sq-qkv", 2): [3, 4, 5, 6, 7], ("sq-qkv", 3): [3, 4, 5, 6, 7]}
+    pd.testing.assert_frame_equal(RunStore(out).trials(), clean, check_exact=True)
+
+
+def test_a_second_run_into_a_directory_being_written_is_refused_at_once(tmp_path, capsys):
+    out, marker = tmp_path / "run", tmp_path / "held"
+    proc = start_held(["run", *ARGS, "--out", str(out)], marker, 1, "after", chunk_trials=CHUNK)
+    try:
+        wait_for_hold(proc, marker)
+        manifest = (out / "manifest.json").read_bytes()
+        for extra in ([], ["--resume"]):
+            assert main(["run", *ARGS, "--out", str(out), *extra]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "is being written by another harness run (pid" in err, err
+            assert str(proc.pid) in err
+        assert (out / "manifest.json").read_bytes() == manifest and stored_chunks(out) == 1
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert main(["run", *ARGS, "--out", str(out), "--resume"]) == 0     # the lock died with its holder
+
+
+_LINE = re.compile(r"^\[(\d+)/(\d+) cells, (\d+)/(\d+) trials, [0-9.e+]+ trials/s, ETA [^\]]+\]$")
+
+
+def test_progress_without_a_terminal_is_a_plain_line_per_interval(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(INTERVAL_ENV, "0")                  # a line at every chunk
+    monkeypatch.setenv(runner.CHUNK_TRIALS_ENV, str(CHUNK))
+    assert main(["run", *[a for a in ARGS if a != "--quiet"], "--out", str(tmp_path / "a")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    counts = [tuple(map(int, _LINE.match(line).groups())) for line in lines]
+    assert len(counts) == len(CHUNK_SIZES) + 1              # one per chunk commit, and the last again at the end
+    assert [c[2] for c in counts[:-1]] == [sum(CHUNK_SIZES[:i + 1]) for i in range(len(CHUNK_SIZES))]
+    assert counts[0] == (0, N_CELLS, 3, N_CELLS * N_TRIALS) and counts[-1][:3] == (N_CELLS, N_CELLS, 32)
+    assert main(["run", *ARGS, "--out", str(tmp_path / "b")]) == 0
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]   # --quiet
+
+
+def test_progress_bar_on_a_terminal_advances_per_chunk(tmp_path, monkeypatch):
+    """On a terminal the bar moves as each chunk is stored, long before the group's last cell."""
+    from harness import progress
+    calls = []
+    real = progress.Progress.advance
+
+    def spy(self, trials, cells=0):
+        real(self, trials, cells)
+        calls.append((self.mode, self.trials_done, self.cells_done))
+    monkeypatch.setattr(progress.Progress, "advance", spy)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    monkeypatch.setenv(runner.CHUNK_TRIALS_ENV, str(CHUNK))
+    assert main(["run", *[a for a in ARGS if a != "--quiet"], "--out", str(tmp_path / "a")]) == 0
+    assert {mode for mode, _, _ in calls} == {"bar"}
+    assert [t for _, t, _ in calls] == [sum(CHUNK_SIZES[:i + 1]) for i in range(len(CHUNK_SIZES))]
+    assert calls[0][2] == 0 and calls[7][2] == 0 and calls[-1][2] == N_CELLS
