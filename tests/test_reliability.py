@@ -89,7 +89,7 @@ def test_a_trial_larger_than_memory_is_refused_up_front(tmp_path, capsys):
 def test_a_run_that_fails_before_storing_anything_leaves_no_directory(tmp_path, monkeypatch, capsys):
     from harness import runner
 
-    def broken(config, cell, trials, device, dtype):
+    def broken(*args, **kwargs):
         raise RuntimeError("the scenario broke")
     monkeypatch.setattr(runner, "draw_trials", broken)
     out = tmp_path / "run"

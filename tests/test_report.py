@@ -584,7 +584,7 @@ def test_significance_heatmap_labels_are_readable_on_the_pdf_page():
     from reports.pdf import page_scale
     from reports.styles import scheme_styles
 
-    names = schemes.available()
+    names = schemes.registry.everyday()
     rng = np.random.default_rng(3)
     rows = []
     for name in names:
