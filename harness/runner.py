@@ -5,8 +5,9 @@ Seeds are data (STYLE.md §4): trial t of a cell draws from the streams
 and budget, and by every calibration size (the calibration sample has labels of its own, so
 cells that differ only in calib_tokens see the same K, V and Q); a scheme's own randomness
 comes from (seed, "scheme", name, budget, dim), and, for a scheme whose fit takes them, from
-the trial indices (SpectralQuant's per-trial sketches). So a row depends only on
-(configuration, seed), never on chunking, order or resumption.
+the trial indices (TurboQuant's per-trial rotation signs and sketches, SpectralQuant's
+per-trial sketches, Shard's decode-token codec). So a row depends only on (configuration,
+seed), never on chunking, order or resumption.
 
 Decode phase (--decode-tokens N > 0): after the S prefill tokens, N tokens of a drifted
 distribution arrive (scenario streams of their own, so the prefill data do not depend on N).
@@ -126,8 +127,8 @@ def takes_prefill_queries(scheme: schemes.Scheme) -> bool:
 
 
 def _fit(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> None:
-    # Schemes that draw randomness per trial at calibration (SpectralQuant's sketches) take the
-    # trial indices, so a trial's draw does not depend on the chunk it is in; the rest ignore them.
+    # Schemes that draw randomness per trial (TurboQuant's signs, SpectralQuant's sketches) take
+    # the trial indices, so a trial's draw does not depend on the chunk it is in; the rest ignore them.
     call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
 
 

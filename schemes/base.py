@@ -21,8 +21,9 @@ class Encoded:
     """A compressed cache, holding exactly what a deployment would store.
 
     codes: tensors with leading dim B, one slice per trial (packed uint8 codes, float32
-        norms, ...); side: tensors stored once for the whole batch (codebooks, packed rotation
-        signs). shape: the (B, H, S, d) of the original k and v; dtype: the dtype decode returns.
+        norms, per-trial packed rotation signs and sketch seeds, ...); side: tensors stored once
+        for the whole batch (codebooks). shape: the (B, H, S, d) of the original k and v; dtype:
+        the dtype decode returns.
     model: the keys (of codes or side) of the per-model constants (DESIGN.md, Scheme `bits`):
         entries shared by every cache a layer-head ever stores, calibrated on separate tokens
         (SQ's bases and allocation tables) or data-independent (Lloyd–Max codebooks, rotation

@@ -25,19 +25,19 @@ PROJECTIONS = ("rht", "full")
 
 
 def project(x: torch.Tensor, kind: str, proj: torch.Tensor) -> torch.Tensor:
-    """P x for x (..., d). proj: signs (H, d) for "rht", the matrix (H, m, d) for "full"; heads
-    broadcast over dim −3 of x (B, H, n, d)."""
+    """P x for x (B, H, n, d). proj: signs (..., H, d) for "rht", the matrix (..., H, m, d) for
+    "full", one per head (and per trial with a leading B), broadcast over the n vectors."""
     if kind == "rht":
         d = x.shape[-1]
-        return fwht(x * proj[:, None, :]) * math.sqrt(d)
+        return fwht(x * proj.unsqueeze(-2)) * math.sqrt(d)
     return x @ proj.transpose(-1, -2)
 
 
 def project_transpose(y: torch.Tensor, kind: str, proj: torch.Tensor) -> torch.Tensor:
-    """Pᵀ y for y (..., m)."""
+    """Pᵀ y for y (B, H, n, m), proj as in `project`."""
     if kind == "rht":
         d = y.shape[-1]
-        return fwht(y) * math.sqrt(d) * proj[:, None, :]
+        return fwht(y) * math.sqrt(d) * proj.unsqueeze(-2)
     return y @ proj
 
 

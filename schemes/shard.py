@@ -30,7 +30,7 @@ per cache (they are read against the prefill's basis and codebook).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -241,6 +241,7 @@ class Shard(Scheme):
     rope_base: float = DEFAULT_BASE
     pca_decode: bool = False
     undo_rope: bool = True         # False: PCA on the keys as they are (to measure what undoing RoPE buys)
+    trials: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)   # fit's trial indices
 
     def validate(self) -> None:
         super().validate()
@@ -419,10 +420,17 @@ class Shard(Scheme):
         return tuple(out)
 
     # --- decode tokens (write-up §8) ------------------------------------------------------
+    def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor, trials: torch.Tensor | None = None) -> "Shard":
+        """Nothing to calibrate (the prefill is fitted on the cache itself); trials (B,), the trial
+        indices of the batch, go to the decode tokens' TurboQuant codec, which draws its rotation
+        signs per trial index (schemes/turboquant.py; default 0..B−1 of the batch)."""
+        self.trials = trials
+        return self
+
     def _token_codec(self) -> TurboQuant:
         codec = TurboQuant(budget=self.decode_bits, dim=self.dim, seed=self.seed, rng=self.rng)
         codec.validate()
-        return codec
+        return codec.fit(None, None, trials=self.trials)
 
     def encode_decode_tokens(self, k_new: torch.Tensor, v_new: torch.Tensor, enc: Encoded, *,
                              positions=None) -> Encoded:

@@ -13,15 +13,23 @@ which equals ⟨q, decode(K)⟩ (the tests check it). Budget 1 on a sketched ten
 sketch. Names: prefix `tq-` (rotated) or `plain-` (no rotation); before `k`/`v`, `q` marks an
 RHT sketch of that tensor, `f` a FULL Rademacher sketch.
 
+Randomness (the signs s, the RHT sketch's signs, the FULL sketch's matrix): drawn per trial and
+head, trial b of a batch from the stream (scheme seed, tensor, purpose, trial index), the trial
+indices being those given to fit(k_cal, v_cal, trials=...) (the runner passes the cell's trial
+indices) or, without them, 0..B−1 of the batch. So the trials of a cell replicate the rotation
+and sketch draw, as they replicate the data, and a trial's draw does not depend on which other
+trials share its batch. The signs are stored packed (one bit each) with the codes, (B, H, ...).
+
 Ledger (schemes/base.py, DESIGN.md `bits`): per cache the norms, codes, residual norms and
 sketches (functions of the cache's tokens); per model the rotation signs, the sketch signs or
 matrices and the Lloyd–Max codebooks (data-independent: drawn from the seed or solved from d
-and b, the same for every cache of a layer-head).
+and b, the same for every cache of a layer-head; each trial stands for a deployment of its own
+and is charged its own draw, d bits per head for signs, d² for a FULL matrix).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,7 +40,7 @@ from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook, dequantize
 from .packing import pack_bits, unpack_codes
 from .registry import register_variant
-from .rng import generator, rademacher
+from .rng import generator, packed_rademacher
 
 _SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
 
@@ -43,6 +51,7 @@ class TurboQuant(Scheme):
     rotate: bool = True
     sketch_k: str | None = None
     sketch_v: str | None = None
+    trials: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def validate(self) -> None:
         super().validate()
@@ -51,24 +60,57 @@ class TurboQuant(Scheme):
         if self.rotate or "rht" in (self.sketch_k, self.sketch_v):
             check_power_of_two(self.dim)
 
-    # --- randomness owned by the scheme: a function of (seed, tensor, head) only -------------
-    def _signs(self, tensor: str, purpose: str, n_heads: int) -> np.ndarray:
-        return np.stack([rademacher(generator(self.rng, self.seed, tensor, purpose, h), self.dim)
-                         for h in range(n_heads)])
+    def fit(self, k_cal: torch.Tensor | None, v_cal: torch.Tensor | None,
+            trials: torch.Tensor | None = None) -> "TurboQuant":
+        """Nothing to calibrate (data-independent); k_cal, v_cal (B, H, n_cal, d) are ignored.
+        trials (B,): the trial indices of the batch encode codes next: trial b's signs are drawn
+        for index trials[b], so they do not depend on the batch it shares (the runner passes
+        them). Without them (trials=None, or no fit at all, as in direct use) encode draws for
+        indices 0..B−1 of its batch: every batch position is then a replicate of its own, and
+        the same position of two batches gets the same draw."""
+        if trials is None:
+            self.trials = None
+            return self
+        trials = torch.as_tensor(trials, dtype=torch.int64).cpu()
+        n = k_cal.shape[0] if k_cal is not None else trials.numel()
+        if trials.shape != (n,):
+            raise ValueError(f"trials must hold one index per calibration trial, shape ({n},); "
+                             f"got {tuple(trials.shape)}")
+        self.trials = trials
+        return self
 
-    def _side_for(self, tensor: str, n_heads: int) -> dict[str, torch.Tensor]:
-        """Packed ±1 rotation signs and sketch projection for one tensor, as stored side data."""
-        side = {}
+    def _trial_indices(self, n_trials: int) -> list[int]:
+        if self.trials is None:
+            return list(range(n_trials))
+        if self.trials.numel() != n_trials:
+            raise ValueError(f"fitted for {self.trials.numel()} trial indices but asked to encode B = {n_trials} "
+                             f"trials; fit with the trial indices of the batch to encode")
+        return self.trials.tolist()
+
+    # --- randomness owned by the scheme: a function of (seed, tensor, trial index, head) -----
+    def draw_signs(self, tensor: str, purpose: str, trials: list[int], n_heads: int) -> torch.Tensor:
+        """Packed ±1 signs, uint8 (B, H, ⌈d/8⌉) (purpose "rotation", "sketch") or (B, H, d, ⌈d/8⌉)
+        ("sketch-matrix": row i of head h's P), trial b from the stream (seed, tensor, purpose,
+        "trial", trials[b]), its heads one after the other."""
+        rows = (n_heads, self.dim) if purpose == "sketch-matrix" else (n_heads,)
+        drawn = [packed_rademacher(generator(self.rng, self.seed, tensor, purpose, "trial", t), rows, self.dim)
+                 for t in trials]
+        return torch.from_numpy(np.stack(drawn) if drawn else np.zeros((0, *rows, (self.dim + 7) // 8), np.uint8))
+
+    def _store_signs(self, tensor: str, trials: list[int], n_heads: int, enc: Encoded, device) -> None:
+        """Rotation signs and sketch projection of one tensor, packed one bit per sign, stored per
+        trial with the codes and tagged per model."""
+        draws = {}
         if self.rotate:
-            side["rotation_signs"] = self._signs(tensor, "rotation", n_heads)
+            draws["rotation_signs"] = self.draw_signs(tensor, "rotation", trials, n_heads)
         kind = self.sketch_k if tensor == "k" else self.sketch_v
         if kind == "rht":
-            side["sketch_signs"] = self._signs(tensor, "sketch", n_heads)
+            draws["sketch_signs"] = self.draw_signs(tensor, "sketch", trials, n_heads)
         elif kind == "full":
-            side["sketch_matrix"] = np.stack([
-                rademacher(generator(self.rng, self.seed, tensor, "sketch-matrix", h), (self.dim, self.dim))
-                for h in range(n_heads)])
-        return {name: pack_bits(torch.from_numpy(a > 0).to(torch.uint8), 1) for name, a in side.items()}
+            draws["sketch_matrix"] = self.draw_signs(tensor, "sketch-matrix", trials, n_heads)
+        for name, packed in draws.items():
+            enc.codes[f"{tensor}.{name}"] = packed.to(device)
+            enc.model.add(f"{tensor}.{name}")
 
     def _mse_bits(self, kind: str | None) -> int:
         return self.budget - 1 if kind else self.budget
@@ -77,17 +119,15 @@ class TurboQuant(Scheme):
     def _unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         return unpack_codes(packed, 1, n).to(dtype) * 2 - 1
 
-    def _projection(self, side: dict, prefix: str, kind: str, dtype) -> torch.Tensor:
-        if kind == "rht":
-            return self._unpack_signs(side[f"{prefix}.sketch_signs"], self.dim, dtype)
-        return self._unpack_signs(side[f"{prefix}.sketch_matrix"], self.dim, dtype)
+    def _projection(self, enc: Encoded, prefix: str, kind: str, dtype) -> torch.Tensor:
+        """The sketch of one tensor: signs (B, H, d) for "rht", the matrix P (B, H, m, d) for "full"."""
+        name = "sketch_signs" if kind == "rht" else "sketch_matrix"
+        return self._unpack_signs(enc.codes[f"{prefix}.{name}"], self.dim, dtype)
 
     # --- one tensor -----------------------------------------------------------------------
     def _encode_tensor(self, x: torch.Tensor, prefix: str, kind: str | None, enc: Encoded) -> None:
-        _, n_heads, _, d = x.shape
-        for name, packed in self._side_for(prefix, n_heads).items():
-            enc.side[f"{prefix}.{name}"] = packed.to(x.device)
-            enc.model.add(f"{prefix}.{name}")
+        n_trials, n_heads, _, d = x.shape
+        self._store_signs(prefix, self._trial_indices(n_trials), n_heads, enc, x.device)
         # Scale by the largest entry first so ‖x‖² cannot overflow (|x| ~ 1e30 in float32).
         peak = x.abs().amax(dim=-1, keepdim=True)
         peak = torch.where(peak > 0, peak, torch.ones_like(peak))
@@ -110,11 +150,12 @@ class TurboQuant(Scheme):
             y_hat = torch.zeros_like(y) if codes is None else dequantize(codes.to(torch.int64), book, x.dtype)
             residual = y - y_hat
             enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
-            proj = self._projection(enc.side, prefix, kind, x.dtype)
+            proj = self._projection(enc, prefix, kind, x.dtype)
             enc.codes[f"{prefix}.sketch"] = pack_bits((qjl.project(residual, kind, proj) >= 0).to(torch.uint8), 1)
 
     def _rotation(self, enc: Encoded, prefix: str, dtype) -> torch.Tensor:
-        return self._unpack_signs(enc.side[f"{prefix}.rotation_signs"], self.dim, dtype)[:, None, :]
+        """The rotation signs (B, H, 1, d), broadcast over the tokens."""
+        return self._unpack_signs(enc.codes[f"{prefix}.rotation_signs"], self.dim, dtype).unsqueeze(-2)
 
     def _mse_part(self, enc: Encoded, prefix: str, kind: str | None) -> torch.Tensor:
         """ŷ, the rotated-domain MSE reconstruction of the unit vectors (B, H, S, d)."""
@@ -131,7 +172,7 @@ class TurboQuant(Scheme):
     def _decode_tensor(self, enc: Encoded, prefix: str, kind: str | None) -> torch.Tensor:
         y_hat = self._mse_part(enc, prefix, kind)
         if kind:
-            proj = self._projection(enc.side, prefix, kind, enc.dtype)
+            proj = self._projection(enc, prefix, kind, enc.dtype)
             r = enc.codes[f"{prefix}.residual_norm"].to(enc.dtype).unsqueeze(-1)
             y_hat = y_hat + qjl.sketch_scale(self.dim) * r * qjl.project_transpose(
                 self._sketch_signs(enc, prefix), kind, proj)
@@ -158,7 +199,7 @@ class TurboQuant(Scheme):
         # Asymmetric QJL estimator on the codes: q is rotated like the keys, never quantised.
         q_rot = rht(q, self._rotation(enc, "k", q.dtype)) if self.rotate else q
         mse = q_rot @ self._mse_part(enc, "k", self.sketch_k).transpose(-1, -2)
-        proj = self._projection(enc.side, "k", self.sketch_k, q.dtype)
+        proj = self._projection(enc, "k", self.sketch_k, q.dtype)
         q_proj = qjl.project(q_rot, self.sketch_k, proj)                                  # (B,H,Nq,m)
         r = enc.codes["k.residual_norm"].to(q.dtype).unsqueeze(-2)                         # (B,H,1,S)
         correction = qjl.sketch_scale(self.dim) * r * (q_proj @ self._sketch_signs(enc, "k").transpose(-1, -2))

@@ -11,6 +11,7 @@ from scipy import integrate, special
 from schemes.hadamard import check_power_of_two, fwht, fwht_butterfly, hadamard_matrix, rht, rht_inverse
 from schemes.lloyd_max import beta_codebook, gaussian_codebook, quantize
 from schemes.packing import pack_bits, packed_size, unpack_bits
+from schemes.rng import generator, packed_rademacher
 
 DIMS = st.sampled_from([1, 2, 4, 8, 16, 64, 128, 1024])
 
@@ -59,6 +60,21 @@ def test_packing_bit_order_by_hand():
     assert pack_bits(torch.tensor([[1, 0, 1, 1, 0, 0, 0, 1]]), 1).tolist() == [[0b10110001]]
     assert pack_bits(torch.tensor([[3, 0, 1, 2]]), 2).tolist() == [[0b11000110]]
     assert pack_bits(torch.tensor([[5, 2, 7]]), 3).tolist() == [[0b10101011, 0b10000000]]
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 13, 128])
+def test_packed_rademacher_is_stored_signs(n):
+    """Drawn in the stored form: unpacked, fair independent ±1 signs that pack back to the same
+    bytes (padding bits 0); the same stream gives the same signs."""
+    packed = packed_rademacher(generator("pcg64", 1, "test", n), (40, 3), n)
+    assert packed.dtype == np.uint8 and packed.shape == (40, 3, packed_size(n, 1))
+    bits = unpack_bits(torch.from_numpy(packed), 1, n)
+    assert torch.equal(pack_bits(bits, 1), torch.from_numpy(packed))
+    assert np.array_equal(packed, packed_rademacher(generator("pcg64", 1, "test", n), (40, 3), n))
+    ones = bits.sum().item()
+    total = bits.numel()
+    assert abs(ones - total / 2) < 4 * math.sqrt(total / 4)                       # fair: within 4 SE of 1/2
+    assert len({tuple(row) for row in bits.reshape(40, -1).tolist()}) > 1                # rows differ
 
 
 @pytest.mark.parametrize("width", [0, 9])

@@ -181,13 +181,14 @@ def test_shard_chunk_is_prefill_plus_tokens_coded_one_at_a_time(name):
                                           positions=data["positions_decode"][i:i + 1])
         k_one, v_one = scheme.decode_decode_tokens(one, enc)
         k_hat, v_hat = torch.cat((k_hat, k_one), 2), torch.cat((v_hat, v_one), 2)
-        # per token: its codes, less the 32-bit position a lone token at a position other than S
-        # stores in this API (coded together, S..S+4 are implied); the side data (shard's
-        # Lloyd-Max codebook and rotation signs) is one table shared by every decode token
-        ledger = BitLedger.of(one).components
-        token_codes_bits += sum(b for part, b in ledger.items() if part.startswith("codes.")
-                                and part != "codes.positions")
-        side_bits = sum(b for part, b in ledger.items() if part.startswith("side."))
+        # per token: its per-cache codes, less the 32-bit position a lone token at a position
+        # other than S stores in this API (coded together, S..S+4 are implied); the per-model
+        # data (shard's Lloyd-Max codebook and the trial's rotation signs) is one table shared by
+        # every decode token
+        ledger = BitLedger.of(one)
+        token_codes_bits += sum(b for part, b in ledger.components.items()
+                                if part not in ledger.model_components and part != "codes.positions")
+        side_bits = ledger.model_total
     k = torch.cat((data["k"], data["k_decode"]), 2)
     v = torch.cat((data["v"], data["v_decode"]), 2)
     expected = trial_metrics(k, v, data["q"], k_hat, v_hat, exact_logits(data["q"], k_hat))

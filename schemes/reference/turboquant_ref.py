@@ -5,11 +5,11 @@ NumPy/CuPy arrays (`xp`), float64 by default, its own Walsh–Hadamard matrix, L
 solver, bit packing and random draws. Per token vector x of K or V (B, H, S, d):
 
   norm = ‖x‖ (stored float32), u = x / ‖x‖
-  y = H (s ⊙ u) / √d                     random signs s per head (tq-; plain- skips it)
+  y = H (s ⊙ u) / √d                     random signs s per trial and head (tq-; plain- skips it)
   idx = nearest centroid of the Lloyd–Max codebook of one coordinate of a uniform unit
         vector in R^d (TurboQuant Lemma 1), b bits, or b − 1 when the tensor is sketched
   e = y − ŷ, sketch = sign(P e) and ‖e‖ (float32), P = H diag(s₂) (RHT, ±1 entries) or a
-        dense Rademacher ±1 matrix (FULL), m = d rows
+        dense Rademacher ±1 matrix (FULL), m = d rows, s₂ and P per trial and head
   decode: ŷ + √(π/2)/m · ‖e‖ · Pᵀ sign(P e), rotated back and scaled by the norm
   score (sketched K): (⟨q_rot, ŷ⟩ + √(π/2)/m · ‖e‖ · ⟨P q_rot, sign(P e)⟩) · ‖k‖ / √d
 
@@ -17,9 +17,15 @@ The estimator's constant: for a row p of i.i.d. N(0, 1) entries E[⟨p, q⟩ sig
 √(2/π) ⟨q, e⟩/‖e‖ (QJL Lemma 3.2), so averaging m rows and rescaling by √(π/2)/m · ‖e‖ is
 unbiased; with ±1 entries the same holds up to O(1/d).
 
+Random draws: trial b's signs and projections come from this module's own streams (seed,
+"reference", tensor, purpose, trial index, head), the trial indices those given to fit (default
+0..B−1 of the batch): every trial replicates the draw, and a trial's draw does not depend on
+its batch. They are stored per trial with the codes.
+
 Who pays for what is stored (Encoded.model): a deployment keeps the signs, projections and
-codebooks once per layer-head, since they follow from the seed, d and b alone (per model); the
-norms, codes, residual norms and sketches describe one cache's tokens (per cache).
+codebooks once per layer-head, since they follow from the seed, d and b alone (per model); each
+trial stands for a deployment of its own. The norms, codes, residual norms and sketches describe
+one cache's tokens (per cache).
 """
 from __future__ import annotations
 
@@ -255,9 +261,9 @@ def _rows_times(x, matrix):
     return (x.reshape(-1, x.shape[-1]) @ matrix).reshape(*x.shape[:-1], matrix.shape[-1])
 
 
-def _per_head_times(x, matrices, xp: ModuleType):
-    """x (B, H, n, d) @ matrices[h] (d, d') for each head h -> (B, H, n, d')."""
-    return xp.stack([_rows_times(x[:, h], matrices[h]) for h in range(x.shape[1])], axis=1)
+def _per_cache_times(x, matrices, xp: ModuleType):
+    """x (B, H, n, d) @ matrices[b, h] (d, d') for each trial b and head h -> (B, H, n, d')."""
+    return xp.matmul(x, matrices)
 
 
 _NAME = re.compile(r"^(?P<prefix>tq|plain)-(?P<k>[qf]?)k(?P<v>[qf]?)v$")
@@ -274,6 +280,7 @@ class ReferenceTurboQuant(Scheme):
     xp: object = None
     compute_dtype: str = "float64"
     scheme_name: str = field(default="", repr=False)
+    trial_ids: list | None = field(default=None, init=False, repr=False)
 
     def validate(self) -> None:
         super().validate()  # RNG family
@@ -294,11 +301,30 @@ class ReferenceTurboQuant(Scheme):
         """The registry name this object was created under."""
         return self.scheme_name
 
-    # --- randomness: a function of (rng family, seed, tensor, purpose, head) only -------------
-    def draw_signs(self, tensor: str, purpose: str, shape: tuple[int, ...], n_heads: int) -> np.ndarray:
-        """±1 (n_heads, *shape) from this scheme's own streams."""
-        return np.stack([2.0 * generator(self.rng, self.seed, "reference", tensor, purpose, h)
-                         .integers(0, 2, size=shape) - 1.0 for h in range(n_heads)])
+    def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor, trials=None) -> "ReferenceTurboQuant":
+        """Nothing is calibrated. trials (B,): the trial indices of the next batch to encode, for
+        which the signs are drawn (default: 0..B−1 of that batch)."""
+        self.trial_ids = None if trials is None else [int(t) for t in trials]
+        if self.trial_ids is not None and len(self.trial_ids) != k_cal.shape[0]:
+            raise ValueError(f"trials must hold one index per calibration trial ({k_cal.shape[0]}); "
+                             f"got {len(self.trial_ids)}")
+        return self
+
+    def _trials_of(self, n_trials: int) -> list[int]:
+        if self.trial_ids is None:
+            return list(range(n_trials))
+        if len(self.trial_ids) != n_trials:
+            raise ValueError(f"fitted for {len(self.trial_ids)} trial indices but asked to encode "
+                             f"B = {n_trials} trials; fit with the trial indices of the batch to encode")
+        return self.trial_ids
+
+    # --- randomness: a function of (rng family, seed, tensor, purpose, trial, head) only ------
+    def draw_signs(self, tensor: str, purpose: str, shape: tuple[int, ...], trials: list[int],
+                   n_heads: int) -> np.ndarray:
+        """±1 (len(trials), n_heads, *shape) from this scheme's own streams, one per (trial, head)."""
+        return np.array([[2.0 * generator(self.rng, self.seed, "reference", tensor, purpose, t, h)
+                          .integers(0, 2, size=shape) - 1.0 for h in range(n_heads)] for t in trials]
+                        ).reshape(len(trials), n_heads, *shape)
 
     def _sketch_kind(self, tensor: str) -> str | None:
         return self.sketch_k if tensor == "k" else self.sketch_v
@@ -306,40 +332,42 @@ class ReferenceTurboQuant(Scheme):
     def _mse_bits(self, tensor: str) -> int:
         return self.budget - 1 if self._sketch_kind(tensor) else self.budget
 
-    def _store_side(self, tensor: str, n_heads: int, side: dict, device) -> None:
-        """Rotation signs and the sketch projection, packed one bit per ±1, as stored side data."""
+    def _store_signs(self, tensor: str, n_trials: int, n_heads: int, codes: dict, device) -> None:
+        """Rotation signs and the sketch projection of every trial, packed one bit per ±1, stored
+        with the codes (B, H, ...)."""
         d, xp = self.dim, self.ns
+        trials = self._trials_of(n_trials)
         draws = {}
         if self.rotate:
-            draws["rotation_signs"] = self.draw_signs(tensor, "rotation", (d,), n_heads)
+            draws["rotation_signs"] = self.draw_signs(tensor, "rotation", (d,), trials, n_heads)
         kind = self._sketch_kind(tensor)
         if kind == "rht":
-            draws["sketch_signs"] = self.draw_signs(tensor, "sketch", (d,), n_heads)
+            draws["sketch_signs"] = self.draw_signs(tensor, "sketch", (d,), trials, n_heads)
         elif kind == "full":
-            draws["sketch_matrix"] = self.draw_signs(tensor, "sketch-matrix", (d, d), n_heads)
+            draws["sketch_matrix"] = self.draw_signs(tensor, "sketch-matrix", (d, d), trials, n_heads)
         for key, signs in draws.items():
             bits = xp.asarray(signs > 0, dtype=xp.int64)
-            side[f"{tensor}.{key}"] = to_tensor(pack_codes(bits, 1, xp), xp, device=device)
+            codes[f"{tensor}.{key}"] = to_tensor(pack_codes(bits, 1, xp), xp, device=device)
 
     def _signs_from(self, packed: torch.Tensor, n: int):
         return 2.0 * unpack_codes(to_array(packed, self.ns), 1, n, self.ns).astype(self.compute_dtype) - 1.0
 
-    def _rotation_signs(self, side: dict, tensor: str):
-        """(1, H, 1, d) ±1 for broadcasting over (B, H, n, d)."""
-        return self._signs_from(side[f"{tensor}.rotation_signs"], self.dim)[None, :, None, :]
+    def _rotation_signs(self, codes: dict, tensor: str):
+        """(B, H, 1, d) ±1 for broadcasting over (B, H, n, d)."""
+        return self._signs_from(codes[f"{tensor}.rotation_signs"], self.dim)[:, :, None, :]
 
-    def _projection(self, side: dict, tensor: str):
-        """The sketch matrix P (H, m, d), m = d, written out densely for clarity."""
+    def _projection(self, codes: dict, tensor: str):
+        """The sketch matrices P (B, H, m, d), m = d, written out densely for clarity."""
         kind, d = self._sketch_kind(tensor), self.dim
         if kind == "rht":  # P = H diag(s₂): column j of H times s₂[j]
-            signs = self._signs_from(side[f"{tensor}.sketch_signs"], d)                  # (H, d)
-            p = hadamard_matrix(d, self.ns, self.compute_dtype)[None] * signs[:, None, :]
+            signs = self._signs_from(codes[f"{tensor}.sketch_signs"], d)                 # (B, H, d)
+            p = hadamard_matrix(d, self.ns, self.compute_dtype) * signs[:, :, None, :]
         else:
-            p = self._signs_from(side[f"{tensor}.sketch_matrix"], d)                      # (H, m, d)
+            p = self._signs_from(codes[f"{tensor}.sketch_matrix"], d)                     # (B, H, m, d)
         return p
 
     def _rotate(self, x, signs):
-        """y = H (s ⊙ x)/√d on row vectors (H symmetric); x (B, H, n, d), signs (1, H, 1, d)."""
+        """y = H (s ⊙ x)/√d on row vectors (H symmetric); x (B, H, n, d), signs (B, H, 1, d)."""
         return _rows_times(x * signs, hadamard_matrix(self.dim, self.ns, self.compute_dtype)) / math.sqrt(self.dim)
 
     def _unrotate(self, y, signs):
@@ -351,14 +379,14 @@ class ReferenceTurboQuant(Scheme):
         xp, d = self.ns, self.dim
         device = x_torch.device
         x = to_array(x_torch, xp, self.compute_dtype)                                     # (B, H, S, d)
-        self._store_side(tensor, x.shape[1], enc.side, device)
+        self._store_signs(tensor, x.shape[0], x.shape[1], enc.codes, device)
         # Divide by the largest entry before squaring so ‖x‖² cannot overflow.
         peak = xp.max(xp.abs(x), axis=-1, keepdims=True)
         peak = xp.where(peak > 0, peak, 1.0)
         scaled_norm = xp.sqrt(xp.sum((x / peak) ** 2, axis=-1, keepdims=True))
         u = (x / peak) / xp.where(scaled_norm > 0, scaled_norm, 1.0)
         enc.codes[f"{tensor}.norm"] = to_tensor((peak * scaled_norm)[..., 0].astype(xp.float32), xp, device=device)
-        y = self._rotate(u, self._rotation_signs(enc.side, tensor)) if self.rotate else u
+        y = self._rotate(u, self._rotation_signs(enc.codes, tensor)) if self.rotate else u
         y_hat = xp.zeros_like(y)
         bits = self._mse_bits(tensor)
         if bits >= 1:
@@ -372,7 +400,7 @@ class ReferenceTurboQuant(Scheme):
             residual = y - y_hat
             enc.codes[f"{tensor}.residual_norm"] = to_tensor(
                 xp.sqrt(xp.sum(residual ** 2, axis=-1)).astype(xp.float32), xp, device=device)
-            projected = _per_head_times(residual, xp.swapaxes(self._projection(enc.side, tensor), -1, -2), xp)  # P e
+            projected = _per_cache_times(residual, xp.swapaxes(self._projection(enc.codes, tensor), -1, -2), xp)  # P e
             enc.codes[f"{tensor}.sketch"] = to_tensor(
                 pack_codes(xp.asarray(projected >= 0, dtype=xp.int64), 1, xp), xp, device=device)
 
@@ -396,9 +424,9 @@ class ReferenceTurboQuant(Scheme):
         if self._sketch_kind(tensor):
             signs, residual_norm = self._sketch_part(enc, tensor)
             # QJL reconstruction: √(π/2)/m · ‖e‖ · Pᵀ sign(P e)  (m = d)
-            back_projected = _per_head_times(signs, self._projection(enc.side, tensor), xp)  # Pᵀ sign(P e)
+            back_projected = _per_cache_times(signs, self._projection(enc.codes, tensor), xp)  # Pᵀ sign(P e)
             y_hat = y_hat + QJL_SCALE / self.dim * residual_norm[..., None] * back_projected
-        u_hat = self._unrotate(y_hat, self._rotation_signs(enc.side, tensor)) if self.rotate else y_hat
+        u_hat = self._unrotate(y_hat, self._rotation_signs(enc.codes, tensor)) if self.rotate else y_hat
         return u_hat * to_array(enc.codes[f"{tensor}.norm"], xp, self.compute_dtype)[..., None]
 
     # --- protocol (torch at the boundary) ---------------------------------------------------------
@@ -429,9 +457,9 @@ class ReferenceTurboQuant(Scheme):
             k_hat = self._decode_tensor(enc, "k")
             logits = q_arr @ xp.swapaxes(k_hat, -1, -2) / math.sqrt(d)
         else:
-            q_rot = self._rotate(q_arr, self._rotation_signs(enc.side, "k")) if self.rotate else q_arr
+            q_rot = self._rotate(q_arr, self._rotation_signs(enc.codes, "k")) if self.rotate else q_arr
             mse = q_rot @ xp.swapaxes(self._mse_part(enc, "k"), -1, -2)                     # (B,H,Nq,S)
-            q_projected = _per_head_times(q_rot, xp.swapaxes(self._projection(enc.side, "k"), -1, -2), xp)  # P q
+            q_projected = _per_cache_times(q_rot, xp.swapaxes(self._projection(enc.codes, "k"), -1, -2), xp)  # P q
             signs, residual_norm = self._sketch_part(enc, "k")
             correction = QJL_SCALE / d * residual_norm[:, :, None, :] * (q_projected @ xp.swapaxes(signs, -1, -2))
             norms = to_array(enc.codes["k.norm"], xp, self.compute_dtype)[:, :, None, :]
