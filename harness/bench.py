@@ -128,7 +128,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
                 except ValueError:
                     continue  # not in this implementation, or this shape breaks its constraints
                 s.fit(k, v)
-                times = _samples(lambda: s.decode(s.encode(k, v)), 1 if impl == "reference" else shape.repeats)
+                times = _samples(lambda s=s: s.decode(s.encode(k, v)), 1 if impl == "reference" else shape.repeats)
                 result.setdefault(name, {}).setdefault(impl, {})[budget] = 2 * k.shape[0] * shape.seq_len / min(times)
                 if samples is not None:
                     samples.setdefault(name, {}).setdefault(impl, {})[budget] = times

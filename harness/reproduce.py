@@ -17,7 +17,6 @@ parameter that sets the score variance — and stores its rows as table `first_o
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -506,13 +506,13 @@ def d_eff_figure(findings: Findings, styles) -> ReportFigure:
                f"whiskers reach the furthest trial within 1.5 IQR. {where}, b = {', '.join(map(str, budgets))} bits (d_eff does not depend "
                f"on the budget). The dashed line is the head dimension d, the largest possible d_eff"
                f"{'; panels where d exceeds 8 × the smallest d_eff use a log₂ axis' if log_panels else ''}. "
-               + (f"Columns are the calibration sizes (each trial's samples from the same population at every size) "
-                  f"and a row's panels share their y axis, so a row shows d_eff's self-calibration (the AMD paper): "
-                  f"it follows the calibration budget rather than recovering the data's true rank."
+               + ("Columns are the calibration sizes (each trial's samples from the same population at every size) "
+                  "and a row's panels share their y axis, so a row shows d_eff's self-calibration (the AMD paper): "
+                  "it follows the calibration budget rather than recovering the data's true rank."
                   if len(sizes) > 1 else
-                  f"`--calib-tokens` sets n_cal; a run with several sizes (`--calib-tokens 32,128,512`) draws one "
-                  f"column per size on the same trials, which shows d_eff's self-calibration (the AMD paper): it "
-                  f"follows the calibration budget rather than recovering the data's true rank."))
+                  "`--calib-tokens` sets n_cal; a run with several sizes (`--calib-tokens 32,128,512`) draws one "
+                  "column per size on the same trials, which shows d_eff's self-calibration (the AMD paper): it "
+                  "follows the calibration budget rather than recovering the data's true rank."))
     return ReportFigure("d_eff", title, caption, fig)
 
 

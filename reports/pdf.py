@@ -164,7 +164,7 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
     run's 'incomplete: n of m cells ...') on the first page."""
     lines = [("h1", f"kvharness report: {title}"), ("h2", "Summary"), ("p", verdict_note(findings))]
     fronts = []
-    for scenario, settings in setting_summaries(findings).items():
+    for settings in setting_summaries(findings).values():
         for s in settings:
             fronts += [(s.label, *row) for row in s.front]
             if s.unplaced:

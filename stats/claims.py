@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 
 from .cells import SETTING_COLUMNS
-from .equal_storage import LEVEL, STORAGE, TOLERANCE, at_storage, storage_column
+from .equal_storage import STORAGE, TOLERANCE, at_storage, storage_column
 from .inference import as_generator, bootstrap_ci, cliffs_delta, holm, mann_whitney, tost
 from .metrics import relative_mse
 from .paired import rank_biserial, wilcoxon
@@ -752,7 +752,7 @@ def claim_waterfill_uniform(trials: pd.DataFrame) -> ClaimResult:
         return lacking(8, test, "paired", "sq-kv and squ-kv at b >= 3")
     cells = _cells(trials[trials.scheme.isin(SQ_CODECS)])
     storage = storage_column(trials)
-    rows, notes = [], []
+    rows = []
     for (setting, scheme, budget), a in cells.items():
         if scheme != "sq-kv" or budget <= TAIL_BITS or (setting, "squ-kv", budget) not in cells:
             continue
@@ -793,7 +793,7 @@ def claim_d_eff(calibration: pd.DataFrame | None, targets: dict) -> ClaimResult:
     if calibration is None or calibration.empty or calibration.calib_tokens.nunique() < 2:
         return lacking(9, test, "paired", "a --calib-tokens sweep with two or more sizes")
     rows, notes = [], []
-    for (scenario, dim, scheme), g in calibration.groupby(["scenario", "dim", "scheme"], sort=True):
+    for (scenario, dim, _scheme), g in calibration.groupby(["scenario", "dim", "scheme"], sort=True):
         target = targets.get((scenario, int(dim)))
         if target is None or g[["d_eff_k", "d_eff_v"]].isna().all().all():
             continue

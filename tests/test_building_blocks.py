@@ -121,7 +121,7 @@ def test_beta_codebook_against_numerical_integration(dim, bits):
         mass = integrate.quad(pdf, lo, hi, epsabs=1e-14, epsrel=1e-12)[0]
         mean = integrate.quad(lambda x: x * pdf(x), lo, hi, epsabs=1e-14, epsrel=1e-12)[0] / mass
         assert c == pytest.approx(mean, rel=1e-7, abs=1e-10)
-        total += integrate.quad(lambda x: (x - c) ** 2 * pdf(x), lo, hi, epsabs=1e-16, epsrel=1e-12)[0]
+        total += integrate.quad(lambda x, c=c: (x - c) ** 2 * pdf(x), lo, hi, epsabs=1e-16, epsrel=1e-12)[0]
     assert book.distortion == pytest.approx(total, rel=1e-7)
     assert book.second_moment == pytest.approx(1 / dim)
 
@@ -131,7 +131,7 @@ def test_gaussian_codebook_against_numerical_integration(bits):
     book = gaussian_codebook(bits)
     pdf = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
     edges = np.concatenate(([-np.inf], book.thresholds, [np.inf]))
-    total = sum(integrate.quad(lambda x: (x - c) ** 2 * pdf(x), lo, hi, epsabs=1e-16)[0]
+    total = sum(integrate.quad(lambda x, c=c: (x - c) ** 2 * pdf(x), lo, hi, epsabs=1e-16)[0]
                 for c, lo, hi in zip(book.centroids, edges[:-1], edges[1:]))
     assert book.distortion == pytest.approx(total, rel=1e-6)
 

@@ -2,7 +2,6 @@
 store, a trial too large for memory, a failed export, two runs started in the same second.
 Each gives exit 0 or 2 with one line, and nothing half-written."""
 import json
-import sqlite3
 from datetime import datetime
 
 import pandas as pd

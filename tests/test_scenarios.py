@@ -83,7 +83,7 @@ def test_heavy_tail_destabilises_calibration():
     shape = TrialShape(1, 1, 1, 64, 512)
     for seed in range(20):
         for key, scen in (("heavy", heavy), ("gauss", gauss_same_cov)):
-            streams = lambda *labels: generator("pcg64", seed, "cal", *labels)  # noqa: E731
+            streams = lambda *labels, seed=seed: generator("pcg64", seed, "cal", *labels)  # noqa: E731
             pop = scen.population(streams("population", 0), 64)
             cal = scen.draw(streams, shape)["k_cal"][0]
             true_top = np.linalg.eigh(pop.cov_k)[1][:, ::-1][:, :4]

@@ -98,7 +98,6 @@ def test_drop_penalty_steers_bits_away_from_dropping():
 
 @given(st.lists(st.sampled_from(BIT_CHOICES), min_size=1, max_size=5), st.integers(1, 6))
 def test_mixed_width_packing_round_trips(alloc, n):
-    sizes = [3] * len(alloc)
     widths = [[b for b in alloc for _ in range(3)], [b for b in reversed(alloc) for _ in range(3)]]
     gen = np.random.default_rng(len(alloc) * 7 + n)
     codes = [torch.tensor(np.stack([gen.integers(0, 1 << w, size=n) if w else np.zeros(n, int) for w in ws], 1))

@@ -1,5 +1,7 @@
 """RunStore's derived tables (write_table, table, claims): replaced whole in one transaction,
 NaN stored as NULL, the run's own tables out of reach."""
+import sqlite3
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,6 +31,6 @@ def test_the_runs_own_tables_and_odd_names_are_refused(tmp_path, name):
 def test_a_failed_write_keeps_the_old_table(tmp_path):
     store = RunStore(tmp_path)
     store.write_table("claims", pd.DataFrame({"id": [1]}))
-    with pytest.raises(Exception):
+    with pytest.raises(sqlite3.ProgrammingError):
         store.write_table("claims", pd.DataFrame({"id": [object()]}))   # sqlite cannot store it
     assert store.claims().id.tolist() == [1]
