@@ -127,6 +127,19 @@ def test_kmeans_objective_decreases_and_assignment_is_brute_force():
     assert torch.equal(alone.centroids[0], fit.centroids[1])
 
 
+def test_assign_breaks_ties_to_the_first_centroid():
+    """Points equidistant from several centroids (small integers: exact in float32) take the
+    lowest index among them, as argmin does."""
+    gen = np.random.default_rng(5)
+    pts = torch.from_numpy(gen.integers(-2, 3, size=(3, 500, 4))).float()
+    cents = torch.from_numpy(gen.integers(-2, 3, size=(3, 40, 4))).float()
+    idx, d2 = assign(pts, cents)
+    brute = ((pts[:, :, None, :] - cents[:, None, :, :]) ** 2).sum(-1)
+    ties = (brute == brute.amin(-1, keepdim=True)).sum(-1) > 1
+    assert ties.float().mean() > 0.2
+    assert torch.equal(idx, brute.argmin(-1)) and torch.equal(d2, brute.amin(-1))
+
+
 def test_kmeans_on_duplicates_and_random_init():
     pts = torch.zeros(1, 50, 4)
     fit = kmeans(pts, 8, gen=generator("pcg64", 0), n_iter=5, init="random")
