@@ -391,10 +391,6 @@ class SpectralQuant(Scheme):
         return out
 
     @property
-    def spectral_gaps(self) -> dict[str, torch.Tensor]:
-        return {name: cal.gap for name, cal in self.calibration.items()}
-
-    @property
     def eigenvalues(self) -> dict[str, torch.Tensor]:
         return {name: cal.eigenvalues for name, cal in self.calibration.items()}
 

@@ -91,12 +91,6 @@ def ks_tests(a: pd.DataFrame, b: pd.DataFrame, metrics: Sequence[str] | None = N
     return pd.DataFrame(rows, columns=list(TestResult.__dataclass_fields__))
 
 
-def ks_pvalues_batched(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """KS p-values for many independent sample pairs at once: a (r, n_a), b (r, n_b) -> (r,).
-    Uses scipy's vectorised ks_2samp along the last axis (rows must be NaN-free)."""
-    return np.asarray(_sps.ks_2samp(a, b, axis=-1).pvalue, dtype=float)
-
-
 def mann_whitney(a: pd.DataFrame, b: pd.DataFrame, metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Two-sided Mann-Whitney U test per metric (tie-corrected normal approximation with
     continuity correction for n ≥ 8, exact otherwise — scipy's method='auto'). Columns as in
