@@ -1,13 +1,98 @@
+"""The shipped conformance checks (schemes/conformance.py) on every registered codec and every
+NumPy reference codec, each through its factory; and on broken codecs, which they must catch."""
+from dataclasses import dataclass, replace
+from functools import partial
+
 import pytest
 
 import schemes
-from conformance import CHECKS, EXPECTED_FAILURES
+from schemes import conformance, reference
+from schemes.baselines import GroupQuant
+from schemes.conformance import CHECKS, ConformanceError, check_scheme
+
+# options a codec takes in this suite where its defaults do not fit the small caches (S = 48)
+SMALL_CACHE_OPTIONS = {
+    "kvpress:SnapKVPress": {"window_size": 8},      # a 64-token observation window by default
+    "kvpress:PyramidKVPress": {"window_size": 8},
+    "shard": {"kmeans_iter": 4},                    # 25 Lloyd sweeps of 256 centroids: 40 s for 8 budgets
+    "shard-pca-decode": {"kmeans_iter": 4},
+}
+
+FACTORIES = {name: partial(schemes.create, name, **SMALL_CACHE_OPTIONS.get(name, {})) for name in schemes.available()}
+FACTORIES.update({f"reference:{name}": partial(reference.create, name) for name in reference.available()})
 
 
-@pytest.mark.parametrize("name", schemes.available())
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
-def test_conformance(check, name):
-    reason = EXPECTED_FAILURES.get((check.__name__, name))
-    if reason:
-        pytest.xfail(reason)
-    check(name)
+@pytest.mark.parametrize("check,factory", conformance.pytest_params(FACTORIES))
+def test_conformance(check, factory):
+    check.run(factory)
+
+
+# --- the checks catch what they state -----------------------------------------------------------
+@dataclass
+class _MutatesInput(GroupQuant):
+    name = "broken-mutates"
+
+    def encode(self, k, v):
+        enc = super().encode(k, v)
+        k.mul_(1.0001)
+        return enc
+
+
+@dataclass
+class _Float32Always(GroupQuant):
+    name = "broken-dtype"
+
+    def decode(self, enc):
+        return tuple(x.float() for x in super().decode(enc))
+
+
+@dataclass
+class _MixesTrials(GroupQuant):
+    name = "broken-mixes"
+
+    def decode(self, enc):
+        k, v = super().decode(enc)
+        return k + 0.1 * k[:1], v                         # every trial gets some of the first
+
+
+@dataclass
+class _Underreports(GroupQuant):
+    name = "broken-ledger"
+
+    def bits(self, enc):
+        ledger = super().bits(enc)
+        first = next(iter(ledger.components))
+        return replace(ledger, components={**ledger.components, first: ledger.components[first] // 2})
+
+
+@pytest.mark.parametrize("cls,check,words", [
+    (_MutatesInput, "check_input_not_mutated", "changed its input k in place"),
+    (_Float32Always, "check_roundtrip_keeps_shape_dtype_device", "as torch.float32 for a torch.float64 input"),
+    (_MixesTrials, "check_trial_order_invariant", "permuting the trials changes"),
+    (_Underreports, "check_ledger_matches_storage", "the per-cache ledger counts"),
+])
+def test_a_broken_codec_fails_its_check_with_a_sentence(cls, check, words):
+    factory = partial(cls, width=8)
+    sound = partial(GroupQuant, width=8)
+    run = next(c for c in CHECKS if c.name == check).run
+    run(sound)                                              # the intact codec passes the check
+    with pytest.raises(ConformanceError, match=words):
+        run(factory)
+    with pytest.raises(ConformanceError) as failed:
+        check_scheme(factory)
+    assert f"{check}: " in str(failed.value) and str(failed.value).startswith(tuple("0123456789"))
+
+
+def test_check_scheme_passes_a_configured_unregistered_instance_and_names_bad_skips():
+    check_scheme(partial(GroupQuant, width=4))
+    with pytest.raises(ValueError, match="valid: check_roundtrip"):
+        check_scheme(partial(GroupQuant, width=4), skip=("check_nope",))
+
+
+def test_a_codec_that_raises_is_reported_per_check():
+    def factory(**kw):
+        raise_on = GroupQuant(width=4, **kw)
+        raise_on.encode = lambda k, v: (_ for _ in ()).throw(RuntimeError("no encoder"))
+        return raise_on
+    with pytest.raises(ConformanceError, match="the codec raised RuntimeError: no encoder"):
+        check_scheme(factory)

@@ -1,13 +1,14 @@
 """Third-party codecs arrive through the entry-point group kvharness.schemes and pass the
 conformance suite with no test code of their own."""
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import torch
 
 import schemes
-from conformance import CHECKS
 from schemes import Encoded, Scheme, registry
+from schemes.conformance import CHECKS, check_scheme
 from schemes.packing import pack_bits, unpack_bits
 
 
@@ -62,9 +63,13 @@ def test_plugin_is_listed_and_created(plugin):
     assert isinstance(s, RoundKV) and s.budget == 4
 
 
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.name)
 def test_plugin_passes_conformance(plugin, check):
-    check(plugin)
+    check.run(partial(schemes.create, plugin))
+
+
+def test_an_unregistered_plugin_class_passes_check_scheme():
+    check_scheme(RoundKV)
 
 
 def test_plugin_never_shadows_a_builtin(monkeypatch):
