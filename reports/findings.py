@@ -22,7 +22,8 @@ from stats.equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, st
 from stats.inference import holm, tost
 from stats.metrics import SIX_D
 from stats.paired import two_sample
-from stats.validation import DEFAULT_MARGIN, same_data, validate_samples
+from stats.levels import ALPHA, EQUIVALENCE_MARGIN
+from stats.validation import same_data, validate_samples
 
 from .summary import mean_ci
 
@@ -32,11 +33,7 @@ PRIMARY = "d2_t"
 ESTIMATED = ("d2_t", "d2_k", "d2_v", "rel_mse_t", "rel_mse_k", "rel_mse_v", "t_rel_mse_konly",
              "t_rel_mse_vonly", "logit_rel_mse", "logit_slope", "kl_attn", "ptcosine_k", "ptcosine_v",
              "evicted_mass")
-ALPHA = 0.05
 N_BOOT = 1000  # bootstrap replicates of the Pareto-front confidence and the crossover intervals
-# relative: "equivalent" means the means differ by less than this fraction of the runner-up's; the
-# same margin as the verdicts' (stats.validation), so the two columns of a row never disagree on it
-EQUIVALENCE_MARGIN = DEFAULT_MARGIN
 SETTING_LEVEL = list(SETTING) + [LEVEL]
 
 

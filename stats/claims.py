@@ -38,9 +38,9 @@ from .equal_storage import STORAGE, TOLERANCE, at_storage, storage_column
 from .inference import as_generator, bootstrap_ci, cliffs_delta, holm, mann_whitney, tost
 from .metrics import relative_mse
 from .paired import rank_biserial, wilcoxon
+from .levels import ALPHA
 from .validation import same_data, validate_samples
 
-ALPHA = 0.05
 N_BOOT = 2000
 METRIC = "d2_t"
 VERDICTS = ("reproduced", "refuted", "inconclusive")

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from .inference import as_generator
+from .levels import ALPHA
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def energy_distance_squared(x, y) -> float:
 
 
 def energy_test(x, y, n_permutations: int = 1000, seed: int | np.random.Generator = 0, *,
-                standardize: bool = False, alpha: float = 0.05, device: str | torch.device = "cpu",
+                standardize: bool = False, alpha: float = ALPHA, device: str | torch.device = "cpu",
                 dtype: torch.dtype = torch.float64) -> EnergyResult:
     """Energy-distance two-sample test of x (n_x, dims) vs y (n_y, dims).
 
@@ -140,7 +141,7 @@ PAIRED_STATISTICS = ("pairs", "differences")
 
 
 def paired_energy_test(x, y, n_permutations: int = 1000, seed: int | np.random.Generator = 0, *,
-                       statistic: str = "pairs", alpha: float = 0.05, device: str | torch.device = "cpu",
+                       statistic: str = "pairs", alpha: float = ALPHA, device: str | torch.device = "cpu",
                        dtype: torch.dtype = torch.float64) -> EnergyResult:
     """Sign-flip energy test of paired points x (n, dims), y (n, dims), row i of x matched
     with row i of y (module doc): statistic "pairs" (E(x, y) under within-pair swaps) or

@@ -19,6 +19,8 @@ from scipy import stats as _sps
 
 from schemes.rng import generator
 
+from .levels import ALPHA
+
 STATISTICS = ("mean", "median")
 
 
@@ -244,7 +246,7 @@ class TostResult:
         return asdict(self)
 
 
-def tost(a, b, margin: float, alpha: float = 0.05, paired: bool = False) -> TostResult:
+def tost(a, b, margin: float, alpha: float = ALPHA, paired: bool = False) -> TostResult:
     """TOST equivalence test for the difference of means with the stated absolute margin
     δ > 0 (in the metric's units): lower test H0: Δ ≤ −δ, upper test H0: Δ ≥ δ,
     Δ = mean_a − mean_b (Schuirmann 1987). Unpaired: Welch t (unequal variances, NaNs

@@ -22,6 +22,7 @@ import sys
 import numpy as np
 import pandas as pd
 
+from .levels import ALPHA
 from .metrics import SIX_D
 from .validation import VERDICTS, TrialSample, validate_samples
 
@@ -52,7 +53,7 @@ def draw(gen: np.random.Generator, codec_shift: float, impl_shift: float, *, n: 
 
 
 def operating_characteristics(cells=None, *, repetitions: int = 100, n: int = 40, pairings=(False, True),
-                              correlation: float = 0.7, alpha: float = 0.05, n_permutations: int = 199,
+                              correlation: float = 0.7, alpha: float = ALPHA, n_permutations: int = 199,
                               seed: int = 0) -> pd.DataFrame:
     """The verdict rates of study cells: `cells` is a list of (codec shift c, implementation
     shift i), default every pair of CODEC_SHIFTS × IMPLEMENTATION_SHIFTS. One row per (paired,

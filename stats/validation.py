@@ -81,11 +81,11 @@ from scipy.spatial.distance import cdist
 from .cells import CELL_COLUMNS
 from .energy import EnergyResult, energy_test, paired_energy_test
 from .inference import holm, tost, wilcoxon_signed_rank
+from .levels import ALPHA, EQUIVALENCE_MARGIN
 from .metrics import SIX_D
 
 IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")
 VERDICTS = ("codec-difference", "implementation-variance", "equivalent", "inconclusive")
-DEFAULT_MARGIN = 0.10  # TOST margin, relative to the pooled mean of each metric
 PAIRED_TESTS = "paired: Wilcoxon signed-rank + sign-flip energy"
 UNPAIRED_TESTS = "unpaired: KS + permutation energy"
 # a trial's K, V and Q are a function of these and the trial index alone (harness/runner.py)
@@ -345,7 +345,7 @@ def _ks(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return statistic, p
 
 
-def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = 0.05, n_permutations: int = 1000,
+def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = ALPHA, n_permutations: int = 1000,
                     seed: int | np.random.Generator = 0, label: str = "") -> Comparison:
     """The test family of a vs b (trial frames or TrialSamples; module doc): paired when they
     ran on the same data, else unpaired. The six-D points are divided by `scale` (default the
@@ -414,8 +414,8 @@ class Validation:
     equivalence: tuple = ()
     separated: tuple = ()
     beyond: tuple = ()
-    margin: float = DEFAULT_MARGIN
-    alpha: float = 0.05
+    margin: float = EQUIVALENCE_MARGIN
+    alpha: float = ALPHA
 
     def to_json(self) -> dict:
         main = self.main
@@ -452,7 +452,7 @@ def _listed(values: dict) -> str:
     return ", ".join(f"{m} (p {p:.3g})" for m, p in values.items())
 
 
-def decide(main: Comparison, nulls: list[Comparison], margin: float = DEFAULT_MARGIN) -> Validation:
+def decide(main: Comparison, nulls: list[Comparison], margin: float = EQUIVALENCE_MARGIN) -> Validation:
     """Apply the decision rule of the module doc to a main comparison and its null comparisons."""
     nulls, alpha = list(nulls), main.alpha
     evidence = dict(main=main, nulls=tuple(nulls), margin=margin, alpha=alpha)
@@ -516,7 +516,7 @@ def decide(main: Comparison, nulls: list[Comparison], margin: float = DEFAULT_MA
                       f"{', '.join(failing)}", **evidence)
 
 
-def validate_samples(a, b, null_pairs=(), *, alpha: float = 0.05, margin: float = DEFAULT_MARGIN,
+def validate_samples(a, b, null_pairs=(), *, alpha: float = ALPHA, margin: float = EQUIVALENCE_MARGIN,
                      n_permutations: int = 1000, seed: int = 0) -> Validation:
     """The verdict for sample a vs sample b (trial frames of one cell each, or TrialSamples)
     against the implementation null given as pairs (x, x′) of samples that differ only in an
@@ -548,7 +548,7 @@ def differing_variables(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[st
 
 
 def compare_runs(frame_a: pd.DataFrame, frame_b: pd.DataFrame, null: pd.DataFrame | None = None, *,
-                 alpha: float = 0.05, margin: float = DEFAULT_MARGIN, n_permutations: int = 1000,
+                 alpha: float = ALPHA, margin: float = EQUIVALENCE_MARGIN, n_permutations: int = 1000,
                  seed: int = 0) -> pd.DataFrame:
     """One verdict per cell present in both runs (matched on CELL_COLUMNS: scenario, scheme,
     budget, dim, seq_len, queries, calib_tokens). `null`, optional, is a third run whose cells

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from stats.levels import ALPHA, EQUIVALENCE_MARGIN
+
 from ..errors import UsageError
 from ._args import check_test_options
 from ..store import RESULTS_FILE, RunStore
@@ -20,9 +22,9 @@ def add_arguments(p):
     p.add_argument("run_b", type=Path, metavar="RUN_B")
     p.add_argument("--null", type=Path, default=None, metavar="RUN_C",
                    help="a run differing from RUN_A only in an implementation variable (the null)")
-    p.add_argument("--alpha", type=float, default=0.05, help="family-wise level per cell (default 0.05)")
-    p.add_argument("--margin", type=float, default=0.10,
-                   help="equivalence margin, a fraction of each metric's pooled mean (default 0.10)")
+    p.add_argument("--alpha", type=float, default=ALPHA, help=f"family-wise level per cell (default {ALPHA})")
+    p.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN,
+                   help=f"equivalence margin, a fraction of each metric's pooled mean (default {EQUIVALENCE_MARGIN})")
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the permutation draws (default 0)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per cell")

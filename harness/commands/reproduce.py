@@ -7,6 +7,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from stats.levels import ALPHA
+
 from ..devices import DEVICES
 from ..errors import UsageError
 from ..store import RESULTS_FILE
@@ -58,7 +60,7 @@ def run(args) -> int:
                            progress=False if args.quiet else None)
     except RunConflict as exc:
         raise UsageError(f"harness reproduce: {exc}") from None
-    print("claims (alpha 0.05, Holm within each claim; effect [95 % CI]):")
+    print(f"claims (alpha {ALPHA}, Holm within each claim; effect [95 % CI]):")
     print(format_claims(claims))
     counts = claims.verdict.value_counts()
     print("verdicts: " + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in ("reproduced", "refuted", "inconclusive"))

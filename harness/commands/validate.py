@@ -18,6 +18,7 @@ from pathlib import Path
 
 import scenarios
 import schemes
+from stats.levels import ALPHA, EQUIVALENCE_MARGIN
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
@@ -47,9 +48,9 @@ def add_arguments(p):
     p.add_argument("--impl", choices=IMPLS, default="torch")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("--alpha", type=float, default=0.05, help="family-wise level (default 0.05)")
-    p.add_argument("--margin", type=float, default=0.10,
-                   help="equivalence margin, a fraction of each metric's pooled mean (default 0.10)")
+    p.add_argument("--alpha", type=float, default=ALPHA, help=f"family-wise level (default {ALPHA})")
+    p.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN,
+                   help=f"equivalence margin, a fraction of each metric's pooled mean (default {EQUIVALENCE_MARGIN})")
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
     p.add_argument("--out", type=Path, default=None, help="directory for the runs (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -1,0 +1,6 @@
+"""The significance level and the equivalence margin of every verdict kvharness prints — the
+report's winners and ties, `validate`, `compare` and the claims of `reproduce` — stated once.
+(A claim of the AMD paper that names its own tolerance keeps it beside the claim, stats/claims.py.)"""
+
+ALPHA = 0.05                # family-wise level: Holm within each family of tests
+EQUIVALENCE_MARGIN = 0.10   # "equivalent": a TOST within ± this fraction of the mean compared against
