@@ -29,7 +29,7 @@ import torch
 import schemes
 from schemes import threads, turboquant
 
-from .runner import _run_serial, create_scheme, draw_trials, run_cell_chunk
+from .cell import create_scheme, draw_trials, run_cell_chunk, run_serial
 from .sweep import Cell, SweepConfig, grid, implementation
 
 
@@ -237,7 +237,7 @@ def _time_cells(config: SweepConfig, device: torch.device) -> tuple[float, dict[
     chunk loop, nothing stored."""
     cells: dict[Cell, tuple[float, float]] = {}
     t0 = time.perf_counter()
-    _run_serial(config, config.cells(), device, torch.float32, None,
+    run_serial(config, config.cells(), device, torch.float32, None,
                 lambda cell, rows, wall, peak_mb: cells.__setitem__(cell, (wall, peak_mb)))
     return time.perf_counter() - t0, cells
 

@@ -3,7 +3,7 @@
 `--workers N` runs the sweep in N processes: this one and a local cluster of N - 1 worker
 processes, started in the background while this one computes; `--scheduler ADDRESS` uses an
 existing cluster (its workers must have kvharness installed). A task is one chunk of trials of
-the cells that share data (runner.chunk_plan): it draws the chunk once and runs every cell on it,
+the cells that share data (cell.chunk_plan): it draws the chunk once and runs every cell on it,
 from (configuration, cells, trials) alone — seeds derive from the cell and the trial, not the
 schedule — so the rows equal a serial run's. The writer commits each cell's chunks in trial
 order as they arrive. A task whose worker dies is retried elsewhere (dask reschedules it;
@@ -27,6 +27,7 @@ import os
 import warnings
 from typing import Callable
 
+from .cell import chunk_plan, chunk_size, create_scheme, run_chunk
 from .sweep import Cell, SweepConfig
 
 # Resilience-test hook: when this variable names a file that does not exist yet, the first
@@ -62,7 +63,6 @@ class _Schemes:
         self.sweep, self.groups = None, {}
 
     def of(self, config: SweepConfig, cells: list[Cell]) -> dict:
-        from .runner import create_scheme
         if self.sweep != config:
             self.sweep, self.groups = config, {}
         group = self.groups.pop(cells[0].data_key, {})
@@ -84,7 +84,6 @@ def compute_chunk_task(config_json: dict, cell_keys: list[tuple], first: int, st
     import torch
 
     from .devices import resolve_device, resolve_dtype
-    from .runner import run_chunk
     if torch.get_num_threads() != n_threads:
         torch.set_num_threads(n_threads)
     _maybe_inject_fault()
@@ -156,11 +155,10 @@ def n_workers(client) -> int:
 
 def plan_tasks(config: SweepConfig, cells: list[Cell], start: dict[Cell, int], memory_budget: int | None,
                workers: int) -> list[tuple[range, list[Cell]]]:
-    """The serial runner's chunks (runner.chunk_plan), made smaller where the sweep has too few
+    """The serial runner's chunks (cell.chunk_plan), made smaller where the sweep has too few
     of them to keep every worker busy: at least TASKS_PER_WORKER tasks per worker where the
     trials allow it (and MIN_TASK_TRIALS). Rows do not depend on chunking."""
     from .devices import resolve_device
-    from .runner import chunk_plan, chunk_size
     device = resolve_device(config.device)
     groups = [list(g) for _, g in itertools.groupby(cells, key=lambda c: c.data_key)]
     pieces = math.ceil(TASKS_PER_WORKER * workers / max(1, len(groups)))
@@ -193,7 +191,6 @@ def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_bu
     import torch
 
     from .devices import resolve_device, resolve_dtype
-    from .runner import run_chunk
     start = start or {}
     n_threads = torch.get_num_threads()  # the serial run's thread count: same reduction order, same rows
     config_json = config.to_json()

@@ -33,7 +33,8 @@ from stats.metrics import exact_logits, relative_mse
 
 from .devices import resolve_device, resolve_dtype
 from .provenance import now
-from .runner import chunk_size, create_scheme, draw_trials, run_sweep
+from .cell import chunk_size, create_scheme, draw_trials
+from .runner import run_sweep
 from .store import RunStore
 from .sweep import SweepConfig, paper_schemes
 

@@ -16,6 +16,7 @@ ADDED_COLUMNS existed gains it (NULL in the old rows) on open, and reads back wi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -30,6 +31,7 @@ from stats.cells import CELL_COLUMNS
 from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES
 
 from .errors import UsageError
+from .sweep import SweepConfig
 
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
@@ -78,6 +80,18 @@ def _add_missing_columns(con: sqlite3.Connection) -> None:
         with con:
             for column in missing:
                 con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
+
+
+def stored_config(manifest: dict | None) -> dict | None:
+    """The manifest's configuration in today's form: fields added since it was written
+    (decode_tokens) at their defaults, a single calib_tokens as a list, so that an older run
+    still resumes."""
+    if manifest is None or "config" not in manifest:
+        return None
+    defaults = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+                for f in dataclasses.fields(SweepConfig) if f.default is not dataclasses.MISSING}
+    return SweepConfig.upgrade_json({**{k: v for k, v in defaults.items() if k not in manifest["config"]},
+                                     **manifest["config"]})
 
 
 class CorruptStore(UsageError):

@@ -88,7 +88,7 @@ IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")
 VERDICTS = ("codec-difference", "implementation-variance", "equivalent", "inconclusive")
 PAIRED_TESTS = "paired: Wilcoxon signed-rank + sign-flip energy"
 UNPAIRED_TESTS = "unpaired: KS + permutation energy"
-# a trial's K, V and Q are a function of these and the trial index alone (harness/runner.py)
+# a trial's K, V and Q are a function of these and the trial index alone (harness/cell.py)
 DATA_COLUMNS = ("seed", "rng", "scenario", "dim", "seq_len", "queries")
 TESTS = SIX_D + ("energy",)
 

@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.runner import CHUNK_TRIALS_ENV, HOLD_ENV
+from harness.cell import CHUNK_TRIALS_ENV
+from harness.runner import HOLD_ENV
 from harness.store import RESULTS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]

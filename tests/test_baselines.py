@@ -206,7 +206,7 @@ def test_eviction_runner_attends_over_the_kept_tokens_only(name):
     V̂, evicted_mass the exact attention on the evicted tokens, KL over the kept tokens. The kept
     keys are fp16 copies, so the KL is of the order of fp16 rounding of the logits (≈ 1e-6),
     not the 1e4 × evicted mass a placeholder logit 1e4 below the kept ones used to give."""
-    from harness.runner import run_cell_chunk
+    from harness.cell import run_cell_chunk
 
     b, h, s, d, nq = 4, 2, 64, 16, 8
     k, v = _gauss((b, h, s, d), 5, torch.float64), _gauss((b, h, s, d), 6, torch.float64)

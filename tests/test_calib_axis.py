@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness import runner
+from harness import cell as engine
 from harness.cli import main
 from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
 from harness.sweep import Cell, SweepConfig
@@ -42,7 +42,7 @@ def test_one_cell_per_calibration_size_on_the_same_data(run_dir):
     config = SweepConfig.from_json(manifest["config"])
     small, large = (Cell("spectral_decay", "sq-kv", 3, 16, 32, 4, n) for n in (16, 64))
     assert Cell(*large.key) == large and small.data_key != large.data_key   # as a Dask task rebuilds it
-    a, b = (runner.draw_trials(config, c, range(2), torch.device("cpu"), torch.float64) for c in (small, large))
+    a, b = (engine.draw_trials(config, c, range(2), torch.device("cpu"), torch.float64) for c in (small, large))
     for name in ("k", "v", "q"):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
     assert a["k_cal"].shape[2] == 16 and b["k_cal"].shape[2] == 64

@@ -9,7 +9,7 @@ import torch
 
 import scenarios
 import schemes
-from harness import runner
+from harness import cell as engine, runner
 from harness.cli import main
 from harness.store import RunStore
 from harness.sweep import Cell, SweepConfig
@@ -32,7 +32,7 @@ def _draw(config: SweepConfig, trials=range(2)):
     s = config.seq_lens[0]
     cell = Cell(config.scenarios[0], config.schemes[0], config.budgets[0], config.dims[0], s, config.queries[0],
                 config.calib_tokens[0])
-    return runner.draw_trials(config, cell, trials, torch.device("cpu"), torch.float64)
+    return engine.draw_trials(config, cell, trials, torch.device("cpu"), torch.float64)
 
 
 def test_cli_run_shard_decode_path_has_no_drift_but_pca_decode_does(tmp_path):
@@ -61,7 +61,7 @@ def test_pca_decode_gap_is_the_drift():
         errors = {}
         for name in ("shard", "shard-pca-decode"):
             scheme = schemes.create(name, budget=4, dim=16, rank=32, n_iter=4, kmeans_iter=3, vq_centroids=16)
-            metrics, _ = runner.run_cell_chunk(scheme, {k: v.float() if v.is_floating_point() else v
+            metrics, _ = engine.run_cell_chunk(scheme, {k: v.float() if v.is_floating_point() else v
                                                         for k, v in data.items()})
             errors[name] = metrics["rel_mse_k"][0]
         gaps[drift] = errors["shard-pca-decode"] / errors["shard"]
@@ -170,7 +170,7 @@ def test_shard_chunk_is_prefill_plus_tokens_coded_one_at_a_time(name):
     config = _config(schemes=(name,), dims=(16,), seq_lens=(96,), trials=1, decode_tokens=5)
     data = {k: v.float() if v.is_floating_point() else v for k, v in _draw(config, range(1)).items()}
     make = lambda: schemes.create(name, budget=4, dim=16, rank=16, n_iter=2, kmeans_iter=3)
-    metrics, bits = runner.run_cell_chunk(make(), data)
+    metrics, bits = engine.run_cell_chunk(make(), data)
     scheme = make()
     scheme.fit(data["k_cal"], data["v_cal"])
     enc = scheme.encode(data["k"], data["v"], positions=data["positions"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import schemes
-from harness.runner import draw_trials, run_cell_chunk
+from harness.cell import draw_trials, run_cell_chunk
 from harness.sweep import Cell, SweepConfig
 from schemes.eigen import (canonical_signs, covariance, effective_dimension, eigh_descending, leading_basis,
                            resolve_eigensolver, spectral_gap)

@@ -12,7 +12,7 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from harness import runner
+from harness import cell as engine
 from harness.cli import main
 from harness.progress import INTERVAL_ENV
 from harness.store import RESULTS_FILE, RunStore
@@ -84,13 +84,13 @@ def test_resume_computes_only_the_missing_trials(tmp_path, clean, monkeypatch):
     proc.communicate(timeout=60)
     assert stored_chunks(out, live=False) == 6          # cells 1, 2 hold trials 0-5, cells 3, 4 trials 0-2
     seen = []
-    real = runner.run_cell_chunk
+    real = engine.run_cell_chunk
 
     def spy(scheme, data):
         seen.append((scheme.name, scheme.budget, tuple(data["trials"].tolist())))
         return real(scheme, data)
-    monkeypatch.setattr(runner, "run_cell_chunk", spy)
-    monkeypatch.setenv(runner.CHUNK_TRIALS_ENV, str(CHUNK))
+    monkeypatch.setattr(engine, "run_cell_chunk", spy)
+    monkeypatch.setenv(engine.CHUNK_TRIALS_ENV, str(CHUNK))
     assert main(["run", *ARGS, "--out", str(out), "--resume"]) == 0
     computed = {}
     for name, budget, trials in seen:
@@ -123,7 +123,7 @@ _LINE = re.compile(r"^\[(\d+)/(\d+) cells, (\d+)/(\d+) trials, [0-9.e+]+ trials/
 
 def test_progress_without_a_terminal_is_a_plain_line_per_interval(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(INTERVAL_ENV, "0")                  # a line at every chunk
-    monkeypatch.setenv(runner.CHUNK_TRIALS_ENV, str(CHUNK))
+    monkeypatch.setenv(engine.CHUNK_TRIALS_ENV, str(CHUNK))
     assert main(["run", *[a for a in ARGS if a != "--quiet"], "--out", str(tmp_path / "a")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
     counts = [tuple(map(int, _LINE.match(line).groups())) for line in lines]
@@ -145,7 +145,7 @@ def test_progress_bar_on_a_terminal_advances_per_chunk(tmp_path, monkeypatch):
         calls.append((self.mode, self.trials_done, self.cells_done))
     monkeypatch.setattr(progress.Progress, "advance", spy)
     monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
-    monkeypatch.setenv(runner.CHUNK_TRIALS_ENV, str(CHUNK))
+    monkeypatch.setenv(engine.CHUNK_TRIALS_ENV, str(CHUNK))
     assert main(["run", *[a for a in ARGS if a != "--quiet"], "--out", str(tmp_path / "a")]) == 0
     assert {mode for mode, _, _ in calls} == {"bar"}
     assert [t for _, t, _ in calls] == [sum(CHUNK_SIZES[:i + 1]) for i in range(len(CHUNK_SIZES))]

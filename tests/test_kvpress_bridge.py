@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import schemes
-from harness.runner import draw_trials, run_cell_chunk, takes_prefill_queries
+from harness.cell import draw_trials, run_cell_chunk, takes_prefill_queries
 from harness.sweep import Cell, SweepConfig
 from schemes import registry
 from schemes.base import BitLedger

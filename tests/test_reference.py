@@ -20,7 +20,8 @@ from scipy import integrate, stats
 
 import schemes
 from harness.cli import main
-from harness.runner import draw_trials, run_sweep
+from harness.cell import draw_trials
+from harness.runner import run_sweep
 from harness.store import RunStore
 from harness.sweep import Cell, SweepConfig
 from schemes import reference

@@ -86,11 +86,11 @@ def test_a_trial_larger_than_memory_is_refused_up_front(tmp_path, capsys):
 
 
 def test_a_run_that_fails_before_storing_anything_leaves_no_directory(tmp_path, monkeypatch, capsys):
-    from harness import runner
+    from harness import cell as engine
 
     def broken(*args, **kwargs):
         raise RuntimeError("the scenario broke")
-    monkeypatch.setattr(runner, "draw_trials", broken)
+    monkeypatch.setattr(engine, "draw_trials", broken)
     out = tmp_path / "run"
     assert main(["run", *ARGS, "--out", str(out)]) == 1
     _one_line(capsys.readouterr().err, "the scenario broke")
@@ -138,17 +138,17 @@ def test_unfinished_cells_are_neither_reported_nor_exported(tmp_path, capsys, mo
     """A run stopped mid-sweep: export and the summary hold only the finished cells, completion
     counts them against the configuration's (the report's "incomplete: n of m cells" notice is
     checked in tests/test_report.py)."""
-    from harness import runner
-    monkeypatch.setenv(runner.CHUNK_TRIALS_ENV, "7")      # chunks of trials 0-6, 7-13, 14-19
+    from harness import cell as engine, runner
+    monkeypatch.setenv(engine.CHUNK_TRIALS_ENV, "7")      # chunks of trials 0-6, 7-13, 14-19
     calls = {"n": 0}
-    real = runner.run_cell_chunk
+    real = engine.run_cell_chunk
 
     def stop_at_the_fourteenth_chunk(scheme, data):
         calls["n"] += 1
         if calls["n"] == 14:
             raise KeyboardInterrupt
         return real(scheme, data)
-    monkeypatch.setattr(runner, "run_cell_chunk", stop_at_the_fourteenth_chunk)
+    monkeypatch.setattr(engine, "run_cell_chunk", stop_at_the_fourteenth_chunk)
     out = tmp_path / "run"
     assert main(["run", *ARGS, "--out", str(out)]) == 130
     store = RunStore(out)

@@ -526,11 +526,11 @@ def test_a_reproduction_shows_its_claims_table_first(run_dir, tmp_path):
 def unfinished_dir(tmp_path_factory):
     """A run interrupted with 3 of its 4 cells finished (chunks of 3 trials; the 8th chunk never
     ran), then reported."""
-    from harness import runner
+    from harness import cell as engine
     out = tmp_path_factory.mktemp("unfinished") / "run"
     args = ["run", "--scenario", "gaussian", "--scheme", "tq-kv,plain-kv", "--budget", "2,3", "--dim", "16",
             "--seq-len", "64", "--queries", "8", "--trials", "6", "--quiet", "--out", str(out)]
-    real, calls = runner.run_cell_chunk, {"n": 0}
+    real, calls = engine.run_cell_chunk, {"n": 0}
 
     def stop_at_the_eighth_chunk(scheme, data):
         calls["n"] += 1
@@ -538,8 +538,8 @@ def unfinished_dir(tmp_path_factory):
             raise KeyboardInterrupt
         return real(scheme, data)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(runner.CHUNK_TRIALS_ENV, "3")
-        mp.setattr(runner, "run_cell_chunk", stop_at_the_eighth_chunk)
+        mp.setenv(engine.CHUNK_TRIALS_ENV, "3")
+        mp.setattr(engine, "run_cell_chunk", stop_at_the_eighth_chunk)
         assert main(args) == 130
     assert len(RunStore(out).finished_cells()) == 3
     assert main(["report", str(out), "--permutations", "20"]) == 0

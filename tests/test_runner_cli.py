@@ -5,7 +5,7 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from harness import runner
+from harness import cell as engine, runner
 from harness.cli import main
 from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
 from harness.sweep import SweepConfig
@@ -77,7 +77,7 @@ def test_rows_do_not_depend_on_chunking(tmp_path):
 def test_interrupted_run_keeps_finished_cells_and_resume_completes(tmp_path, monkeypatch):
     _, clean = run(tmp_path, "clean")
     calls = {"n": 0}
-    real = runner.run_cell_chunk
+    real = engine.run_cell_chunk
 
     def flaky(scheme, data):
         calls["n"] += 1
@@ -85,12 +85,12 @@ def test_interrupted_run_keeps_finished_cells_and_resume_completes(tmp_path, mon
             raise KeyboardInterrupt
         return real(scheme, data)
 
-    monkeypatch.setattr(runner, "run_cell_chunk", flaky)
+    monkeypatch.setattr(engine, "run_cell_chunk", flaky)
     code, out = run(tmp_path, "resumed")
     assert code == 130
     assert len(RunStore(out).finished_cells()) == 2           # the two cells before the interrupt
     assert len(rows(out)) == 2 * 6                             # and no partial cell
-    monkeypatch.setattr(runner, "run_cell_chunk", real)
+    monkeypatch.setattr(engine, "run_cell_chunk", real)
     code, out = run(tmp_path, "resumed", "--resume")
     assert code == 0
     pd.testing.assert_frame_equal(rows(out), rows(clean))

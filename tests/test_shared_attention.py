@@ -4,7 +4,7 @@ import pandas as pd
 import torch
 
 import stats.metrics
-from harness import runner
+from harness import cell as engine
 from harness.sweep import SweepConfig
 from stats.metrics import exact_attention, trial_metrics
 
@@ -27,17 +27,17 @@ def test_runner_computes_the_exact_attention_once_per_chunk(monkeypatch):
     def counting(q, k, v):
         calls.append(q.shape[0])
         return exact_attention(q, k, v)
-    monkeypatch.setattr(runner, "exact_attention", counting)
+    monkeypatch.setattr(engine, "exact_attention", counting)
     monkeypatch.setattr(stats.metrics, "exact_attention", counting)
     config = SweepConfig(scenarios=("spectral_decay",), schemes=("tq-kv", "sq-qkv", "int4"), budgets=(2, 3),
                          dims=(16,), seq_lens=(32,), queries=(4,), trials=5, calib_tokens=(32,))
     cells = config.cells()
-    budget = 3 * runner.bytes_per_trial(config, cells[0])                     # chunks of 3 and 2 trials
+    budget = 3 * engine.bytes_per_trial(config, cells[0])                     # chunks of 3 and 2 trials
     device = torch.device("cpu")
 
     def rows(todo):
         out = []
-        runner._run_serial(config, todo, device, torch.float32, budget, lambda c, r, w, p: out.extend(r))
+        engine.run_serial(config, todo, device, torch.float32, budget, lambda c, r, w, p: out.extend(r))
         return pd.DataFrame(out)
     together = rows(cells)
     assert calls == [3, 2]                                                    # not once per cell

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import schemes
-from harness import runner
+from harness import cell as engine
 from harness.cli import main
 from harness.store import RESULTS_FILE, STORAGE_COLUMNS, TRIAL_COLUMNS, RunStore
 from harness.sweep import Cell, SweepConfig
@@ -93,8 +93,8 @@ def test_model_caches_1_reproduces_the_standalone_cache(tmp_path):
     assert tq.storage_bits_per_element.tolist() == [3 + 32 / d + (2 * d + 8 * 32) / (2 * s * d)] * 3
     config = SweepConfig.from_json(store.read_manifest()["config"])
     cell = Cell("spectral_decay", "sq-kv", 3, d, s, 4, n_cal)
-    scheme = runner.create_scheme(config, cell)
-    data = runner.draw_trials(config, cell, range(3), torch.device("cpu"), torch.float32)
+    scheme = engine.create_scheme(config, cell)
+    data = engine.draw_trials(config, cell, range(3), torch.device("cpu"), torch.float32)
     scheme.fit(data["k_cal"], data["v_cal"], trials=data["trials"])
     widths = torch.stack([scheme.calibration[x].widths[:, 0] for x in ("k", "v")], 1)     # (B, 2, d)
     sq = frame[frame.scheme == "sq-kv"].sort_values("trial")

@@ -9,7 +9,7 @@ import torch
 from threadpoolctl import threadpool_info
 
 import schemes
-from harness.runner import _run_serial
+from harness.cell import run_serial
 from harness.sweep import SweepConfig
 from schemes import threads
 from schemes.reference import available as reference_available
@@ -61,7 +61,7 @@ def _sweep_rows(impl: str, names: tuple[str, ...], dim: int = 32) -> pd.DataFram
                          seq_lens=(64,), queries=(8,), trials=2, calib_tokens=(64,), impl=impl)
     config.validate()
     rows = []
-    _run_serial(config, config.cells(), torch.device("cpu"), torch.float32, None,
+    run_serial(config, config.cells(), torch.device("cpu"), torch.float32, None,
                 lambda cell, cell_rows, wall, peak: rows.extend(cell_rows))
     return pd.DataFrame(rows)
 

@@ -1,0 +1,259 @@
+"""The cell engine: a chunk of trials of the cells that share data → drawn data → each cell's scheme
+(fit, encode, decode, score) → metrics → rows. Pure: no store, no Dask, no progress bar
+(harness/runner.py orchestrates; harness/distributed.py and harness/bench.py call this too).
+
+Seeds are data (STYLE.md §4): trial t of a cell draws from the streams
+(seed, "data", scenario, dim, seq_len, queries, heads, t, tensor, head), shared by every scheme
+and budget, and by every calibration size (the calibration sample has labels of its own, so
+cells that differ only in calib_tokens see the same K, V and Q); a scheme's own randomness
+comes from (seed, "scheme", name, budget, dim), and, for a scheme whose fit takes them, from
+the trial indices (TurboQuant's per-trial rotation signs and sketches, SpectralQuant's
+per-trial sketches, Shard's decode-token codec). So a row depends only on (configuration,
+seed), never on chunking, order or resumption.
+
+Decode phase (--decode-tokens N > 0): after the S prefill tokens, N tokens of a drifted
+distribution arrive (scenario streams of their own, so the prefill data do not depend on N).
+The metrics are those of the whole S+N cache against the exact concatenation. See
+run_cell_chunk for how each kind of scheme compresses the N tokens.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import time
+
+import numpy as np
+import torch
+
+import scenarios
+import schemes
+from schemes.base import BitLedger, TrialBits, call_with_optional
+from schemes.rng import generator, seed_sequence
+from stats.metrics import exact_attention, exact_logits, trial_metrics
+
+from .devices import available_memory_bytes, resolve_device, resolve_dtype
+from .memory import peak_bytes, reset_peak
+from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS
+from .sweep import Cell, SweepConfig, implementation
+
+CHUNK_TRIALS_ENV = "KVHARNESS_CHUNK_TRIALS"
+DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
+
+
+def scheme_seed(root_seed: int, name: str, budget: int, dim: int) -> int:
+    return int(seed_sequence(root_seed, "scheme", name, budget, dim).generate_state(1)[0])
+
+def bytes_per_trial(config: SweepConfig, cell: Cell) -> int:
+    """A generous estimate of the working memory one trial needs (tensors and temporaries)."""
+    item = 8 if config.dtype == "float64" else 4
+    tokens = cell.seq_len + config.decode_tokens
+    cache = config.heads * tokens * cell.dim
+    attention = config.heads * cell.queries * tokens
+    calib = config.heads * cell.calib_tokens * cell.dim
+    return item * (12 * cache + 2 * calib + 2 * config.heads * cell.queries * cell.dim) + 8 * 8 * attention
+
+def trial_memory_bytes(config: SweepConfig, cell: Cell) -> int:
+    """What one trial of the cell needs at least: its working tensors (bytes_per_trial) and the
+    d × d float64 matrices of the scenario's population and of a codec's bases (4 per head)."""
+    return bytes_per_trial(config, cell) + 4 * 8 * config.heads * cell.dim ** 2
+
+def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, budget: int | None = None) -> int:
+    """Trials per chunk: as many as fit the memory budget; at most $KVHARNESS_CHUNK_TRIALS where
+    that is set (tests interrupt runs between small chunks; rows do not depend on chunking)."""
+    budget = budget or min(DEFAULT_MEMORY_BUDGET, available_memory_bytes(device) // 4)
+    size = max(1, min(config.trials, budget // bytes_per_trial(config, cell)))
+    forced = os.environ.get(CHUNK_TRIALS_ENV)
+    return min(size, max(1, int(forced))) if forced else size
+
+def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype,
+                prefill_queries: bool = False) -> dict[str, torch.Tensor]:
+    """The scenario's data for the given trials, stacked to (B, H, n, d) tensors on device:
+    k, v, q, k_cal, v_cal, positions (S,), trials (B,) (the trial indices, on the CPU); with config.decode_tokens = N > 0 also k_decode,
+    v_decode (B, H, N, d) and positions_decode (N,). decode_tokens is not part of the streams'
+    labels: the prefill data are the same whatever N is. With prefill_queries also q_prefill
+    (B, H, S, d) (and q_prefill_decode (B, H, N, d)), from streams of their own: drawing them
+    changes no other tensor."""
+    scenario = scenarios.create(cell.scenario, **config.scenario_params.get(cell.scenario, {}))
+    shape = scenarios.TrialShape(config.heads, cell.seq_len, cell.queries, cell.dim, cell.calib_tokens,
+                                 config.decode_tokens, prefill_queries)
+    draws = []
+    for t in trials:
+        def streams(*labels, _t=t):
+            return generator(config.rng, config.seed, "data", cell.scenario, cell.dim, cell.seq_len,
+                             cell.queries, config.heads, _t, *labels)
+        draws.append(scenario.draw(streams, shape))
+    tensors = ("k", "v", "q", "k_cal", "v_cal") + (("k_decode", "v_decode") if config.decode_tokens else ()) + \
+        tuple(name for name in ("q_prefill", "q_prefill_decode") if name in draws[0])
+    out = {name: torch.from_numpy(np.stack([d[name] for d in draws])).to(device=device, dtype=dtype)
+           for name in tensors}
+    out["positions"] = torch.from_numpy(draws[0]["positions"]).to(device)
+    out["trials"] = torch.tensor(list(trials), dtype=torch.int64)
+    if config.decode_tokens:
+        s = cell.seq_len
+        decode_positions = draws[0].get("positions_decode", np.arange(s, s + config.decode_tokens))
+        out["positions_decode"] = torch.from_numpy(decode_positions).to(device)
+    return out
+
+def _encode(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+            queries: torch.Tensor | None = None):
+    # Schemes that undo RoPE (Shard) take the tokens' positions; schemes that observe the prefill's
+    # attention (kvpress presses) take the cached tokens' own queries; the rest ignore them.
+    return call_with_optional(scheme.encode, k, v, positions=positions, queries=queries)
+
+def takes_prefill_queries(scheme: schemes.Scheme) -> bool:
+    """Whether the scheme's encode observes the cached tokens' own queries (`queries`)."""
+    return "queries" in inspect.signature(scheme.encode).parameters
+
+def _fit(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> None:
+    # Schemes that draw randomness per trial (TurboQuant's signs, SpectralQuant's sketches) take
+    # the trial indices, so a trial's draw does not depend on the chunk it is in; the rest ignore them.
+    call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
+
+def has_decode_path(scheme: schemes.Scheme) -> bool:
+    """Whether the scheme codes tokens generated after the prefill on their own (Shard)."""
+    return callable(getattr(scheme, "encode_decode_tokens", None)) and \
+        callable(getattr(scheme, "decode_decode_tokens", None))
+
+def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], TrialBits]:
+    """Fit, encode, decode and score one chunk; per-trial metrics and measured bits (per cache and
+    per model, schemes.base.TrialBits).
+
+    With decode tokens in data (k_decode, v_decode (B, H, N, d)) the evaluated cache is the S+N
+    tokens, against the exact concatenation K = [k, k_decode], V = [v, v_decode]:
+    - a scheme with a decode path (encode_decode_tokens / decode_decode_tokens: Shard) encodes
+      the prefill as usual and the N tokens with that path. Deployment codes them one at a time
+      as they arrive; Shard codes each token on its own, so passing all N at once gives the same
+      codes (its docstring; tests/test_shard.py checks it) and is what is done here, for speed.
+      Its logits are q·k̂ᵀ/√d over the concatenated decoded keys (Shard scores through decode);
+      bits/element = (prefill bits + decode-token bits) / (2·H·(S+N)·d), per cache and per model;
+    - every other scheme encodes the concatenated S+N cache with its ordinary encode. Most code
+      each token independently, so this is the same as coding the N tokens as they arrive;
+      calibrated and eviction schemes (sq-*, svd, h2o, streaming, kivi's residual window) see the
+      decode tokens as part of the cache they summarise, i.e. the most favourable case for them.
+    """
+    _fit(scheme, data)
+    exact = None
+    if "k_decode" not in data:
+        exact = data.get("exact")   # the chunk's exact attention, shared by the cells of the chunk (run_chunk)
+        enc = _encode(scheme, data["k"], data["v"], data["positions"], data.get("q_prefill"))
+        k_hat, v_hat = scheme.decode(enc)
+        k, v = data["k"], data["v"]
+        logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+        bits = BitLedger.per_trial(enc)
+        kept = scheme.kept(enc)
+    else:
+        k = torch.cat((data["k"], data["k_decode"]), dim=2)
+        v = torch.cat((data["v"], data["v_decode"]), dim=2)
+        if has_decode_path(scheme):
+            enc = _encode(scheme, data["k"], data["v"], data["positions"])
+            dec = scheme.encode_decode_tokens(data["k_decode"], data["v_decode"], enc,
+                                              positions=data["positions_decode"])
+            k_pre, v_pre = scheme.decode(enc)
+            k_new, v_new = scheme.decode_decode_tokens(dec, enc)
+            k_hat, v_hat = torch.cat((k_pre, k_new), dim=2), torch.cat((v_pre, v_new), dim=2)
+            logits_hat = exact_logits(data["q"], k_hat)
+            bits = BitLedger.per_trial(enc) + BitLedger.per_trial(dec)
+            kept = scheme.kept(enc)
+            if kept is not None:
+                raise NotImplementedError(f"{scheme.name}: an evicting codec with a decode-token path")
+        else:
+            queries = torch.cat((data["q_prefill"], data["q_prefill_decode"]), dim=2) \
+                if "q_prefill_decode" in data else None
+            enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])), queries)
+            k_hat, v_hat = scheme.decode(enc)
+            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+            bits = BitLedger.per_trial(enc)
+            kept = scheme.kept(enc)
+    metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept, exact=exact)
+    metrics.update({name: x for name, x in scheme.diagnostics().items() if name in DIAGNOSTIC_COLUMNS})
+    return {name: m.cpu().numpy() for name, m in metrics.items()}, bits
+
+def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
+    """The cell's scheme from the chosen implementation (torch, or the independent reference)."""
+    seed = scheme_seed(config.seed, cell.scheme, cell.budget, cell.dim)
+    return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.rng, seed=seed)
+
+def _storage_columns(config: SweepConfig, bits: TrialBits) -> dict[str, np.ndarray]:
+    """bits_per_element (per cache) and store.STORAGE_COLUMNS, (B,) each: storage_bits_per_element
+    charges the model constants amortised over config.model_caches caches (none when unset)."""
+    return {"bits_per_element": bits.bits_per_element.numpy(), "model_bits": bits.model_bits.numpy(),
+            "model_bits_per_element": bits.model_bits_per_element.numpy(),
+            "storage_bits_per_element": bits.storage_bits_per_element(config.model_caches).numpy()}
+
+def _rows(config: SweepConfig, cell: Cell, device: torch.device, trials: range,
+          metrics: dict[str, np.ndarray], bits: TrialBits):
+    storage = _storage_columns(config, bits)
+    for i, t in enumerate(trials):
+        row = dict(zip(CELL_COLUMNS, cell.key))
+        row.update(trial=t, seed=config.seed, impl=config.impl, device=device.type, dtype=config.dtype,
+                   rng=config.rng, heads=config.heads)
+        row.update({name: float(values[i]) for name, values in storage.items()})
+        row.update({name: float(values[i]) for name, values in metrics.items()})
+        yield row
+
+def chunk_plan(config: SweepConfig, group: list[Cell], size: int,
+               start: dict[Cell, int] | None = None) -> list[tuple[range, list[Cell]]]:
+    """The chunks of one data group, (trials, the cells that take them): ranges of at most `size`
+    trials from the group's earliest missing trial (start: a cell's first missing trial, 0 when
+    absent), cut also at each cell's own first missing trial, so that a cell takes a chunk whole
+    or not at all and no stored trial is computed again."""
+    start = start or {}
+    first = {cell: start.get(cell, 0) for cell in group}
+    cuts = sorted(set(first.values()) | {config.trials})
+    plan, a = [], min(first.values())
+    while a < config.trials:
+        b = min(a + size, next(c for c in cuts if c > a))
+        plan.append((range(a, b), [cell for cell in group if first[cell] <= a]))
+        a = b
+    return plan
+
+def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dtype, cell_schemes=None):
+    """One chunk of cells that share data: the trials drawn once, then each cell run on them;
+    yields (cell, rows, wall_s, peak_mem_mb) per cell (wall time and peak without the draw)."""
+    cell_schemes = cell_schemes if cell_schemes is not None else {c: create_scheme(config, c) for c in cells}
+    prefill_queries = any(takes_prefill_queries(cell_schemes[c]) for c in cells)
+    data = draw_trials(config, cells[0], trials, device, dtype, prefill_queries)
+    if len(cells) > 1 and not config.decode_tokens:
+        data["exact"] = exact_attention(data["q"], data["k"], data["v"])  # shared by the chunk's cells
+    for cell in cells:
+        t0 = time.perf_counter()
+        reset_peak(device)
+        metrics, bits = run_cell_chunk(cell_schemes[cell], data)
+        peak = peak_bytes(device) or 0
+        rows = list(_rows(config, cell, device, trials, metrics, bits))
+        yield cell, rows, time.perf_counter() - t0, peak / 2 ** 20
+
+def compute_cell(config: SweepConfig, cell: Cell, memory_budget: int | None = None):
+    """One cell on its own: (rows, wall_s, peak_mem_mb), by the serial runner's own chunk loop,
+    so its rows equal a serial run's."""
+    finished = []
+    run_serial(config, [cell], resolve_device(config.device), resolve_dtype(config.dtype), memory_budget,
+                lambda _cell, rows, wall, peak_mb: finished.append((rows, wall, peak_mb)))
+    return finished[0]
+
+def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell=None, *,
+                start: dict[Cell, int] | None = None, on_chunk=None) -> None:
+    """Cells that share data are run together on each chunk of drawn trials. Each cell's chunk is
+    handed to on_chunk(cell, trials, rows, wall_s, peak_mem_mb) as soon as it is done; with
+    on_cell, a cell's rows of this call, summed wall time and peak memory go to
+    on_cell(cell, rows, wall_s, peak_mem_mb) after its last chunk. start: each cell's first
+    missing trial (chunk_plan)."""
+    for _, group in itertools.groupby(todo, key=lambda c: c.data_key):
+        group = list(group)
+        size = chunk_size(config, group[0], device, memory_budget)
+        cell_schemes = {cell: create_scheme(config, cell) for cell in group}
+        rows = {cell: [] for cell in group}
+        wall = dict.fromkeys(group, 0.0)
+        peak = dict.fromkeys(group, 0.0)
+        for trials, cells in chunk_plan(config, group, size, start):
+            for cell, chunk_rows, chunk_wall, chunk_peak in run_chunk(config, cells, trials, device, dtype,
+                                                                      cell_schemes):
+                if on_chunk is not None:
+                    on_chunk(cell, trials, chunk_rows, chunk_wall, chunk_peak)
+                if on_cell is not None:
+                    rows[cell].extend(chunk_rows)
+                    wall[cell] += chunk_wall
+                    peak[cell] = max(peak[cell], chunk_peak)
+                    if trials.stop == config.trials:
+                        on_cell(cell, rows.pop(cell), wall[cell], peak[cell])
