@@ -1,6 +1,7 @@
 """Runs of `python -m harness` in a subprocess that wait at a chosen chunk commit until the test
 signals or kills them (harness.runner's KVHARNESS_TEST_HOLD hook): interruption tests that are
-deterministic, with no race against the run's speed."""
+deterministic, with no race against the run's speed; and Ctrl-C at a chosen chunk in process
+(interrupt_at_chunk)."""
 from __future__ import annotations
 
 import os
@@ -10,11 +11,25 @@ import sys
 import time
 from pathlib import Path
 
+from harness import cell as engine
 from harness.cell import CHUNK_TRIALS_ENV
 from harness.runner import HOLD_ENV
 from harness.store import RESULTS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def interrupt_at_chunk(mp, n: int) -> None:
+    """Through the monkeypatch mp, the n-th cell chunk computed from now on raises
+    KeyboardInterrupt (Ctrl-C) instead of running; the others run as usual."""
+    real, calls = engine.run_cell_chunk, {"n": 0}
+
+    def run_or_stop(scheme, data):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real(scheme, data)
+    mp.setattr(engine, "run_cell_chunk", run_or_stop)
 
 
 def harness_env(**extra) -> dict:

@@ -9,6 +9,7 @@ import pytest
 
 from harness.cli import main
 from harness.store import RESULTS_FILE, RunStore
+from interrupting import interrupt_at_chunk
 
 ARGS = ["--scenario", "gaussian", "--scheme", "tq-kv,plain-kv", "--budget", "2,3,4", "--dim", "16",
         "--seq-len", "32", "--queries", "4", "--trials", "20", "--quiet"]
@@ -140,15 +141,7 @@ def test_unfinished_cells_are_neither_reported_nor_exported(tmp_path, capsys, mo
     checked in tests/test_report.py)."""
     from harness import cell as engine, runner
     monkeypatch.setenv(engine.CHUNK_TRIALS_ENV, "7")      # chunks of trials 0-6, 7-13, 14-19
-    calls = {"n": 0}
-    real = engine.run_cell_chunk
-
-    def stop_at_the_fourteenth_chunk(scheme, data):
-        calls["n"] += 1
-        if calls["n"] == 14:
-            raise KeyboardInterrupt
-        return real(scheme, data)
-    monkeypatch.setattr(engine, "run_cell_chunk", stop_at_the_fourteenth_chunk)
+    interrupt_at_chunk(monkeypatch, 14)
     out = tmp_path / "run"
     assert main(["run", *ARGS, "--out", str(out)]) == 130
     store = RunStore(out)

@@ -22,6 +22,7 @@ from harness.cli import main
 from harness.store import TRIAL_COLUMNS, RunStore
 from reports.findings import analyse
 from reports.html import render_html
+from interrupting import interrupt_at_chunk
 
 RUN = ["--scenario", "gaussian", "--scheme", "tq-kv,plain-kv,tq-qkv", "--dim", "16,32", "--seq-len", "64",
        "--queries", "8", "--trials", "8", "--budget", "2,3", "--quiet"]
@@ -530,16 +531,9 @@ def unfinished_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("unfinished") / "run"
     args = ["run", "--scenario", "gaussian", "--scheme", "tq-kv,plain-kv", "--budget", "2,3", "--dim", "16",
             "--seq-len", "64", "--queries", "8", "--trials", "6", "--quiet", "--out", str(out)]
-    real, calls = engine.run_cell_chunk, {"n": 0}
-
-    def stop_at_the_eighth_chunk(scheme, data):
-        calls["n"] += 1
-        if calls["n"] == 8:
-            raise KeyboardInterrupt
-        return real(scheme, data)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(engine.CHUNK_TRIALS_ENV, "3")
-        mp.setattr(engine, "run_cell_chunk", stop_at_the_eighth_chunk)
+        interrupt_at_chunk(mp, 8)
         assert main(args) == 130
     assert len(RunStore(out).finished_cells()) == 3
     assert main(["report", str(out), "--permutations", "20"]) == 0

@@ -10,6 +10,7 @@ from harness.cli import main
 from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
 from harness.sweep import SweepConfig
 from stats.metrics import METRIC_NAMES
+from interrupting import interrupt_at_chunk
 
 SMALL = ["--budget", "2,3", "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "6", "--quiet"]
 
@@ -76,16 +77,8 @@ def test_rows_do_not_depend_on_chunking(tmp_path):
 
 def test_interrupted_run_keeps_finished_cells_and_resume_completes(tmp_path, monkeypatch):
     _, clean = run(tmp_path, "clean")
-    calls = {"n": 0}
     real = engine.run_cell_chunk
-
-    def flaky(scheme, data):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(scheme, data)
-
-    monkeypatch.setattr(engine, "run_cell_chunk", flaky)
+    interrupt_at_chunk(monkeypatch, 3)
     code, out = run(tmp_path, "resumed")
     assert code == 130
     assert len(RunStore(out).finished_cells()) == 2           # the two cells before the interrupt
