@@ -1,7 +1,7 @@
 """The survey's baselines: group quantisation, KIVI, H2O, StreamingLLM and low-rank SVD.
 
 Shapes: k, v (B, H, S, d); q (B, H, Nq, d); logits (B, H, Nq, S). Every stored float is fp16
-after a per-trial power-of-two shift (`to_half`): ordinary data (|x| in [2^-8, 2^14]) gets
+after a per-trial power-of-two shift (schemes/fp16.py): ordinary data (|x| in [2^-8, 2^14]) gets
 shift 0 and is stored as plain fp16, bit for bit; 1e30- or 1e-30-sized data is shifted
 exactly into range first (fp16 overflows at 65504). The int16 shift is stored and counted.
 
@@ -22,38 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from .base import Encoded, Scheme
+from .fp16 import half_shift, shift_down, shift_up
 from .packing import pack_bits, unpack_bits
 from .registry import register_variant
 from .threads import small_linalg
-
-FP16_HIGH, FP16_LOW = 2.0 ** 14, 2.0 ** -8  # peaks outside this range are shifted by a power of two
-
-
-# --- fp16 storage with a per-trial exponent ----------------------------------------------
-def half_shift(x: torch.Tensor, n_lead: int = 1) -> torch.Tensor:
-    """Per-leading-index power-of-two exponent e (int16, shape x.shape[:n_lead]) such that
-    x·2^−e has its peak below 1 when the peak lies outside [FP16_LOW, FP16_HIGH], else 0."""
-    flat = x.reshape(*x.shape[:n_lead], -1)
-    if flat.shape[-1] == 0:
-        return torch.zeros(x.shape[:n_lead], dtype=torch.int16, device=x.device)
-    peak = flat.abs().amax(-1)
-    _, exponent = torch.frexp(peak)           # peak = m·2^e, m in [0.5, 1)
-    outside = (peak > FP16_HIGH) | ((peak < FP16_LOW) & (peak > 0))
-    return torch.where(outside, exponent, torch.zeros_like(exponent)).to(torch.int16)
-
-
-def _expand(shift: torch.Tensor, ndim: int, dtype: torch.dtype) -> torch.Tensor:
-    return shift.to(dtype).reshape(*shift.shape, *([1] * (ndim - shift.ndim)))
-
-
-def shift_down(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """x·2^−shift (exact: a power of two), shift broadcast over x's trailing dims."""
-    return torch.ldexp(x, -_expand(shift, x.ndim, x.dtype))
-
-
-def shift_up(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    return torch.ldexp(x, _expand(shift, x.ndim, x.dtype))
-
 
 # --- asymmetric uniform group quantisation along the last dim ----------------------------
 def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:

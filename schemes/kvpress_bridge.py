@@ -50,7 +50,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .base import Encoded
-from .baselines import Eviction, half_shift, kept_tokens, shift_down
+from .baselines import Eviction, kept_tokens
+from .fp16 import half_shift, shift_down
 from .registry import SchemeSpec, register_namespace
 
 PREFIX = "kvpress"

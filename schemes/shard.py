@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .base import Encoded, Scheme
-from .baselines import half_shift, shift_down, shift_up
+from .fp16 import half_shift, shift_down, shift_up
 from .hadamard import check_power_of_two, fwht
 from .kmeans import INITS, assign, kmeans
 from .packing import pack_bits, unpack_bits

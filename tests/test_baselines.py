@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, strategies as st
 
 import schemes
-from schemes.baselines import half_shift, kept_tokens, shift_down, shift_up, svd_rank
+from schemes.baselines import kept_tokens, svd_rank
+from schemes.fp16 import half_shift, shift_down, shift_up
 
 
 def _gauss(shape, seed=0, dtype=torch.float32):
