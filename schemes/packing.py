@@ -7,10 +7,18 @@ separately so a row (one token's vector) stays addressable on its own. Widths th
 `width` bytes: byte j of a group is the OR of the (at most three) codes overlapping its bits,
 each shifted into place. Everything stays in uint8 (no int64 words), so every width costs
 about the same.
+
+Two formats of codes of varying width build on it: `pack_variable` (a width per trial, head and
+coordinate: SpectralQuant's water-filled codes, one bit stream per trial) and `pack_mixed` (a
+width in {0, 2, 4, 6, 8} per trial and component: Shard's coefficients, as 2-bit digits).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+MAX_BITS = 8   # the widest code
 
 
 def _check_width(width: int) -> None:
@@ -107,3 +115,119 @@ def unpack_codes(packed: torch.Tensor, width: int, n: int) -> torch.Tensor:
 def unpack_bits(packed: torch.Tensor, width: int, n: int) -> torch.Tensor:
     """Inverse of pack_bits: uint8 (..., bytes) -> int64 codes (..., n) (usable as indices)."""
     return unpack_codes(packed, width, n).to(torch.int64)
+
+
+# --- variable widths per (trial, head, coordinate): SpectralQuant's code stream ----------------
+_PLANES = torch.arange(MAX_BITS - 1, -1, -1)  # bit positions, most significant first
+
+
+@dataclass(frozen=True)
+class _StreamLayout:
+    """Where each code bit of a trial goes. Within one token of head h the valid bits (the
+    low w_k bits of each coordinate, MSB first) are `select[b, h, :T[b, h]]` of the d·8
+    bit positions; the trial's stream is head after head, token after token, so token s of
+    head h starts at offset[b, h] + s·T[b, h]. `dest` (B, H, S, T_max) is None when every
+    (trial, head) has the same T: the stream is then a plain reshape."""
+    select: torch.Tensor
+    per_token: torch.Tensor
+    length: int
+    dest: torch.Tensor | None
+
+
+def _layout(widths: torch.Tensor, n_tokens: int) -> _StreamLayout:
+    b, h, d = widths.shape
+    planes = _PLANES.to(widths.device)
+    valid = (planes < widths.unsqueeze(-1)).reshape(b, h, d * MAX_BITS)
+    per_token = widths.sum(-1)                                                       # (B, H)
+    t_max = int(per_token.max()) if per_token.numel() else 0
+    select = torch.sort((~valid).to(torch.uint8), dim=-1, stable=True).indices[..., :t_max]
+    lengths = per_token.sum(-1) * n_tokens
+    length = int(lengths.max()) if lengths.numel() else 0
+    if bool((per_token == t_max).all()):
+        return _StreamLayout(select, per_token, length, None)
+    offset = torch.cumsum(per_token * n_tokens, -1) - per_token * n_tokens           # (B, H)
+    s = torch.arange(n_tokens, device=widths.device).view(1, 1, -1, 1)
+    j = torch.arange(t_max, device=widths.device).view(1, 1, 1, -1)
+    dest = offset[..., None, None] + s * per_token[..., None, None] + j
+    dest = torch.where(j < per_token[..., None, None], dest, torch.full_like(dest, length))
+    return _StreamLayout(select, per_token, length, dest)
+
+
+def pack_variable(idx: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
+    """Codes idx (B, H, S, d) of per-(trial, head, coordinate) widths (B, H, d) -> uint8 (B, bytes)."""
+    b, h, s, d = idx.shape
+    layout = _layout(widths, s)
+    if layout.length == 0:
+        return torch.zeros(b, 0, dtype=torch.uint8, device=idx.device)
+    planes = _PLANES.to(device=idx.device, dtype=torch.uint8)
+    bits = ((idx.to(torch.uint8).unsqueeze(-1) >> planes) & 1).reshape(b, h, s, d * MAX_BITS)
+    token_bits = bits.gather(-1, layout.select.unsqueeze(2).expand(-1, -1, s, -1))   # (B, H, S, T_max)
+    if layout.dest is None:
+        stream = token_bits.reshape(b, -1)
+    else:
+        stream = torch.zeros(b, layout.length + 1, dtype=torch.uint8, device=idx.device)
+        stream.scatter_(-1, layout.dest.reshape(b, -1), token_bits.reshape(b, -1))
+        stream = stream[:, :layout.length]
+    return pack_bits(stream, 1)
+
+
+def unpack_variable(packed: torch.Tensor, widths: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """Inverse of pack_variable: int64 codes (B, H, S, d)."""
+    b, h, d = widths.shape
+    layout = _layout(widths, n_tokens)
+    if layout.length == 0:
+        return torch.zeros(b, h, n_tokens, d, dtype=torch.int64, device=widths.device)
+    stream = unpack_bits(packed, 1, layout.length).to(torch.uint8)
+    if layout.dest is None:
+        token_bits = stream.reshape(b, h, n_tokens, -1)
+    else:
+        stream = torch.cat((stream, torch.zeros_like(stream[:, :1])), -1)
+        token_bits = stream.gather(-1, layout.dest.reshape(b, -1)).reshape(layout.dest.shape)
+    bits = torch.zeros(b, h, n_tokens, d * MAX_BITS, dtype=torch.uint8, device=widths.device)
+    # Positions past T[b, h] in `select` are bits outside every code; token_bits holds 0 there.
+    bits.scatter_(-1, layout.select.unsqueeze(2).expand(-1, -1, n_tokens, -1), token_bits)
+    bits = bits.reshape(b, h, n_tokens, d, MAX_BITS)
+    idx = torch.zeros(b, h, n_tokens, d, dtype=torch.uint8, device=widths.device)
+    for position in range(MAX_BITS):
+        idx = idx | (bits[..., position] << (MAX_BITS - 1 - position))
+    return idx.to(torch.int64)
+
+
+# --- widths in {0, 2, 4, 6, 8} per (trial, component): Shard's coefficient stream of 2-bit digits ---
+def pack_mixed(codes: list[torch.Tensor], widths: list[list[int]]) -> torch.Tensor:
+    """Per trial b: codes[b] (n, r) unsigned, component j of widths[b][j] ∈ {0, 2, 4, 6, 8} bits.
+    Every width is a multiple of 2, so a trial's row is the concatenation of its codes' 2-bit
+    digits (most significant first); rows are padded to the batch's longest, packed 4 digits a
+    byte: uint8 (B, n, ceil(max_digits/4))."""
+    rows = []
+    for c, w in zip(codes, widths):
+        digits = []
+        for j, width in enumerate(w):
+            for shift in range(width - 2, -1, -2):
+                digits.append((c[:, j] >> shift) & 3)
+        rows.append(torch.stack(digits, -1) if digits else c.new_zeros(c.shape[0], 0))
+    longest = max(r.shape[-1] for r in rows)
+    rows = [torch.nn.functional.pad(r, (0, longest - r.shape[-1])) for r in rows]
+    return pack_bits(torch.stack(rows), 2)
+
+
+def mixed_exact_bits(widths: list[list[int]], n_rows: int, device) -> torch.Tensor:
+    """Bits each trial's own rows occupy in pack_mixed's format (whole bytes per row), (B,):
+    the ledger's per-trial count, free of the batch's padding."""
+    return torch.tensor([n_rows * ((sum(w) // 2 + 3) // 4) * 8 for w in widths], device=device)
+
+
+def unpack_mixed(packed: torch.Tensor, widths: list[list[int]]) -> list[torch.Tensor]:
+    """Inverse of pack_mixed: per trial codes (n, r) int64 (0 where the width is 0)."""
+    out = []
+    longest = max(sum(w) // 2 for w in widths)
+    digits = unpack_bits(packed, 2, longest) if longest else None
+    for b, w in enumerate(widths):
+        codes = torch.zeros(packed.shape[1], len(w), dtype=torch.int64, device=packed.device)
+        pos = 0
+        for j, width in enumerate(w):
+            for _ in range(width // 2):
+                codes[:, j] = (codes[:, j] << 2) | digits[b, :, pos]
+                pos += 1
+        out.append(codes)
+    return out

@@ -39,7 +39,7 @@ from .base import Encoded, Scheme
 from .fp16 import half_shift, shift_down, shift_up
 from .hadamard import check_power_of_two, fwht
 from .kmeans import INITS, assign, kmeans
-from .packing import pack_bits, unpack_bits
+from .packing import mixed_exact_bits, pack_bits, pack_mixed, unpack_bits, unpack_mixed
 from .registry import register_variant
 from .rng import generator
 from . import rope
@@ -92,45 +92,6 @@ def brute_force_allocation(variances, sizes, budget_bits, *, drop_penalty=4.0, c
 # --- mixed-width coefficient codes as a stream of 2-bit digits ----------------------------
 def _widths(alloc: tuple[int, ...], sizes: list[int]) -> list[int]:
     return [b for b, size in zip(alloc, sizes) for _ in range(size)]
-
-
-def pack_mixed(codes: list[torch.Tensor], widths: list[list[int]]) -> torch.Tensor:
-    """Per trial b: codes[b] (n, r) unsigned, component j of widths[b][j] ∈ {0, 2, 4, 6, 8} bits.
-    Every width is a multiple of 2, so a trial's row is the concatenation of its codes' 2-bit
-    digits (most significant first); rows are padded to the batch's longest, packed 4 digits a
-    byte: uint8 (B, n, ceil(max_digits/4))."""
-    rows = []
-    for c, w in zip(codes, widths):
-        digits = []
-        for j, width in enumerate(w):
-            for shift in range(width - 2, -1, -2):
-                digits.append((c[:, j] >> shift) & 3)
-        rows.append(torch.stack(digits, -1) if digits else c.new_zeros(c.shape[0], 0))
-    longest = max(r.shape[-1] for r in rows)
-    rows = [torch.nn.functional.pad(r, (0, longest - r.shape[-1])) for r in rows]
-    return pack_bits(torch.stack(rows), 2)
-
-
-def mixed_exact_bits(widths: list[list[int]], n_rows: int, device) -> torch.Tensor:
-    """Bits each trial's own rows occupy in pack_mixed's format (whole bytes per row), (B,):
-    the ledger's per-trial count, free of the batch's padding."""
-    return torch.tensor([n_rows * ((sum(w) // 2 + 3) // 4) * 8 for w in widths], device=device)
-
-
-def unpack_mixed(packed: torch.Tensor, widths: list[list[int]]) -> list[torch.Tensor]:
-    """Inverse of pack_mixed: per trial codes (n, r) int64 (0 where the width is 0)."""
-    out = []
-    longest = max(sum(w) // 2 for w in widths)
-    digits = unpack_bits(packed, 2, longest) if longest else None
-    for b, w in enumerate(widths):
-        codes = torch.zeros(packed.shape[1], len(w), dtype=torch.int64, device=packed.device)
-        pos = 0
-        for j, width in enumerate(w):
-            for _ in range(width // 2):
-                codes[:, j] = (codes[:, j] << 2) | digits[b, :, pos]
-                pos += 1
-        out.append(codes)
-    return out
 
 
 def _levels(width: int) -> int:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -64,7 +63,8 @@ from . import qjl
 from .base import Encoded, Scheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
-from .packing import pack_bits, unpack_bits
+from .memo import IdentityMemo
+from .packing import pack_bits, pack_variable, unpack_bits, unpack_variable
 from .registry import register_variant
 from .rng import generator, seed_sequence
 from .threads import small_linalg
@@ -136,51 +136,9 @@ def _semantic_mask(d_eff: torch.Tensor, d: int) -> torch.Tensor:
     return torch.arange(d, device=d_eff.device) < d_eff.unsqueeze(-1)
 
 
-class _IdentityMemo:
-    """The last few results of a pure function of tensors, keyed by the tensors themselves.
-
-    A hit needs the very same tensor objects, alive (weak references) and unmodified (their
-    version counters), and the same tag, so a freed tensor whose memory is reused can never be
-    mistaken for one seen before; an entry is dropped as soon as one of its tensors is freed,
-    so the memo never keeps a result alive longer than its inputs. Inference-mode tensors have
-    no version counter and are never remembered. Used for what every sq/squ cell sharing a
-    chunk of trials would otherwise recompute: the calibration of k_cal / v_cal (eigen-analysis,
-    basis, σ: functions of the data and the RNG family of the start block), the decoder's
-    orthonormalised basis (a function of the stored codes), and the sketch matrices of a cache
-    (functions of its stored seeds), which its encode, decode and score would each redraw."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.entries: dict[int, tuple[tuple, tuple, object, object]] = {}
-        self._next = 0
-
-    @staticmethod
-    def _trackable(tensors) -> bool:
-        return not any(t.is_inference() for t in tensors)
-
-    def get(self, tensors: tuple[torch.Tensor, ...], tag: object = None):
-        if not self._trackable(tensors):
-            return None
-        for refs, versions, stored_tag, value in self.entries.values():
-            if stored_tag == tag and all(r() is t for r, t in zip(refs, tensors)) and \
-                    versions == tuple(t._version for t in tensors):
-                return value
-        return None
-
-    def put(self, tensors: tuple[torch.Tensor, ...], value, tag: object = None):
-        if not self._trackable(tensors):
-            return value
-        key, self._next = self._next, self._next + 1
-        while len(self.entries) >= self.size:
-            del self.entries[min(self.entries)]                        # the oldest
-        refs = tuple(weakref.ref(t, lambda _, k=key: self.entries.pop(k, None)) for t in tensors)
-        self.entries[key] = (refs, tuple(t._version for t in tensors), tag, value)
-        return value
-
-
-_CALIBRATIONS = _IdentityMemo(4)   # K and V of the current chunk, with room
-_BASES = _IdentityMemo(4)
-_SKETCHES = _IdentityMemo(4)
+_CALIBRATIONS = IdentityMemo(4)   # K and V of the current chunk, with room
+_BASES = IdentityMemo(4)
+_SKETCHES = IdentityMemo(4)
 
 
 _SHIFT = 64.0   # > 2·_CLAMP + the largest |threshold| (3.9 at 8 bits): keeps the widths' blocks apart
@@ -207,81 +165,6 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
     # NaN sorts past every block: give it the top index of its own width, as a per-width search would
     idx = torch.minimum(idx, (1 << widths) - 1)
     return torch.where(widths > 0, idx, torch.zeros_like(idx))
-
-
-_PLANES = torch.arange(MAX_BITS - 1, -1, -1)  # bit positions, most significant first
-
-
-@dataclass(frozen=True)
-class _StreamLayout:
-    """Where each code bit of a trial goes. Within one token of head h the valid bits (the
-    low w_k bits of each coordinate, MSB first) are `select[b, h, :T[b, h]]` of the d·8
-    bit positions; the trial's stream is head after head, token after token, so token s of
-    head h starts at offset[b, h] + s·T[b, h]. `dest` (B, H, S, T_max) is None when every
-    (trial, head) has the same T: the stream is then a plain reshape."""
-    select: torch.Tensor
-    per_token: torch.Tensor
-    length: int
-    dest: torch.Tensor | None
-
-
-def _layout(widths: torch.Tensor, n_tokens: int) -> _StreamLayout:
-    b, h, d = widths.shape
-    planes = _PLANES.to(widths.device)
-    valid = (planes < widths.unsqueeze(-1)).reshape(b, h, d * MAX_BITS)
-    per_token = widths.sum(-1)                                                       # (B, H)
-    t_max = int(per_token.max()) if per_token.numel() else 0
-    select = torch.sort((~valid).to(torch.uint8), dim=-1, stable=True).indices[..., :t_max]
-    lengths = per_token.sum(-1) * n_tokens
-    length = int(lengths.max()) if lengths.numel() else 0
-    if bool((per_token == t_max).all()):
-        return _StreamLayout(select, per_token, length, None)
-    offset = torch.cumsum(per_token * n_tokens, -1) - per_token * n_tokens           # (B, H)
-    s = torch.arange(n_tokens, device=widths.device).view(1, 1, -1, 1)
-    j = torch.arange(t_max, device=widths.device).view(1, 1, 1, -1)
-    dest = offset[..., None, None] + s * per_token[..., None, None] + j
-    dest = torch.where(j < per_token[..., None, None], dest, torch.full_like(dest, length))
-    return _StreamLayout(select, per_token, length, dest)
-
-
-def pack_variable(idx: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
-    """Codes idx (B, H, S, d) of per-(trial, head, coordinate) widths (B, H, d) -> uint8 (B, bytes)."""
-    b, h, s, d = idx.shape
-    layout = _layout(widths, s)
-    if layout.length == 0:
-        return torch.zeros(b, 0, dtype=torch.uint8, device=idx.device)
-    planes = _PLANES.to(device=idx.device, dtype=torch.uint8)
-    bits = ((idx.to(torch.uint8).unsqueeze(-1) >> planes) & 1).reshape(b, h, s, d * MAX_BITS)
-    token_bits = bits.gather(-1, layout.select.unsqueeze(2).expand(-1, -1, s, -1))   # (B, H, S, T_max)
-    if layout.dest is None:
-        stream = token_bits.reshape(b, -1)
-    else:
-        stream = torch.zeros(b, layout.length + 1, dtype=torch.uint8, device=idx.device)
-        stream.scatter_(-1, layout.dest.reshape(b, -1), token_bits.reshape(b, -1))
-        stream = stream[:, :layout.length]
-    return pack_bits(stream, 1)
-
-
-def unpack_variable(packed: torch.Tensor, widths: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """Inverse of pack_variable: int64 codes (B, H, S, d)."""
-    b, h, d = widths.shape
-    layout = _layout(widths, n_tokens)
-    if layout.length == 0:
-        return torch.zeros(b, h, n_tokens, d, dtype=torch.int64, device=widths.device)
-    stream = unpack_bits(packed, 1, layout.length).to(torch.uint8)
-    if layout.dest is None:
-        token_bits = stream.reshape(b, h, n_tokens, -1)
-    else:
-        stream = torch.cat((stream, torch.zeros_like(stream[:, :1])), -1)
-        token_bits = stream.gather(-1, layout.dest.reshape(b, -1)).reshape(layout.dest.shape)
-    bits = torch.zeros(b, h, n_tokens, d * MAX_BITS, dtype=torch.uint8, device=widths.device)
-    # Positions past T[b, h] in `select` are bits outside every code; token_bits holds 0 there.
-    bits.scatter_(-1, layout.select.unsqueeze(2).expand(-1, -1, n_tokens, -1), token_bits)
-    bits = bits.reshape(b, h, n_tokens, d, MAX_BITS)
-    idx = torch.zeros(b, h, n_tokens, d, dtype=torch.uint8, device=widths.device)
-    for position in range(MAX_BITS):
-        idx = idx | (bits[..., position] << (MAX_BITS - 1 - position))
-    return idx.to(torch.int64)
 
 
 @dataclass

@@ -13,8 +13,9 @@ from scenarios.rope_lowrank import components_for_energy, singular_value_decay
 from schemes.kmeans import assign, kmeans
 from schemes.rng import generator
 from schemes.rope import apply_rope, undo_rope
+from schemes.packing import pack_mixed, unpack_mixed
 from schemes.shard import (BIT_CHOICES, _quantize_symmetric, allocate_bits, brute_force_allocation,
-                           coefficient_scales, group_error, pack_mixed, randomized_svd, unpack_mixed)
+                           coefficient_scales, group_error, randomized_svd)
 
 
 def _gauss(shape, seed=0, dtype=torch.float64):

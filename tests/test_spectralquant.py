@@ -20,7 +20,8 @@ from schemes.eigen import covariance, effective_dimension, eigh_descending, part
     top_eigenvectors
 from schemes.base import BitLedger
 from schemes.rng import generator
-from schemes.spectralquant import BASIS_BITS, N_PROJECTIONS, pack_variable, unpack_variable
+from schemes.packing import pack_variable, unpack_variable
+from schemes.spectralquant import BASIS_BITS, N_PROJECTIONS
 from schemes.waterfill import distortion, waterfill
 
 SQ_NAMES = [f"{p}-{k}k{v}v" for p in ("sq", "squ") for k in ("", "q") for v in ("", "q")]
