@@ -58,7 +58,7 @@ def test_group_packing_matches_the_bit_string(width, n, seed):
 
 def test_quantize_pack_returns_both():
     cb = beta_codebook(64, 3)
-    y = torch.randn(4, 64) / 8
+    y = torch.randn(4, 64, generator=torch.Generator().manual_seed(3)) / 8
     packed, codes = quantize_pack(y, cb.thresholds, 3)
     assert torch.equal(packed, pack_bits(torch.bucketize(y, torch.tensor(cb.thresholds, dtype=torch.float32)), 3))
     assert torch.equal(codes.to(torch.int64), torch.bucketize(y, torch.tensor(cb.thresholds, dtype=torch.float32)))

@@ -203,7 +203,7 @@ def test_degenerate_calibration_falls_back_to_identity():
 
 
 def test_encode_before_fit_or_on_other_trials_is_an_error():
-    k = torch.randn(2, 1, 5, 8)
+    k = torch.randn(2, 1, 5, 8, generator=torch.Generator().manual_seed(5))
     with pytest.raises(ValueError, match="fit"):
         schemes.create("sq-kv", budget=2, dim=8).encode(k, k)
     scheme = schemes.create("sq-kv", budget=2, dim=8).fit(k, k)
