@@ -111,6 +111,7 @@ def test_bad_calibration_size_is_one_line_exit_2(tmp_path, capsys, value, messag
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_report_separates_calibration_sizes(run_dir, capsys):
     import matplotlib.pyplot as plt
 

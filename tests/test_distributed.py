@@ -46,6 +46,7 @@ def test_workers_flag_errors(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_unreachable_scheduler_is_one_line_exit_1_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "never"
     assert main(ARGS + ["--out", str(out), "--scheduler", "tcp://127.0.0.1:9"]) == 1

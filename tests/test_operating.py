@@ -16,6 +16,8 @@ from scipy import stats
 from stats.operating import markdown, operating_characteristics
 from stats.validation import VERDICTS
 
+pytestmark = pytest.mark.slow   # a simulation of the verdict rule (15 s)
+
 REPETITIONS = 100
 TARGET_CELLS = [(0.0, 0.0), (1.0, 0.0), (2.0, 0.0), (3.0, 0.0), (1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]
 

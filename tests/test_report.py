@@ -378,6 +378,7 @@ def test_run_without_calibrated_scheme_states_why_d_eff_is_absent(html):
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
                     ".ci/run installs it with apt-get install chromium")
+@pytest.mark.slow
 def test_report_screenshot_flag_writes_a_non_blank_png(run_dir):
     shot = run_dir / "report.png"
     shot.unlink(missing_ok=True)
@@ -430,6 +431,7 @@ def _synthetic_findings(names):
     return analyse(pd.DataFrame(rows), n_permutations=20)
 
 
+@pytest.mark.slow
 def test_figures_facet_by_family_with_fixed_colours():
     """Every panel of every figure draws at most 8 codecs, and a codec has one colour and marker
     in every figure: the fixed style of reports.styles, whichever other codecs the run has."""
@@ -485,6 +487,7 @@ def test_styles_are_fixed_and_distinct_within_a_family():
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
                     ".ci/run installs it with apt-get install chromium")
+@pytest.mark.slow
 def test_a_reproduction_shows_its_claims_table_first(run_dir, tmp_path):
     """A run with a claims table (harness reproduce) opens with it: the table is the first thing
     after the title, its top inside the 1400 × 900 first screen, every claim a row with its verdict;
