@@ -35,6 +35,7 @@ class Namespace:
 
 _BUILTIN: dict[str, SchemeSpec] = {}
 _plugins: dict[str, SchemeSpec] | None = None
+_broken_plugins: dict[str, str] = {}   # entry points that could not be loaded, with the reason
 _NAMESPACES: dict[str, Namespace] = {}
 _loaded: dict[str, tuple[dict[str, SchemeSpec], dict[str, str]]] = {}
 
@@ -75,13 +76,26 @@ def _load_namespace(prefix: str) -> tuple[dict[str, SchemeSpec], dict[str, str]]
 
 
 def _load_plugins() -> dict[str, SchemeSpec]:
+    """The entry points of ENTRY_POINT_GROUP that load to a Scheme subclass or a callable factory;
+    one that fails to import or loads to anything else is left out and listed by unavailable()
+    with the reason, so a broken third-party package costs only its own name."""
     global _plugins
     if _plugins is None:
         _plugins = {}
+        _broken_plugins.clear()
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             if ep.name in _BUILTIN:
                 continue  # a plug-in never shadows a built-in
-            factory = ep.load()
+            where = getattr(ep, "value", ep.name)
+            try:
+                factory = ep.load()
+            except Exception as exc:  # noqa: BLE001 - any failure of a third-party import
+                _broken_plugins[ep.name] = f"plug-in {where} failed to load: {type(exc).__name__}: {exc}"
+                continue
+            if isinstance(factory, type) and not issubclass(factory, Scheme) or not callable(factory):
+                _broken_plugins[ep.name] = (f"plug-in {where} is {type(factory).__name__} {factory!r}, not a "
+                                            f"Scheme subclass or a factory returning a Scheme")
+                continue
             doc = (getattr(factory, "__doc__", None) or "third-party scheme").strip().splitlines()[0]
             _plugins[ep.name] = SchemeSpec(ep.name, factory, doc)
     return _plugins
@@ -99,7 +113,8 @@ def specs() -> dict[str, SchemeSpec]:
 def unavailable() -> dict[str, str]:
     """Names that are known but cannot run here, each with a one-line reason: a namespace whose
     package is not installed (as `prefix:*`) and the members a namespace cannot run."""
-    out = {}
+    _load_plugins()
+    out = dict(_broken_plugins)
     for prefix in _NAMESPACES:
         out.update(_load_namespace(prefix)[1])
     return out
@@ -122,10 +137,12 @@ def is_registered(name: str) -> bool:
 
 
 def unavailable_reason(name: str) -> str | None:
-    """Why a known name cannot run here (its namespace's package missing, or the member itself),
+    """Why a known name cannot run here (its namespace's package missing, the member itself, or a
+    plug-in that failed to load),
     None for a runnable or an unknown name."""
     if ":" not in name or name.split(":", 1)[0] not in _NAMESPACES:
-        return None
+        _load_plugins()
+        return _broken_plugins.get(name)
     prefix = name.split(":", 1)[0]
     reasons = _load_namespace(prefix)[1]
     return reasons.get(name) or reasons.get(f"{prefix}:*")
@@ -160,5 +177,8 @@ def create(name: str, *, budget: int, dim: int, seed: int = 0, **options) -> Sch
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"head dimension {dim!r} must be a positive integer")
     scheme = found.factory(budget=budget, dim=dim, seed=seed, **options)
+    if not isinstance(scheme, Scheme):
+        raise ValueError(f"scheme {name!r}: its factory returned {type(scheme).__name__}, not a Scheme "
+                         f"(schemes.base.Scheme)")
     scheme.validate()
     return scheme

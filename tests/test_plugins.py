@@ -109,3 +109,53 @@ def test_missing_namespace_is_listed_with_its_reason(missing_namespace, capsys):
 def test_builtins_resolve_without_loading_namespaces(missing_namespace):
     assert schemes.create("tq-kv", budget=2, dim=16).name == "tq-kv"
     assert "fakepress" not in registry._loaded
+
+
+class _BrokenEntryPoint:
+    group = registry.ENTRY_POINT_GROUP
+
+    def __init__(self, name, value, loaded):
+        self.name, self.value, self._loaded = name, value, loaded
+
+    def load(self):
+        if isinstance(self._loaded, Exception):
+            raise self._loaded
+        return self._loaded
+
+
+def test_a_broken_plugin_costs_only_its_own_name(monkeypatch, capsys):
+    """A plug-in that fails to import, or loads to something that is not a Scheme class or a
+    factory, is listed by unavailable() with the reason; the other plug-ins and every command run."""
+    from harness.cli import main
+    points = [FakeEntryPoint(),
+              _BrokenEntryPoint("broken-import", "brokenpkg.codec:Codec", ModuleNotFoundError("No module named 'numpyy'")),
+              _BrokenEntryPoint("not-a-scheme", "otherpkg:CONFIG", {"bits": 3}),
+              _BrokenEntryPoint("wrong-class", "otherpkg:Thing", ValueError)]
+    monkeypatch.setattr(registry.metadata, "entry_points",
+                        lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_plugins", None)
+    try:
+        assert "round-kv" in schemes.available()
+        assert not {"broken-import", "not-a-scheme", "wrong-class"} & set(schemes.available())
+        reasons = schemes.unavailable()
+        assert reasons["broken-import"] == ("plug-in brokenpkg.codec:Codec failed to load: "
+                                            "ModuleNotFoundError: No module named 'numpyy'")
+        assert "is dict" in reasons["not-a-scheme"] and "not a Scheme subclass" in reasons["not-a-scheme"]
+        assert "not a Scheme subclass" in reasons["wrong-class"]
+        with pytest.raises(ValueError, match="'broken-import' cannot run here: plug-in brokenpkg.codec:Codec failed"):
+            schemes.create("broken-import", budget=2, dim=16)
+        assert main(["list"]) == 0 and "round-kv" in capsys.readouterr().out
+    finally:
+        registry._plugins = None
+
+
+def test_a_factory_that_returns_no_scheme_is_refused(monkeypatch):
+    points = [_BrokenEntryPoint("lazy", "pkg:make", lambda **kw: {"budget": kw["budget"]})]
+    monkeypatch.setattr(registry.metadata, "entry_points",
+                        lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_plugins", None)
+    try:
+        with pytest.raises(ValueError, match="'lazy': its factory returned dict, not a Scheme"):
+            schemes.create("lazy", budget=2, dim=16)
+    finally:
+        registry._plugins = None
