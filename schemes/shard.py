@@ -13,7 +13,9 @@ segment and a 64-token fp16 recent window (write-up §7). The middle is compress
   [−(2^(b−1)−1), 2^(b−1)−1] ([−7, 7] at 4 bits) with per-component fp16 steps chosen by
   MSE-optimal clipping (coefficient_scales);
 - V (§6): normalised Walsh–Hadamard rotation per head, per-channel max-abs normalisation,
-  k-means VQ of 4-channel groups with 256 centroids (8-bit indices: 2 bits per element).
+  k-means VQ of 4-channel groups with 256 centroids (8-bit indices: 2 bits per element). The
+  VQ depends on the cache alone (k-means draws from the RNG family's own stream, not the scheme
+  seed), so every budget and both variants code V alike and share one k-means per chunk.
 The cache scores through decode (q·k̂ᵀ/√d): the keys carry RoPE again, so a query cannot be
 projected onto the coefficients once for all positions.
 
@@ -39,6 +41,7 @@ from .base import Encoded, Scheme
 from .fp16 import half_shift, shift_down, shift_up
 from .hadamard import check_power_of_two, fwht
 from .kmeans import INITS, assign, kmeans
+from .memo import IdentityMemo
 from .packing import mixed_exact_bits, pack_bits, pack_mixed, unpack_bits, unpack_mixed
 from .registry import register_variant
 from .rng import generator
@@ -48,6 +51,7 @@ from .threads import small_linalg
 from .turboquant import TurboQuant
 
 BIT_CHOICES = (0, 2, 4, 6, 8)
+_VQ_CODES = IdentityMemo(2)   # V's VQ codes of the current chunk (Shard._encode_v)
 
 
 # --- DP bit allocation -------------------------------------------------------------------
@@ -322,18 +326,30 @@ class Shard(Scheme):
     def _index_width(self) -> int:
         return max(1, (self.vq_centroids - 1).bit_length())
 
-    def _encode_v(self, v_mid: torch.Tensor, enc: Encoded) -> None:
-        b, h, n, d = v_mid.shape
-        v_rot = fwht(v_mid)
-        shift = _peak_shift(v_rot)
-        ch_max = shift_down(v_rot, shift).abs().amax(2).half()              # (B, H, d), per channel
-        points = self._vq_points(v_rot, shift, ch_max)
-        fit = kmeans(points, self.vq_centroids, gen=generator(self.rng, self.seed, "shard", "vq"),
-                     n_iter=self.kmeans_iter, init=self.kmeans_init, max_fit_points=self.kmeans_fit_points)
-        centroids = fit.centroids.half()
-        index, _ = assign(points, centroids.to(torch.float32))
-        enc.codes.update({"v.shift": shift, "v.channel_max": ch_max, "v.centroids": centroids,
-                          "v.index": pack_bits(index.reshape(b, h, n, d // self.vq_group), self._index_width())})
+    def _encode_v(self, v: torch.Tensor, mid: slice, enc: Encoded) -> None:
+        """The VQ codes of V's middle segment v[:, :, mid]. They depend on the cache and the VQ
+        options alone, not on the budget or the scheme seed (k-means draws from a stream of the RNG
+        family only), so that the budgets and both variants of a sweep code V identically (common
+        random numbers: a budget comparison is one of K's coding) and share one k-means per chunk
+        of trials (_VQ_CODES, keyed on the very tensor v)."""
+        tag = (self.rng, mid.start, mid.stop, self.vq_group, self.vq_centroids, self.kmeans_iter,
+               self.kmeans_init, self.kmeans_fit_points)
+        codes = _VQ_CODES.get((v,), tag)
+        if codes is None:
+            v_mid = v[:, :, mid]
+            b, h, n, d = v_mid.shape
+            v_rot = fwht(v_mid)
+            shift = _peak_shift(v_rot)
+            ch_max = shift_down(v_rot, shift).abs().amax(2).half()              # (B, H, d), per channel
+            points = self._vq_points(v_rot, shift, ch_max)
+            fit = kmeans(points, self.vq_centroids, gen=generator(self.rng, 0, "shard", "vq"),
+                         n_iter=self.kmeans_iter, init=self.kmeans_init, max_fit_points=self.kmeans_fit_points)
+            centroids = fit.centroids.half()
+            index, _ = assign(points, centroids.to(torch.float32))
+            codes = _VQ_CODES.put((v,), {"v.shift": shift, "v.channel_max": ch_max, "v.centroids": centroids,
+                                         "v.index": pack_bits(index.reshape(b, h, n, d // self.vq_group),
+                                                              self._index_width())}, tag)
+        enc.codes.update(codes)
 
     def _v_from_index(self, enc: Encoded, packed: torch.Tensor, dtype) -> torch.Tensor:
         b, h, n, groups = packed.shape[0], packed.shape[1], packed.shape[2], self.dim // self.vq_group
@@ -359,7 +375,7 @@ class Shard(Scheme):
                 enc.codes[f"{prefix}.{part}_shift"] = shift
         if seg.n_middle:
             self._encode_k(k[:, :, mid], pos[mid], enc)
-            self._encode_v(v[:, :, mid], enc)
+            self._encode_v(v, mid, enc)
         return enc
 
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:

@@ -193,6 +193,25 @@ def test_shard_middle_is_trial_order_invariant_and_seeded():
     assert all(torch.equal(enc_a.codes[key], enc_b.codes[key]) for key in enc_a.codes)
 
 
+def test_shard_codes_v_alike_at_every_budget_and_seed_with_one_kmeans_per_cache(monkeypatch):
+    """V's VQ is a function of the cache alone: every budget, scheme seed and both variants store
+    the same V codes (common random numbers across the cells of a sweep), computed by one k-means
+    for the very tensor v; an equal copy of v is coded anew, to the same codes."""
+    import schemes.shard as shard_module
+    k, v = _gauss((2, 2, 150, 16), 0, torch.float32), _gauss((2, 2, 150, 16), 1, torch.float32)
+    calls = []
+    real = shard_module.kmeans
+    monkeypatch.setattr(shard_module, "kmeans", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    encs = [schemes.create(name, budget=b, dim=16, seed=seed).encode(k, v)
+            for name in ("shard", "shard-pca-decode") for b in (2, 4) for seed in (0, 7)]
+    v_keys = [key for key in encs[0].codes if key.startswith("v.") and key not in ("v.sinks", "v.window")]
+    assert len(calls) == 1 and {"v.index", "v.centroids"} <= set(v_keys)
+    assert all(torch.equal(e.codes[key], encs[0].codes[key]) for e in encs[1:] for key in v_keys)
+    assert not torch.equal(encs[0].codes["k.coeff_scale"], encs[2].codes["k.coeff_scale"])   # K differs by budget
+    again = schemes.create("shard", budget=3, dim=16).encode(k, v.clone())
+    assert len(calls) == 2 and all(torch.equal(again.codes[key], encs[0].codes[key]) for key in v_keys)
+
+
 def _shard_ledger_prediction(h, s, d, r, budget, n_sinks=4, window=64):
     """Bits per trial from the write-up's storage formula (§5: rank·b coefficient bits a token,
     fp16 scales, int8 basis; §6: 8-bit VQ indices per 4 channels, fp16 centroids and channel
