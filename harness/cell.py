@@ -8,8 +8,11 @@ and budget, and by every calibration size (the calibration sample has labels of 
 cells that differ only in calib_tokens see the same K, V and Q); a scheme's own randomness
 comes from (seed, "scheme", name, budget, dim), and, for a scheme whose fit takes them, from
 the trial indices (TurboQuant's per-trial rotation signs and sketches, SpectralQuant's
-per-trial sketches, Shard's decode-token codec). So a row depends only on (configuration,
-seed), never on chunking, order or resumption.
+per-trial sketches, Shard's decode-token codec). Two draws are deliberately common to every
+scheme seed and budget, as functions of the data and the RNG family only, so that the cells
+coding the same data share them: SpectralQuant's power-iteration start block and Shard's
+k-means of V. So a row depends only on (configuration, seed), never on chunking, order or
+resumption.
 
 Decode phase (--decode-tokens N > 0): after the S prefill tokens, N tokens of a drifted
 distribution arrive (scenario streams of their own, so the prefill data do not depend on N).
