@@ -222,6 +222,31 @@ def test_variable_width_packing_roundtrips(b, h, s, d, seed):
     assert torch.equal(unpack_variable(packed, widths, s), idx)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_variable_width_stream_is_laid_out_as_documented(seed):
+    """pack_variable against a bit-by-bit packer written from its documented layout: per trial,
+    head after head, token after token, coordinate after coordinate, the low w bits of each code
+    most significant first; the stream packed 8 bits a byte, MSB first, trials padded to the
+    longest. Uniform and per-(trial, head) varying widths."""
+    gen = torch.Generator().manual_seed(seed)
+    b, h, s, d = 3, 2, 5, 6
+    widths = torch.randint(0, 9, (b, h, d), generator=gen)
+    if seed == 0:
+        widths = widths[:1, :1].expand(b, h, d).contiguous()          # the same widths everywhere
+    idx = (torch.rand(b, h, s, d, generator=gen) * (2.0 ** widths.unsqueeze(2))).to(torch.int64)
+    streams = []
+    for i in range(b):
+        bits = [(int(idx[i, j, t, c]) >> p) & 1 for j in range(h) for t in range(s) for c in range(d)
+                for p in reversed(range(int(widths[i, j, c])))]
+        streams.append(bits)
+    n_bytes = (max(len(x) for x in streams) + 7) // 8
+    expected = torch.tensor([[int("".join(map(str, (x + [0] * (8 * n_bytes))[8 * y:8 * y + 8])), 2)
+                              for y in range(n_bytes)] for x in streams], dtype=torch.uint8)
+    packed = pack_variable(idx, widths)
+    assert torch.equal(packed, expected)
+    assert torch.equal(unpack_variable(packed, widths, s), idx)
+
+
 @pytest.mark.parametrize("budget", [2, 3, 5])
 def test_squ_ledger_by_hand(budget):
     h, s, d = 2, 40, 32
