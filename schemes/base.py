@@ -250,3 +250,28 @@ class Scheme:
 
     def bits(self, enc: Encoded) -> BitLedger:
         return BitLedger.of(enc)
+
+
+@dataclass
+class PerTensorScheme(Scheme):
+    """A codec that codes K and V each on its own writes `encode_tensor` and `decode_tensor` once;
+    encode and decode apply them to "k" and then "v" (whose entries are named "k.…", "v.…")."""
+
+    def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
+        """Code x (B, H, S, d), the tensor `prefix` ("k" or "v"), into enc."""
+        raise NotImplementedError
+
+    def decode_tensor(self, enc: Encoded, prefix: str) -> torch.Tensor:
+        """The decoded tensor `prefix`, (B, H, S, d) in enc.dtype."""
+        raise NotImplementedError
+
+    def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
+        enc = Encoded(tuple(k.shape), k.dtype)
+        for prefix, x in (("k", k), ("v", v)):
+            self.encode_tensor(x, prefix, enc)
+        return enc
+
+    def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.decode_tensor(enc, "k"), self.decode_tensor(enc, "v")
+
+

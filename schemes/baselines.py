@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Encoded, Scheme
+from .base import Encoded, PerTensorScheme, Scheme
 from .fp16 import half_shift, shift_down, shift_up
 from .packing import pack_bits, unpack_bits
 from .registry import register_variant
@@ -90,7 +90,7 @@ def _check_positive(name: str, value: int, what: str) -> None:
 
 # --- int8 / int4 -----------------------------------------------------------------------
 @dataclass
-class GroupQuant(Scheme):
+class GroupQuant(PerTensorScheme):
     """Group-wise asymmetric uniform quantisation of every token vector along d, `width` bits,
     fp16 min and scale per group of `group_size` channels. The budget is ignored: the width
     is the scheme's name (int8, int4)."""
@@ -101,23 +101,20 @@ class GroupQuant(Scheme):
         super().validate()
         _check_positive(self.name, self.group_size, "group_size")
 
-    def encode(self, k, v):
-        enc = Encoded(tuple(k.shape), k.dtype)
-        for prefix, x in (("k", k), ("v", v)):
-            shift = half_shift(x)
-            enc.codes[f"{prefix}.shift"] = shift
-            _store_groups(enc, prefix, quantize_groups(shift_down(x, shift), self.width, self.group_size))
-        return enc
+    def encode_tensor(self, x, prefix, enc):
+        shift = half_shift(x)
+        enc.codes[f"{prefix}.shift"] = shift
+        _store_groups(enc, prefix, quantize_groups(shift_down(x, shift), self.width, self.group_size))
 
-    def decode(self, enc):
+    def decode_tensor(self, enc, prefix):
         d = enc.shape[-1]
-        return tuple(shift_up(dequantize_groups(_load_groups(enc, p), self.width, self.group_size, d, enc.dtype),
-                              enc.codes[f"{p}.shift"]) for p in ("k", "v"))
+        return shift_up(dequantize_groups(_load_groups(enc, prefix), self.width, self.group_size, d, enc.dtype),
+                        enc.codes[f"{prefix}.shift"])
 
 
 # --- KIVI ------------------------------------------------------------------------------
 @dataclass
-class Kivi(Scheme):
+class Kivi(PerTensorScheme):
     """KIVI (arXiv 2402.02750): K quantised per channel in groups of `group_size` tokens, V
     per token in groups of `group_size` channels, both at `budget` bits; the most recent
     `residual` tokens stay fp16. A last, partial token group of K is padded by repeating its
@@ -135,34 +132,28 @@ class Kivi(Scheme):
         """Number of quantised (oldest) tokens."""
         return max(0, s - self.residual)
 
-    def encode(self, k, v):
-        enc = Encoded(tuple(k.shape), k.dtype)
-        n_q = self._split(k.shape[2])
-        for prefix, x in (("k", k), ("v", v)):
-            shift = half_shift(x)
-            xs = shift_down(x, shift)
-            enc.codes[f"{prefix}.shift"] = shift
-            enc.codes[f"{prefix}.residual"] = xs[:, :, n_q:].half()
-            if n_q:
-                old = xs[:, :, :n_q]
-                # K: per-channel groups over tokens (KIVI §3.2), i.e. quantise K^T along tokens
-                target = old.transpose(-1, -2) if prefix == "k" else old
-                _store_groups(enc, prefix, quantize_groups(target, self.budget, self.group_size))
-        return enc
+    def encode_tensor(self, x, prefix, enc):
+        n_q = self._split(x.shape[2])
+        shift = half_shift(x)
+        xs = shift_down(x, shift)
+        enc.codes[f"{prefix}.shift"] = shift
+        enc.codes[f"{prefix}.residual"] = xs[:, :, n_q:].half()
+        if n_q:
+            old = xs[:, :, :n_q]
+            # K: per-channel groups over tokens (KIVI §3.2), i.e. quantise K^T along tokens
+            target = old.transpose(-1, -2) if prefix == "k" else old
+            _store_groups(enc, prefix, quantize_groups(target, self.budget, self.group_size))
 
-    def decode(self, enc):
+    def decode_tensor(self, enc, prefix):
         _, _, s, d = enc.shape
         n_q = self._split(s)
-        out = []
-        for prefix in ("k", "v"):
-            parts = []
-            if n_q:
-                n = n_q if prefix == "k" else d
-                old = dequantize_groups(_load_groups(enc, prefix), self.budget, self.group_size, n, enc.dtype)
-                parts.append(old.transpose(-1, -2) if prefix == "k" else old)
-            parts.append(enc.codes[f"{prefix}.residual"].to(enc.dtype))
-            out.append(shift_up(torch.cat(parts, dim=2), enc.codes[f"{prefix}.shift"]))
-        return tuple(out)
+        parts = []
+        if n_q:
+            n = n_q if prefix == "k" else d
+            old = dequantize_groups(_load_groups(enc, prefix), self.budget, self.group_size, n, enc.dtype)
+            parts.append(old.transpose(-1, -2) if prefix == "k" else old)
+        parts.append(enc.codes[f"{prefix}.residual"].to(enc.dtype))
+        return shift_up(torch.cat(parts, dim=2), enc.codes[f"{prefix}.shift"])
 
 
 # --- eviction: streaming and H2O ---------------------------------------------------------
@@ -277,30 +268,27 @@ def svd_rank(s: int, d: int, budget: int) -> int:
 
 
 @dataclass
-class LowRankSVD(Scheme):
+class LowRankSVD(PerTensorScheme):
     """Per (trial, head) truncated SVD X ≈ A Wᵀ (Eckart–Young): fp16 coefficients A (S, r) and
     basis W (d, r), r from the budget (svd_rank)."""
 
-    def encode(self, k, v):
-        enc = Encoded(tuple(k.shape), k.dtype)
-        b, h, s, d = k.shape
+    def encode_tensor(self, x, prefix, enc):
+        b, h, s, d = x.shape
         r = svd_rank(s, d, self.budget)
-        for prefix, x in (("k", k), ("v", v)):
-            # a coefficient is at most the token's norm ≤ √d·peak: scale by that bound (in float64,
-            # so the bound itself cannot overflow), not the peak, or fp16 coefficients overflow
-            bound = x.abs().amax(dim=(-1, -2)).double() * math.sqrt(d)
-            shift = half_shift(bound, n_lead=2)
-            xs = shift_down(x, shift)
-            with small_linalg():
-                _, _, vh = torch.linalg.svd(xs, full_matrices=False)
-            basis = vh[..., :r, :].transpose(-1, -2).half()                    # (B, H, d, r), |entries| <= 1
-            coeff = (xs @ basis.to(x.dtype)).half()                           # (B, H, S, r)
-            enc.codes.update({f"{prefix}.shift": shift, f"{prefix}.basis": basis, f"{prefix}.coeff": coeff})
-        return enc
+        # a coefficient is at most the token's norm ≤ √d·peak: scale by that bound (in float64,
+        # so the bound itself cannot overflow), not the peak, or fp16 coefficients overflow
+        bound = x.abs().amax(dim=(-1, -2)).double() * math.sqrt(d)
+        shift = half_shift(bound, n_lead=2)
+        xs = shift_down(x, shift)
+        with small_linalg():
+            _, _, vh = torch.linalg.svd(xs, full_matrices=False)
+        basis = vh[..., :r, :].transpose(-1, -2).half()                    # (B, H, d, r), |entries| <= 1
+        coeff = (xs @ basis.to(x.dtype)).half()                           # (B, H, S, r)
+        enc.codes.update({f"{prefix}.shift": shift, f"{prefix}.basis": basis, f"{prefix}.coeff": coeff})
 
-    def decode(self, enc):
-        return tuple(shift_up(enc.codes[f"{p}.coeff"].to(enc.dtype) @ enc.codes[f"{p}.basis"].to(enc.dtype)
-                              .transpose(-1, -2), enc.codes[f"{p}.shift"]) for p in ("k", "v"))
+    def decode_tensor(self, enc, prefix):
+        return shift_up(enc.codes[f"{prefix}.coeff"].to(enc.dtype) @ enc.codes[f"{prefix}.basis"].to(enc.dtype)
+                        .transpose(-1, -2), enc.codes[f"{prefix}.shift"])
 
 
 # --- registration ------------------------------------------------------------------------

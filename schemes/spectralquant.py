@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from . import qjl
-from .base import Encoded, Scheme, stored_bits
+from .base import Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
 from .memo import IdentityMemo
@@ -168,7 +168,7 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class SpectralQuant(Scheme):
+class SpectralQuant(PerTensorScheme):
     """Calibrated eigenbasis + per-coordinate Gaussian Lloyd–Max + water-filling or uniform
     semantic/tail allocation, with optional selective QJL sketches on K and/or V."""
     allocation: str = "waterfill"   # "waterfill" (sq-*) or "uniform" (squ-*)
@@ -305,7 +305,8 @@ class SpectralQuant(Scheme):
         return drawn.to(dtype)
 
     # --- one tensor ---------------------------------------------------------------------------
-    def _encode_tensor(self, x: torch.Tensor, prefix: str, sketched: bool, enc: Encoded) -> None:
+    def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
+        sketched = self.sketch_k if prefix == "k" else self.sketch_v
         if prefix not in self.calibration:
             raise ValueError("SpectralQuant needs fit(k_cal, v_cal) before encode")
         cal = self.calibration[prefix]
@@ -387,21 +388,15 @@ class SpectralQuant(Scheme):
             z_hat = z_hat + torch.where(mask, correction, torch.zeros_like(correction))
         return z_hat, basis
 
-    def _decode_tensor(self, enc: Encoded, prefix: str, sketched: bool) -> torch.Tensor:
-        z_hat, basis = self._z_hat(enc, prefix, sketched)
+    def decode_tensor(self, enc: Encoded, prefix: str) -> torch.Tensor:
+        z_hat, basis = self._z_hat(enc, prefix, self.sketch_k if prefix == "k" else self.sketch_v)
         return (z_hat @ basis.transpose(-1, -2)) * enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1)
 
     # --- protocol -----------------------------------------------------------------------------
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
         self._check(k, "k")
         self._check(v, "v")
-        enc = Encoded(tuple(k.shape), k.dtype)
-        self._encode_tensor(k, "k", self.sketch_k, enc)
-        self._encode_tensor(v, "v", self.sketch_v, enc)
-        return enc
-
-    def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._decode_tensor(enc, "k", self.sketch_k), self._decode_tensor(enc, "v", self.sketch_v)
+        return super().encode(k, v)
 
     @property
     def scores_on_codes(self) -> bool:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import fastquant, qjl
-from .base import Encoded, Scheme
+from .base import Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook, dequantize
 from .packing import pack_bits, unpack_codes
@@ -46,7 +46,7 @@ _SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
 
 
 @dataclass
-class TurboQuant(Scheme):
+class TurboQuant(PerTensorScheme):
     """Norm + (optional) randomized Hadamard rotation + Beta Lloyd–Max, with optional QJL sketches."""
     rotate: bool = True
     sketch_k: str | None = None
@@ -125,7 +125,11 @@ class TurboQuant(Scheme):
         return self._unpack_signs(enc.codes[f"{prefix}.{name}"], self.dim, dtype)
 
     # --- one tensor -----------------------------------------------------------------------
-    def _encode_tensor(self, x: torch.Tensor, prefix: str, kind: str | None, enc: Encoded) -> None:
+    def _sketch_of(self, prefix: str) -> str | None:
+        return self.sketch_k if prefix == "k" else self.sketch_v
+
+    def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
+        kind = self._sketch_of(prefix)
         n_trials, n_heads, _, d = x.shape
         self._store_signs(prefix, self._trial_indices(n_trials), n_heads, enc, x.device)
         # Scale by the largest entry first so ‖x‖² cannot overflow (|x| ~ 1e30 in float32).
@@ -169,7 +173,8 @@ class TurboQuant(Scheme):
     def _sketch_signs(self, enc: Encoded, prefix: str) -> torch.Tensor:
         return self._unpack_signs(enc.codes[f"{prefix}.sketch"], self.dim, enc.dtype)
 
-    def _decode_tensor(self, enc: Encoded, prefix: str, kind: str | None) -> torch.Tensor:
+    def decode_tensor(self, enc: Encoded, prefix: str) -> torch.Tensor:
+        kind = self._sketch_of(prefix)
         y_hat = self._mse_part(enc, prefix, kind)
         if kind:
             proj = self._projection(enc, prefix, kind, enc.dtype)
@@ -180,15 +185,6 @@ class TurboQuant(Scheme):
         return u_hat * enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1)
 
     # --- protocol --------------------------------------------------------------------------
-    def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
-        enc = Encoded(tuple(k.shape), k.dtype)
-        self._encode_tensor(k, "k", self.sketch_k, enc)
-        self._encode_tensor(v, "v", self.sketch_v, enc)
-        return enc
-
-    def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._decode_tensor(enc, "k", self.sketch_k), self._decode_tensor(enc, "v", self.sketch_v)
-
     @property
     def scores_on_codes(self) -> bool:
         return self.sketch_k is not None
