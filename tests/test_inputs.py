@@ -16,7 +16,9 @@ TINY = ["run", "--dim", "16", "--seq-len", "16", "--queries", "4", "--trials", "
     (["--scenario", "gaussian", "--scheme", "tq-kv,tq-kv"], "tq-kv is given twice"),
     (["--scenario", "gaussian,gaussian", "--scheme", "tq-kv"], "gaussian is given twice"),
     (["--scenario", "gaussian", "--scheme", "tq-kv", "--trials", "1"], "--trials 1 must be at least 2"),
-    (["--scenario", "gaussian", "--scheme", "all,-nope"], "exclusions -NAME of known names"),
+    (["--scenario", "gaussian", "--scheme", "all,-nope"], "exclusions -NAME of known names, not '-nope'"),
+    (["--scenario", "gaussian", "--scheme", "all,tq-kv"], "'tq-kv' is already part of 'all'"),
+    (["--scenario", "gaussian", "--scheme", "all,nope"], "unknown name 'nope' after 'all'"),
     (["--scenario", "gaussian", "--scheme", "all,-" + ",-".join(schemes.registry.everyday())], "excludes every name"),
     (["--scenario", "heavy_tail:dof=x", "--scheme", "tq-kv"], "dof='x' is not a float"),
     (["--scenario", "heavy_tail:nope=1", "--scheme", "tq-kv"], "unknown parameter 'nope'; valid: alpha, dof"),
@@ -29,6 +31,17 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, flags
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+def test_all_plus_a_name_outside_all_runs_both(tmp_path):
+    """'all,NAME' adds a known name that all leaves out (a kvpress press: asked for by name)."""
+    pytest.importorskip("kvpress")
+    out = tmp_path / "run"
+    assert main([*TINY, "--scenario", "gaussian", "--scheme", "all,-shard,-shard-pca-decode,kvpress:KnormPress",
+                 "--seq-len", "32", "--out", str(out)]) == 0
+    with sqlite3.connect(out / "results.sqlite") as con:
+        stored = {s for (s,) in con.execute("SELECT DISTINCT scheme FROM trials")}
+    assert stored == set(schemes.registry.everyday()) - {"shard", "shard-pca-decode"} | {"kvpress:KnormPress"}
 
 
 def test_all_skips_the_codecs_a_dim_excludes_and_says_which(tmp_path, capsys):

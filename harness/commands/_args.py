@@ -21,7 +21,8 @@ def _repeated(items) -> None:
 def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callable[[str], None] | None = None,
                known: Callable[[str], bool] | None = None, why: Callable[[str], str | None] | None = None):
     """An argparse type for comma-separated lists of distinct values. With `names`, 'all' expands
-    to every name ('all,-a,-b': every name but a and b) and each item must be a name, or pass
+    to every name ('all,-a,-b': every name but a and b; 'all,x': every name and x, a known name
+    outside `names()`, e.g. a kvpress press) and each item must be a name, or pass
     `check` (which raises ValueError naming what is valid). `known(x)`, where given, accepts a
     name without listing them all (schemes: a built-in without importing an optional package);
     `why(x)`, where given, says why a known name that is not available cannot be used."""
@@ -43,12 +44,22 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
             valid = names()
             if items[0] == "all":
                 excluded = [x[1:] for x in items[1:] if x.startswith("-")]
-                wrong = [x for x in items[1:] if not x.startswith("-") or x[1:] not in valid]
+                added = [x for x in items[1:] if not x.startswith("-")]
+                wrong = [x for x in items[1:] if x.startswith("-") and x[1:] not in valid]
                 if wrong:
                     raise argparse.ArgumentTypeError(
-                        f"after 'all' give only exclusions -NAME of known names, not {wrong[0]!r}; "
+                        f"after 'all' give exclusions -NAME of known names, not {wrong[0]!r}; "
                         f"available: {', '.join(valid)}")
-                kept = EveryName(n for n in valid if n not in excluded)
+                for x in added:
+                    if x in valid:
+                        raise argparse.ArgumentTypeError(f"{x!r} is already part of 'all'")
+                    if known is None or not known(x):
+                        reason = why(x) if why is not None else None
+                        raise argparse.ArgumentTypeError(
+                            f"{x!r} cannot run here: {reason}" if reason else
+                            f"unknown name {x!r} after 'all' (a name outside all, e.g. a kvpress press); "
+                            f"all is: {', '.join(valid)}")
+                kept = EveryName([*(n for n in valid if n not in excluded), *added])
                 if not kept:
                     raise argparse.ArgumentTypeError(f"{text!r} excludes every name")
                 return kept
