@@ -15,31 +15,31 @@ import importlib
 import pkgutil
 from dataclasses import fields
 
+from schemes.registry import Registry
+
 from .base import Population, Scenario, TrialShape, participation_ratio
 
-_REGISTRY: dict[str, type[Scenario]] = {}
+_REGISTRY: Registry[type[Scenario]] = Registry("scenario")
 
 
 def register(cls: type[Scenario]) -> type[Scenario]:
-    if not cls.name or cls.name in _REGISTRY:
-        raise ValueError(f"scenario name {cls.name!r} is empty or taken")
-    _REGISTRY[cls.name] = cls
+    _REGISTRY.add(cls.name, cls)
     return cls
 
 
 def available() -> list[str]:
     """Concrete scenario names (what `all` means); parametric ones are listed by `parametric()`."""
-    return [n for n, c in _REGISTRY.items() if not getattr(c, "parametric", False)]
+    return [n for n, c in _REGISTRY.as_dict().items() if not getattr(c, "parametric", False)]
 
 
 def parametric() -> list[str]:
-    return [f"{n}:{c.source_hint}" for n, c in _REGISTRY.items() if getattr(c, "parametric", False)]
+    return [f"{n}:{c.source_hint}" for n, c in _REGISTRY.as_dict().items() if getattr(c, "parametric", False)]
 
 
 def _lookup(name: str) -> type[Scenario]:
     cls = _REGISTRY.get(name.split(":", 1)[0])
     if cls is None:
-        raise ValueError(f"unknown scenario {name!r}; available: {', '.join(available() + parametric())}")
+        raise ValueError(_REGISTRY.unknown(name, available() + parametric()))
     return cls
 
 

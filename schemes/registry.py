@@ -9,12 +9,52 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Callable
+from typing import Callable, Generic, Iterable, TypeVar
 
 from .base import Scheme
 
 ENTRY_POINT_GROUP = "kvharness.schemes"
 MIN_BUDGET, MAX_BUDGET = 1, 8
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Names → entries in registration order: the one registry type of the codecs, their NumPy
+    references and the scenarios. A name is non-empty, lowercase, not 'all' and unique; a miss
+    says what is available."""
+
+    def __init__(self, kind: str, where: str = ""):
+        self.kind, self.where = kind, where        # "scheme", " for the reference implementation"
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, entry: T) -> None:
+        if not name or name != name.lower() or name == "all" or name in self._entries:
+            raise ValueError(f"{self.kind} name {name!r} is empty, not lowercase, reserved or taken")
+        self._entries[name] = entry
+
+    def get(self, name: str) -> T | None:
+        return self._entries.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def as_dict(self) -> dict[str, T]:
+        return dict(self._entries)
+
+    def unknown(self, name: str, available: Iterable[str] | None = None) -> str:
+        """The one-line message of a miss; `available` where the valid names are not just these."""
+        return (f"unknown {self.kind} {name!r}{self.where}; available: "
+                f"{', '.join(self.names() if available is None else available)}")
+
+    def lookup(self, name: str, available: Iterable[str] | None = None) -> T:
+        entry = self.get(name)
+        if entry is None:
+            raise ValueError(self.unknown(name, available))
+        return entry
 
 
 @dataclass(frozen=True)
@@ -33,7 +73,7 @@ class Namespace:
     missing: str   # what to install, said when the package is absent
 
 
-_BUILTIN: dict[str, SchemeSpec] = {}
+_BUILTIN: Registry[SchemeSpec] = Registry("scheme")
 _plugins: dict[str, SchemeSpec] | None = None
 _broken_plugins: dict[str, str] = {}   # entry points that could not be loaded, with the reason
 _NAMESPACES: dict[str, Namespace] = {}
@@ -42,9 +82,7 @@ _loaded: dict[str, tuple[dict[str, SchemeSpec], dict[str, str]]] = {}
 
 def register(name: str, factory: Callable[..., Scheme], description: str) -> None:
     """Add a built-in scheme; names are canonical lowercase and unique."""
-    if name != name.lower() or name in _BUILTIN or name == "all":
-        raise ValueError(f"scheme name {name!r} is not lowercase, is reserved or is taken")
-    _BUILTIN[name] = SchemeSpec(name, factory, description)
+    _BUILTIN.add(name, SchemeSpec(name, factory, description))
 
 
 def register_variant(name: str, cls: type[Scheme], description: str, **fixed) -> None:
@@ -104,7 +142,7 @@ def _load_plugins() -> dict[str, SchemeSpec]:
 def specs() -> dict[str, SchemeSpec]:
     """Every registered scheme, built-ins first, in registration order, then plug-ins and the
     runnable members of each namespace."""
-    out = {**_BUILTIN, **_load_plugins()}
+    out = {**_BUILTIN.as_dict(), **_load_plugins()}
     for prefix in _NAMESPACES:
         out.update(_load_namespace(prefix)[0])
     return out
@@ -124,7 +162,7 @@ def spec(name: str) -> SchemeSpec | None:
     """The spec of one name, loading only what it needs: a built-in without importing any
     optional package, a `prefix:member` with only its namespace; None for an unknown name."""
     if name in _BUILTIN:
-        return _BUILTIN[name]
+        return _BUILTIN.get(name)
     prefix = name.split(":", 1)[0] if ":" in name else None
     if prefix in _NAMESPACES:
         return _load_namespace(prefix)[0].get(name)
@@ -153,13 +191,13 @@ def unknown_message(name: str) -> str:
     reason = unavailable_reason(name)
     if reason:
         return f"scheme {name!r} cannot run here: {reason}"
-    return f"unknown scheme {name!r}; available: {', '.join(specs())}"
+    return _BUILTIN.unknown(name, specs())
 
 
 def available(families: bool = True) -> list[str]:
     """Every runnable scheme name; families=False leaves out the members of the optional-package
     families (kvpress:<Press>), as the CLI's `all` does: those are asked for by name."""
-    return list(specs()) if families else [*_BUILTIN, *_load_plugins()]
+    return list(specs()) if families else [*_BUILTIN.names(), *_load_plugins()]
 
 
 def everyday() -> list[str]:

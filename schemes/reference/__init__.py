@@ -14,37 +14,26 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
 from typing import Callable
 
-MIN_BUDGET, MAX_BUDGET = 1, 8
+from ..registry import MAX_BUDGET, MIN_BUDGET, Registry, SchemeSpec
 
-
-@dataclass(frozen=True)
-class ReferenceSpec:
-    name: str
-    factory: Callable[..., object]
-    description: str
-
-
-_SPECS: dict[str, ReferenceSpec] = {}
+_SPECS: Registry[SchemeSpec] = Registry("scheme", " for the reference implementation")
 
 
 def register(name: str, factory: Callable[..., object], description: str = "") -> None:
     """Add a reference scheme; names are the torch registry's canonical lowercase names."""
-    if name != name.lower() or name in _SPECS or name == "all":
-        raise ValueError(f"reference scheme name {name!r} is not lowercase, is reserved or is taken")
     doc = description or (getattr(factory, "__doc__", None) or "reference scheme").strip().splitlines()[0]
-    _SPECS[name] = ReferenceSpec(name, factory, doc)
+    _SPECS.add(name, SchemeSpec(name, factory, doc))
 
 
-def specs() -> dict[str, ReferenceSpec]:
-    return dict(_SPECS)
+def specs() -> dict[str, SchemeSpec]:
+    return _SPECS.as_dict()
 
 
 def available() -> list[str]:
     """Names of every reference scheme, in registration order."""
-    return list(_SPECS)
+    return _SPECS.names()
 
 
 def create(name: str, *, budget: int, dim: int, seed: int = 0, rng: str = "pcg64", **options):
@@ -53,16 +42,14 @@ def create(name: str, *, budget: int, dim: int, seed: int = 0, rng: str = "pcg64
     Options the TurboQuant family understands: xp ("numpy" | "cupy" | a module) and
     compute_dtype ("float64" | "float32").
     """
-    if name not in _SPECS:
-        raise ValueError(f"unknown scheme {name!r} for the reference implementation; "
-                         f"available: {', '.join(_SPECS)}")
+    spec = _SPECS.lookup(name)
     if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= MAX_BUDGET:
         raise ValueError(f"budget {budget!r} is outside {MIN_BUDGET}..{MAX_BUDGET} bits per element")
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"head dimension {dim!r} must be a positive integer")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed {seed!r} must be a non-negative integer")
-    scheme = _SPECS[name].factory(budget=budget, dim=dim, seed=seed, rng=rng, **options)
+    scheme = spec.factory(budget=budget, dim=dim, seed=seed, rng=rng, **options)
     scheme.validate()
     return scheme
 
