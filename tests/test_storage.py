@@ -16,6 +16,7 @@ from harness.cli import main
 from harness.store import RESULTS_FILE, STORAGE_COLUMNS, TRIAL_COLUMNS, RunStore
 from harness.sweep import Cell, SweepConfig
 from schemes.base import BitLedger
+from old_stores import rewrite_as_old_store
 
 
 # --- the split, counted by hand ---------------------------------------------------------------
@@ -139,11 +140,7 @@ def test_store_without_the_storage_columns_reports_migrates_and_resumes(tmp_path
     assert main([*args, "--out", str(out)]) == 0
     clean = RunStore(out).trials()
     old_columns = [c for c in TRIAL_COLUMNS if c not in STORAGE_COLUMNS]
-    with sqlite3.connect(out / RESULTS_FILE) as con:
-        con.execute(f"CREATE TABLE trials_old AS SELECT {', '.join(old_columns)} FROM trials WHERE scheme = 'plain-kv'")
-        con.execute("DROP TABLE trials")
-        con.execute("ALTER TABLE trials_old RENAME TO trials")
-        con.execute("DELETE FROM cells WHERE scheme = 'tq-kv'")
+    rewrite_as_old_store(out, old_columns, "plain-kv")
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["config"]["model_caches"]
     (out / "manifest.json").write_text(json.dumps(manifest))

@@ -7,6 +7,7 @@ import pandas as pd
 
 from harness.cli import main
 from harness.store import ADDED_COLUMNS, RESULTS_FILE, TRIAL_COLUMNS, RunStore
+from old_stores import rewrite_as_old_store
 
 ARGS = ["run", "--scenario", "gaussian", "--scheme", "tq-kv,streaming", "--budget", "4", "--dim", "16",
         "--seq-len", "32", "--queries", "4", "--trials", "3", "--quiet"]
@@ -36,11 +37,7 @@ def test_store_without_the_new_columns_reads_reports_and_resumes(tmp_path, capsy
     assert main([*ARGS, "--out", str(out)]) == 0
     clean = RunStore(out).trials()
     old = [c for c in TRIAL_COLUMNS if c not in ADDED_COLUMNS]
-    with sqlite3.connect(out / RESULTS_FILE) as con:
-        con.execute(f"CREATE TABLE trials_old AS SELECT {', '.join(old)} FROM trials WHERE scheme = 'tq-kv'")
-        con.execute("DROP TABLE trials")
-        con.execute("ALTER TABLE trials_old RENAME TO trials")
-        con.execute("DELETE FROM cells WHERE scheme != 'tq-kv'")
+    rewrite_as_old_store(out, old, "tq-kv")
     before = RunStore(out).trials()
     assert _columns(out / RESULTS_FILE) == old                           # reading does not migrate
     assert list(before.columns) == list(TRIAL_COLUMNS) and before[list(ADDED_COLUMNS)].isna().all().all()
