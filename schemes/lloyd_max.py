@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from scipy import linalg, special
 
-MAX_BITS = 8
+from .packing import MAX_BITS
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: instances are cached singletons

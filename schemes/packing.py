@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_BITS = 8   # the widest code
+MAX_BITS = 8   # the widest code (a uint8): codebooks and water-filled widths stop here too
 
 
 def _check_width(width: int) -> None:
-    if not 1 <= width <= 8:
-        raise ValueError(f"code width {width} is outside 1..8 bits")
+    if not 1 <= width <= MAX_BITS:
+        raise ValueError(f"code width {width} is outside 1..{MAX_BITS} bits")
 
 
 def packed_size(n: int, width: int) -> int:

@@ -64,11 +64,11 @@ from .base import Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
 from .memo import IdentityMemo
-from .packing import pack_bits, pack_variable, unpack_bits, unpack_variable
+from .packing import MAX_BITS, pack_bits, pack_variable, unpack_bits, unpack_variable
 from .registry import register_variant
 from .rng import generator, seed_sequence
 from .threads import small_linalg
-from .waterfill import MAX_BITS, waterfill
+from .waterfill import waterfill
 
 BASIS_BITS = 8
 TAIL_BITS = 2

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-MAX_BITS = 8
+from .packing import MAX_BITS
 
 
 def waterfill(weights: torch.Tensor, total_bits: int, min_bits: int, max_bits: int = MAX_BITS) -> torch.Tensor:
