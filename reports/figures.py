@@ -92,6 +92,12 @@ def _family_grid(row_keys: list, names, width: float = 3.6, height: float = 2.9,
     return fig, axes, groups
 
 
+def _codec_series(frame, names, styles, order: str | None = None):
+    """(name, its rows sorted by `order`, its style) for each codec of `names` in frame, by name."""
+    for name, g in frame[frame.scheme.isin(names)].groupby("scheme"):
+        yield name, (g.sort_values(order) if order else g), styles[name]
+
+
 def _tag(artists, name: str):
     """Name the artists drawn for one codec (their gid): see the module doc."""
     for artist in artists if isinstance(artists, (list, tuple)) else [artists]:
@@ -136,9 +142,7 @@ def dimension_figure(findings: Findings, styles) -> ReportFigure:
             ax = axes[r, c]
             sel = cells[(cells.scenario == sc) & (cells.budget == b) & cells.scheme.isin(names)]
             drawn = sorted(sel.scheme.unique())
-            for i, (name, g) in enumerate(sel.groupby("scheme")):
-                g = g.sort_values("dim")
-                st = styles[name]
+            for i, (name, g, st) in enumerate(_codec_series(sel, names, styles, "dim")):
                 # a small multiplicative dodge so overlapping error bars stay apart
                 x = g.dim * 2 ** (0.02 * (i - (len(drawn) - 1) / 2))
                 _tag(ax.errorbar(x, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t], color=st.colour,
@@ -219,10 +223,7 @@ def rate_distortion_figures(findings: Findings, styles) -> list[ReportFigure]:
             scen = sel_dim[sel_dim.scenario == sc]
             for c, (fam, names) in enumerate(groups):
                 ax = axes[r, c]
-                sel = scen[scen.scheme.isin(names)]
-                for name, g in sel.groupby("scheme"):
-                    g = g.sort_values("storage")
-                    st = styles[name]
+                for name, g, st in _codec_series(scen, names, styles, "storage"):
                     _tag(ax.plot(g.storage, g[m], color=st.colour, marker=st.marker, linestyle=st.line,
                                  markersize=4, linewidth=1.2), name)
                     _tag(ax.fill_between(g.storage, g[f"{m}_low"], g[f"{m}_high"], color=st.colour,
@@ -266,11 +267,9 @@ def error_space_figure(findings: Findings, styles) -> ReportFigure:
     planes = [(SIX_D[2 * i], SIX_D[2 * i + 1], t) for i, t in enumerate(("K", "V", "T"))]
     for r, (sc, fam, names) in enumerate(rows):
         scen = trials[trials.scenario == sc]
-        sel = scen[scen.scheme.isin(names)]
         for c, (x, y, tensor) in enumerate(planes):
             ax = axes[r, c]
-            for name, g in sel.groupby("scheme"):
-                st = styles[name]
+            for name, g, st in _codec_series(scen, names, styles):
                 _tag(ax.scatter(g[x], g[y], color=st.colour, marker=st.marker, s=12, alpha=0.6, linewidths=0), name)
             _scale(ax, "x", scen[x])
             _scale(ax, "y", scen[y])
@@ -359,10 +358,7 @@ def _scatter_cells(findings: Findings, styles, x: str, y: str, key: str, title: 
         every = usable[usable.scenario == sc]
         for c, (fam, names) in enumerate(groups):
             ax = axes[r, c]
-            sel = every[every.scheme.isin(names)]
-            for name, g in sel.groupby("scheme"):
-                g = g.sort_values("budget")
-                st = styles[name]
+            for name, g, st in _codec_series(every, names, styles, "budget"):
                 _tag(ax.errorbar(g[x], g[y], xerr=[g[x] - g[f"{x}_low"], g[f"{x}_high"] - g[x]],
                                  yerr=[g[y] - g[f"{y}_low"], g[f"{y}_high"] - g[y]], color=st.colour,
                                  marker=st.marker, linestyle=st.line, markersize=4, linewidth=1, capsize=1.5), name)
@@ -535,9 +531,7 @@ def calibration_figure(findings: Findings, styles) -> ReportFigure:
         every = cells[(cells.scenario == sc) & (cells.dim == dim)]
         for c, (fam, names) in enumerate(groups):
             ax = axes[r, c]
-            for name, g in every[every.scheme.isin(names)].groupby("scheme"):
-                g = g.sort_values("calib_tokens")
-                st = styles[name]
+            for name, g, st in _codec_series(every, names, styles, "calib_tokens"):
                 _tag(ax.errorbar(g.calib_tokens, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t],
                                  color=st.colour, marker=st.marker, linestyle=st.line, markersize=4, linewidth=1.2,
                                  capsize=2), name)
