@@ -35,7 +35,7 @@ from schemes.base import BitLedger, TrialBits, call_with_optional
 from schemes.rng import generator, seed_sequence
 from stats.metrics import exact_attention, exact_logits, trial_metrics
 
-from .devices import available_memory_bytes, resolve_device, resolve_dtype
+from .devices import available_memory_bytes
 from .memory import peak_bytes, reset_peak
 from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS
 from .sweep import Cell, SweepConfig, implementation
@@ -226,14 +226,6 @@ def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dty
         peak = peak_bytes(device) or 0
         rows = list(_rows(config, cell, device, trials, metrics, bits))
         yield cell, rows, time.perf_counter() - t0, peak / 2 ** 20
-
-def compute_cell(config: SweepConfig, cell: Cell, memory_budget: int | None = None):
-    """One cell on its own: (rows, wall_s, peak_mem_mb), by the serial runner's own chunk loop,
-    so its rows equal a serial run's."""
-    finished = []
-    run_serial(config, [cell], resolve_device(config.device), resolve_dtype(config.dtype), memory_budget,
-                lambda _cell, rows, wall, peak_mb: finished.append((rows, wall, peak_mb)))
-    return finished[0]
 
 def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell=None, *,
                 start: dict[Cell, int] | None = None, on_chunk=None) -> None:
