@@ -7,7 +7,7 @@
   attention step (q kᵀ and softmax · v as batched matmuls);
 - rotation: tq-kv's encode+decode with its randomized Hadamard transform vs the same codec
   rotating with a dense d×d orthogonal matrix, timed alternately in the same run;
-- threads: an SQ cell with its small linear algebra on one thread (schemes/threads.py) vs on
+- threads: an SQ cell with its small linear algebra on one thread (kvcommon/threads.py) vs on
   every thread, and SQ's calibration with the eigh vs the power-iteration eigensolver;
 - grid (`--grid NAME`): the wall time of a whole preset grid, every cell run by the runner's
   own chunk loop on n and 2n trials, extrapolated linearly to the grid's trial count.
@@ -27,7 +27,8 @@ from unittest import mock
 import torch
 
 import schemes
-from schemes import threads, turboquant
+from kvcommon import threads
+from schemes import turboquant
 
 from .cell import create_scheme, draw_trials, run_cell_chunk, run_serial
 from .sweep import Cell, SweepConfig, grid, implementation

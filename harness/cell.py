@@ -32,7 +32,7 @@ import torch
 import scenarios
 import schemes
 from schemes.base import BitLedger, TrialBits, call_with_optional
-from schemes.rng import generator, seed_sequence
+from kvcommon.rng import generator, seed_sequence
 from stats.metrics import exact_attention, exact_logits, trial_metrics
 
 from .devices import available_memory_bytes

@@ -138,7 +138,7 @@ def calibrated_schemes(name: str, budget: int, calibration: dict, sites, seed: i
     import torch
 
     import schemes
-    from schemes.rng import seed_sequence
+    from kvcommon.rng import seed_sequence
     out = []
     for layer, site in enumerate(sites):
         layer_seed = int(seed_sequence(seed, "effect", name, budget, site.head_dim, layer).generate_state(1)[0])

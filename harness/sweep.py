@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import scenarios
 import schemes
-from schemes.rng import RNG_FAMILIES
+from kvcommon.rng import RNG_FAMILIES
 
 from .devices import DEVICES, DTYPES
 

@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 from dataclasses import fields
 
-from schemes.registry import Registry
+from kvcommon.registry import Registry
 
 from .base import Population, Scenario, TrialShape, participation_ratio
 

@@ -18,7 +18,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from schemes.threads import small_linalg
+from kvcommon.threads import small_linalg
 
 Streams = Callable[..., np.random.Generator]
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from schemes.rope import DEFAULT_BASE, apply_rope, undo_rope
-from schemes.threads import small_linalg
+from kvcommon.rope import DEFAULT_BASE, apply_rope, undo_rope
+from kvcommon.threads import small_linalg
 
 from . import register
 from .base import Scenario, random_orthonormal

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from .rng import check_family
+from kvcommon.rng import check_family
 
 
 @dataclass
@@ -207,7 +207,7 @@ class Scheme:
     budget: int
     dim: int
     seed: int = 0
-    rng: str = "pcg64"  # bit-generator family of the scheme's own randomness (schemes.rng)
+    rng: str = "pcg64"  # bit-generator family of the scheme's own randomness (kvcommon.rng)
 
     def validate(self) -> None:
         """Raise ValueError naming the problem and what is valid; called by `create`."""

@@ -25,7 +25,7 @@ from .base import Encoded, PerTensorScheme, Scheme
 from .fp16 import half_shift, shift_down, shift_up
 from .packing import pack_bits, unpack_bits
 from .registry import register_variant
-from .threads import small_linalg
+from kvcommon.threads import small_linalg
 
 # --- asymmetric uniform group quantisation along the last dim ----------------------------
 def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .threads import small_linalg
+from kvcommon.threads import small_linalg
 
 
 def covariance(x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ def _orthonormalise(v: torch.Tensor) -> torch.Tensor:
     return q * signs.unsqueeze(-2)
 
 
-@small_linalg()  # small matrices: one thread (schemes/threads.py)
+@small_linalg()  # small matrices: one thread (kvcommon/threads.py)
 def top_eigenvectors(cov: torch.Tensor, k: int, start: torch.Tensor, *, n_converge: torch.Tensor | None = None,
                      max_iter: int = 500, tol: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k eigenpairs of symmetric PSD cov (..., d, d) by block power (subspace) iteration with

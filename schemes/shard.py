@@ -44,10 +44,10 @@ from .kmeans import INITS, assign, kmeans
 from .memo import IdentityMemo
 from .packing import mixed_exact_bits, pack_bits, pack_mixed, unpack_bits, unpack_mixed
 from .registry import register_variant
-from .rng import generator
-from . import rope
-from .rope import DEFAULT_BASE
-from .threads import small_linalg
+from kvcommon.rng import generator
+from kvcommon import rope
+from kvcommon.rope import DEFAULT_BASE
+from kvcommon.threads import small_linalg
 from .turboquant import TurboQuant
 
 BIT_CHOICES = (0, 2, 4, 6, 8)

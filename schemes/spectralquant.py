@@ -66,8 +66,8 @@ from .lloyd_max import gaussian_codebook
 from .memo import IdentityMemo
 from .packing import MAX_BITS, pack_bits, pack_variable, unpack_bits, unpack_variable
 from .registry import register_variant
-from .rng import generator, seed_sequence
-from .threads import small_linalg
+from kvcommon.rng import generator, seed_sequence
+from kvcommon.threads import small_linalg
 from .waterfill import waterfill
 
 BASIS_BITS = 8

@@ -40,7 +40,7 @@ from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook, dequantize
 from .packing import pack_bits, unpack_codes
 from .registry import register_variant
-from .rng import generator, packed_rademacher
+from kvcommon.rng import generator, packed_rademacher
 
 _SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
 

@@ -17,7 +17,7 @@ import pandas as pd
 from scipy import special as _special
 from scipy import stats as _sps
 
-from schemes.rng import generator
+from kvcommon.rng import generator
 
 from .levels import ALPHA
 

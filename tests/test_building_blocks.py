@@ -11,7 +11,7 @@ from scipy import integrate, special
 from schemes.hadamard import check_power_of_two, fwht, fwht_butterfly, hadamard_matrix, rht, rht_inverse
 from schemes.lloyd_max import beta_codebook, gaussian_codebook, quantize
 from schemes.packing import pack_bits, packed_size, unpack_bits
-from schemes.rng import generator, packed_rademacher
+from kvcommon.rng import generator, packed_rademacher
 
 DIMS = st.sampled_from([1, 2, 4, 8, 16, 64, 128, 1024])
 

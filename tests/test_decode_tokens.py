@@ -14,8 +14,8 @@ from harness.cli import main
 from harness.store import RunStore
 from harness.sweep import Cell, SweepConfig
 from schemes.base import BitLedger
-from schemes.rng import generator
-from schemes.rope import undo_rope
+from kvcommon.rng import generator
+from kvcommon.rope import undo_rope
 from stats.metrics import METRIC_NAMES, exact_logits, trial_metrics
 
 ROPE = ["--scenario", "rope_lowrank", "--budget", "4", "--heads", "2", "--dim", "32", "--seq-len", "256",

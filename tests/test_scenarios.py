@@ -4,7 +4,7 @@ import pytest
 
 import scenarios
 from scenarios.base import TrialShape, participation_ratio, power_law
-from schemes.rng import generator
+from kvcommon.rng import generator
 
 SHAPE = TrialShape(n_heads=1, seq_len=2048, n_queries=256, dim=64, n_calib=512)
 
@@ -106,3 +106,15 @@ def test_bad_parameters_are_clear_errors():
         scenarios.create("gaussian", rank=3)
     with pytest.raises(ValueError, match="must be positive"):
         scenarios.create("spectral_decay", alpha=-1.0)
+
+
+def test_importing_scenarios_loads_no_codec():
+    """The data stage stands before the codecs: `import scenarios` (and `kvcommon`, which both
+    share) must not import the `schemes` package, whose import registers every codec."""
+    import subprocess
+    import sys
+    code = ("import sys, scenarios, kvcommon.rng, kvcommon.rope, kvcommon.registry, kvcommon.threads; "
+            "loaded = sorted(m for m in sys.modules if m == 'schemes' or m.startswith('schemes.')); "
+            "print(loaded); sys.exit(1 if loaded else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, f"import scenarios loaded codec modules: {done.stdout}{done.stderr}"

@@ -11,8 +11,8 @@ import schemes
 from scenarios.base import TrialShape
 from scenarios.rope_lowrank import components_for_energy, singular_value_decay
 from schemes.kmeans import assign, kmeans
-from schemes.rng import generator
-from schemes.rope import apply_rope, undo_rope
+from kvcommon.rng import generator
+from kvcommon.rope import apply_rope, undo_rope
 from schemes.packing import pack_mixed, unpack_mixed
 from schemes.shard import (BIT_CHOICES, _quantize_symmetric, allocate_bits, brute_force_allocation,
                            coefficient_scales, group_error, randomized_svd)

@@ -19,7 +19,7 @@ from scenarios.base import TrialShape
 from schemes.eigen import covariance, effective_dimension, eigh_descending, participation_ratio, spectral_gap, \
     top_eigenvectors
 from schemes.base import BitLedger
-from schemes.rng import generator
+from kvcommon.rng import generator
 from schemes.packing import pack_variable, unpack_variable
 from schemes.spectralquant import BASIS_BITS, N_PROJECTIONS
 from schemes.waterfill import distortion, waterfill

@@ -1,4 +1,4 @@
-"""schemes.threads.small_linalg: scoped single-threading of small linear algebra, restored
+"""kvcommon.threads.small_linalg: scoped single-threading of small linear algebra, restored
 afterwards, and rows identical with it and without it."""
 import contextlib
 
@@ -11,7 +11,7 @@ from threadpoolctl import threadpool_info
 import schemes
 from harness.cell import run_serial
 from harness.sweep import SweepConfig
-from schemes import threads
+from kvcommon import threads
 from schemes.reference import available as reference_available
 
 

@@ -10,7 +10,7 @@ import schemes
 from scenarios.base import TrialShape
 from schemes.base import BitLedger
 from schemes.lloyd_max import beta_codebook
-from schemes.rng import generator
+from kvcommon.rng import generator
 
 D = 128
 

@@ -16,7 +16,9 @@ import importlib
 import pkgutil
 from typing import Callable
 
-from ..registry import MAX_BUDGET, MIN_BUDGET, Registry, SchemeSpec
+from kvcommon.registry import Registry
+
+from ..registry import MAX_BUDGET, MIN_BUDGET, SchemeSpec
 
 _SPECS: Registry[SchemeSpec] = Registry("scheme", " for the reference implementation")
 

@@ -40,8 +40,8 @@ import torch
 from scipy import optimize, stats
 
 from schemes.base import Encoded, Scheme
-from schemes.rng import generator
-from schemes.threads import small_linalg
+from kvcommon.rng import generator
+from kvcommon.threads import small_linalg
 
 from . import register
 from .adapter import to_array, to_tensor

@@ -40,7 +40,7 @@ import torch
 from scipy import optimize
 
 from schemes.base import Encoded, Scheme
-from schemes.rng import generator
+from kvcommon.rng import generator
 
 from . import register
 from .adapter import check_compute_dtype, resolve_namespace, to_array, to_tensor

@@ -1,0 +1,3 @@
+"""What the scenarios, the codecs, the harness and the statistics share and none of them owns:
+seeded random streams (rng), rotary position embedding (rope), scoped single-threading of
+small linear algebra (threads) and the registry type (registry). Importing it loads no codec."""
