@@ -37,7 +37,7 @@ from stats.metrics import exact_attention, exact_logits, trial_metrics
 
 from .devices import available_memory_bytes
 from .memory import peak_bytes, reset_peak
-from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS
+from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, TRIAL_COLUMNS
 from .sweep import Cell, SweepConfig, implementation
 
 CHUNK_TRIALS_ENV = "KVHARNESS_CHUNK_TRIALS"
@@ -169,8 +169,24 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
             bits = BitLedger.per_trial(enc)
             kept = scheme.kept(enc)
     metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept, exact=exact)
-    metrics.update({name: x for name, x in scheme.diagnostics().items() if name in DIAGNOSTIC_COLUMNS})
+    metrics.update(_diagnostics(scheme, len(k)))
     return {name: m.cpu().numpy() for name, m in metrics.items()}, bits
+
+def _diagnostics(scheme: schemes.Scheme, n_trials: int) -> dict[str, torch.Tensor]:
+    """The scheme's per-trial diagnostics, every one kept: those named by DIAGNOSTIC_COLUMNS go
+    to their trials column, any other to the store's `diagnostics` table (RunStore.write_chunk).
+    A name that would overwrite a metric or a configuration column is refused."""
+    out = {}
+    for name, values in scheme.diagnostics().items():
+        if not (isinstance(name, str) and name.isidentifier()) or (name in TRIAL_COLUMNS and name not in DIAGNOSTIC_COLUMNS):
+            raise ValueError(f"{scheme.name}: diagnostic {name!r} is not an identifier or names a trials column "
+                             f"that is not a diagnostic; valid: a new identifier or one of {', '.join(DIAGNOSTIC_COLUMNS)}")
+        values = torch.as_tensor(values)
+        if values.shape != (n_trials,):
+            raise ValueError(f"{scheme.name}: diagnostic {name!r} has shape {tuple(values.shape)}; valid: ({n_trials},), "
+                             f"one value per trial")
+        out[name] = values.double()
+    return out
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
     """The cell's scheme from the chosen implementation (torch, or the independent reference)."""

@@ -41,7 +41,8 @@ LOCK_FILE = ".lock"  # held (flock) by the run writing the directory, for the ru
 # after heads), though calib_tokens is now part of the cell.
 CONFIG_COLUMNS = tuple(c for c in CELL_COLUMNS if c != "calib_tokens") + (
     "trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
-# Per-trial facts some schemes report (Scheme.diagnostics); NULL for the others.
+# Per-trial facts the built-in schemes report (Scheme.diagnostics); NULL for the others. Any other
+# name a codec reports goes to DIAGNOSTICS_TABLE.
 DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
 # The bit ledger beyond the per-cache bits_per_element (schemes.base.TrialBits): model bits per
 # layer-head, the same amortised over one cache, and the bits charged with the model constants
@@ -54,7 +55,10 @@ TRIAL_COLUMNS = (CONFIG_COLUMNS + ("bits_per_element",) + tuple(m for m in METRI
                  + DIAGNOSTIC_COLUMNS + ADDED_COLUMNS)
 _TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
 CLAIMS_TABLE = "claims"
-_OWN_TABLES = {"trials", "cells"}  # written only through write_cell
+# A codec's diagnostics that no trials column names (a plug-in's own): long form, one row per
+# (cell, trial, name, value); RunStore.trials() returns them as extra columns.
+DIAGNOSTICS_TABLE = "diagnostics"
+_OWN_TABLES = {"trials", "cells", DIAGNOSTICS_TABLE}  # written only through write_cell / write_chunk
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
 
@@ -104,6 +108,21 @@ class StoreLocked(UsageError):
 
 # what sqlite's messages about a damaged file contain, and the message
 _DAMAGED = {"malformed": "database disk image is malformed", "not a database": "file is not a database"}
+
+
+def _insert_trials(con: sqlite3.Connection, rows: list[dict]) -> None:
+    """The trial rows into `trials`; what a row holds beyond TRIAL_COLUMNS (a codec's own
+    diagnostics, harness.cell._diagnostics) into `diagnostics`, one row per (trial, name)."""
+    con.executemany(f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
+                    [tuple(row.get(c) for c in TRIAL_COLUMNS) for row in rows])
+    known = set(TRIAL_COLUMNS)
+    extra = [(*(row[c] for c in CELL_COLUMNS), row["trial"], name, _sql_value(value))
+             for row in rows for name, value in row.items() if name not in known]
+    if extra:
+        cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
+        con.execute(f"CREATE TABLE IF NOT EXISTS {DIAGNOSTICS_TABLE} ({cell_cols}, trial INTEGER NOT NULL, "
+                    f"name TEXT NOT NULL, value REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}, trial, name))")
+        con.executemany(f"INSERT INTO {DIAGNOSTICS_TABLE} VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 3))})", extra)
 
 
 def _chunks_schema() -> str:
@@ -186,9 +205,7 @@ class RunStore:
         con = self._connect()
         try:
             with con:  # commits on success, rolls back on any exception
-                con.executemany(
-                    f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
-                    [tuple(row.get(c) for c in TRIAL_COLUMNS) for row in rows])
+                _insert_trials(con, rows)
                 con.execute(f"INSERT INTO cells VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 4))})",
                             (*cell, len(rows), wall_s, finished_at, peak_mem_mb))
         finally:
@@ -210,9 +227,7 @@ class RunStore:
                 match = " AND ".join(f"{c} = ?" for c in CELL_COLUMNS)
                 # entries from this trial on whose rows are gone (a store edited by hand) are stale
                 con.execute(f"DELETE FROM chunks WHERE {match} AND first_trial >= ?", (*cell, first_trial))
-                con.executemany(
-                    f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
-                    [tuple(row.get(c) for c in TRIAL_COLUMNS) for row in rows])
+                _insert_trials(con, rows)
                 con.execute(f"INSERT INTO chunks VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 5))})",
                             (*cell, first_trial, len(rows), wall_s, peak_mem_mb, finished_at))
                 stored, wall, peak = con.execute(
@@ -329,6 +344,12 @@ class RunStore:
         for column in ADDED_COLUMNS:
             if column not in frame.columns:
                 frame[column] = float("nan")
+        extra = self.table(DIAGNOSTICS_TABLE)
+        if extra is not None and len(extra):   # a codec's own diagnostics, a column each (NaN elsewhere)
+            keys = list(CELL_COLUMNS) + ["trial"]
+            wide = extra.pivot(index=keys, columns="name", values="value").reset_index()
+            wide.columns.name = None
+            frame = frame.merge(wide.astype({c: frame[c].dtype for c in keys}), on=keys, how="left")
         return frame
 
     # --- derived tables (claims of a reproduction, per-trial extras) ------------------------

@@ -218,8 +218,9 @@ class Scheme:
         whose observation window is longer); the sweep calls it before anything is written."""
 
     def diagnostics(self) -> dict[str, torch.Tensor]:
-        """Per-trial facts of the last fit, (B,) each, stored beside the metrics when their name
-        is one of harness.store.DIAGNOSTIC_COLUMNS (e.g. d_eff_k of a calibrated basis)."""
+        """Per-trial facts of the last fit, (B,) each, every one stored: in its trials column when
+        harness.store.DIAGNOSTIC_COLUMNS names it (e.g. d_eff_k of a calibrated basis), in the
+        store's `diagnostics` table under its own name otherwise (an identifier no metric uses)."""
         return {}
 
     def fit(self, k_cal: torch.Tensor, v_cal: torch.Tensor) -> "Scheme":

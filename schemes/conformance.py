@@ -248,6 +248,24 @@ def check_trial_order_invariant(factory: Factory) -> None:
              f"a trial decodes differently alone than in its batch (by up to {_largest(k_one - k_hat[1:2]):.3g})")
 
 
+def check_diagnostics_per_trial(factory: Factory) -> None:
+    """diagnostics() after a fit gives one real value per trial under each name, and every name
+    is an identifier that no metric already uses (the run store keeps each one)."""
+    from stats.metrics import METRIC_NAMES   # the metrics' names: stage 3, imported only here
+
+    k, v, _ = _data()
+    scheme = _make(factory)
+    _roundtrip(scheme, k, v, trials=torch.arange(len(k)))
+    for name, values in scheme.diagnostics().items():
+        _require(isinstance(name, str) and name.isidentifier() and name not in METRIC_NAMES,
+                 f"diagnostic name {name!r} is not an identifier or is already a metric's")
+        values = torch.as_tensor(values)
+        _require(values.shape == (len(k),), f"diagnostic {name} has shape {tuple(values.shape)} for {len(k)} "
+                                            f"trials; one value per trial is ({len(k)},)")
+        _require(not values.is_complex() and values.dtype != torch.bool,
+                 f"diagnostic {name} is {values.dtype}, not a real number per trial")
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -260,7 +278,7 @@ CHECKS: tuple[Check, ...] = tuple(
     for fn in (check_roundtrip_keeps_shape_dtype_device, check_same_seed_same_codes, check_input_not_mutated,
                check_ledger_matches_storage, check_model_constants_do_not_depend_on_the_cache,
                check_score_matches_decode, check_kept_mask, check_error_not_growing_with_budget,
-               check_edge_inputs_stay_finite, check_trial_order_invariant))
+               check_edge_inputs_stay_finite, check_trial_order_invariant, check_diagnostics_per_trial))
 
 
 def check_scheme(factory: Factory, *, skip: tuple[str, ...] = ()) -> None:

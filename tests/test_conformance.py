@@ -4,6 +4,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import pytest
+import torch
 
 import schemes
 from schemes import conformance, reference
@@ -65,11 +66,20 @@ class _Underreports(GroupQuant):
         return replace(ledger, components={**ledger.components, first: ledger.components[first] // 2})
 
 
+@dataclass
+class _PerHeadDiagnostic(GroupQuant):
+    name = "broken-diagnostic"
+
+    def diagnostics(self):
+        return {"groups_used": torch.ones(3, 2)}        # (B, H): one value per trial and head
+
+
 @pytest.mark.parametrize("cls,check,words", [
     (_MutatesInput, "check_input_not_mutated", "changed its input k in place"),
     (_Float32Always, "check_roundtrip_keeps_shape_dtype_device", "as torch.float32 for a torch.float64 input"),
     (_MixesTrials, "check_trial_order_invariant", "permuting the trials changes"),
     (_Underreports, "check_ledger_matches_storage", "the per-cache ledger counts"),
+    (_PerHeadDiagnostic, "check_diagnostics_per_trial", r"has shape \(3, 2\) for 3 trials"),
 ])
 def test_a_broken_codec_fails_its_check_with_a_sentence(cls, check, words):
     factory = partial(cls, width=8)

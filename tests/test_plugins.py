@@ -33,7 +33,12 @@ class RoundKV(Scheme):
         enc = Encoded(tuple(k.shape), k.dtype)
         self._encode(k, "k", enc)
         self._encode(v, "v", enc)
+        self._largest_k = k.abs().amax(dim=(1, 2, 3))
         return enc
+
+    def diagnostics(self):
+        """Its own diagnostic, named by no harness constant: the largest |K| of each trial's cache."""
+        return {"largest_abs_k": self._largest_k} if hasattr(self, "_largest_k") else {}
 
     def decode(self, enc):
         return self._decode(enc, "k"), self._decode(enc, "v")
@@ -159,3 +164,48 @@ def test_a_factory_that_returns_no_scheme_is_refused(monkeypatch):
             schemes.create("lazy", budget=2, dim=16)
     finally:
         registry._plugins = None
+
+
+def test_a_plugins_own_diagnostic_is_stored_per_trial(plugin, tmp_path):
+    """A diagnostic no harness constant names goes to the `diagnostics` table and comes back as a
+    column of RunStore.trials() (NaN for the codecs that do not report it), equal per trial to the
+    largest |K| of the data the harness draws for that trial."""
+    import sqlite3
+
+    from harness.cell import draw_trials
+    from harness.cli import main
+    from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
+    from harness.sweep import Cell, SweepConfig
+
+    args = ["run", "--scenario", "heavy_tail", "--scheme", f"{plugin},tq-kv", "--budget", "4", "--dim", "16",
+            "--seq-len", "32", "--queries", "4", "--trials", "5", "--quiet", "--out", str(tmp_path)]
+    assert main(args) == 0
+    with sqlite3.connect(tmp_path / RESULTS_FILE) as con:
+        assert "largest_abs_k" not in {row[1] for row in con.execute("PRAGMA table_info(trials)")}
+        assert con.execute("SELECT COUNT(*) FROM diagnostics WHERE name = 'largest_abs_k'").fetchone()[0] == 5
+    frame = RunStore(tmp_path).trials()
+    assert list(frame.columns) == list(TRIAL_COLUMNS) + ["largest_abs_k"]
+    mine = frame[frame.scheme == plugin].sort_values("trial")
+    assert frame[frame.scheme == "tq-kv"]["largest_abs_k"].isna().all()
+    config = SweepConfig(scenarios=("heavy_tail",), schemes=(plugin,), budgets=(4,), dims=(16,), seq_lens=(32,),
+                         queries=(4,), trials=5)
+    cell = Cell("heavy_tail", plugin, 4, 16, 32, 4, config.calib_tokens[0])
+    data = draw_trials(config, cell, range(5), torch.device("cpu"), torch.float32)
+    expected = data["k"].abs().amax(dim=(1, 2, 3)).double().numpy()
+    assert mine["largest_abs_k"].to_numpy() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("values,name,words", [
+    (torch.ones(3), "d2_t", "names a trials column that is not a diagnostic"),
+    (torch.ones(3), "largest k", "is not an identifier"),
+    (torch.ones(3, 2), "largest_abs_k", r"has shape \(3, 2\); valid: \(3,\)"),
+])
+def test_a_diagnostic_that_would_overwrite_a_metric_or_is_not_per_trial_is_refused(values, name, words):
+    from harness.cell import _diagnostics
+
+    codec = RoundKV(budget=4, dim=16)
+    codec.diagnostics = lambda: {name: values}
+    with pytest.raises(ValueError, match=words):
+        _diagnostics(codec, 3)
+    codec.diagnostics = lambda: {"d_eff_k": torch.full((3,), 2.0)}      # a named diagnostic column: kept
+    assert torch.equal(_diagnostics(codec, 3)["d_eff_k"], torch.full((3,), 2.0, dtype=torch.float64))
