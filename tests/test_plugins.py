@@ -209,3 +209,32 @@ def test_a_diagnostic_that_would_overwrite_a_metric_or_is_not_per_trial_is_refus
         _diagnostics(codec, 3)
     codec.diagnostics = lambda: {"d_eff_k": torch.full((3,), 2.0)}      # a named diagnostic column: kept
     assert torch.equal(_diagnostics(codec, 3)["d_eff_k"], torch.full((3,), 2.0, dtype=torch.float64))
+
+
+@pytest.fixture
+def example_codec(monkeypatch):
+    """examples/absmax_codec.py imported as a codec file is (it registers itself), and
+    unregistered afterwards."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "absmax_codec.py"
+    monkeypatch.setattr(registry._BUILTIN, "_entries", dict(registry._BUILTIN._entries))
+    spec = importlib.util.spec_from_file_location("absmax_codec", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    return path
+
+
+def test_a_new_codec_is_one_short_file_that_passes_the_shipped_checks_and_runs(example_codec, tmp_path):
+    from harness.cli import main
+    from harness.store import RunStore
+
+    assert len(example_codec.read_text().splitlines()) <= 25
+    assert "absmax" in schemes.available()
+    check_scheme(partial(schemes.create, "absmax"))
+    assert main(["run", "--scenario", "gaussian", "--scheme", "absmax", "--budget", "2,4", "--dim", "16",
+                 "--seq-len", "32", "--queries", "4", "--trials", "3", "--quiet", "--out", str(tmp_path)]) == 0
+    frame = RunStore(tmp_path).trials().groupby("budget")
+    # b bits of code per element plus one float32 scale per 16-element token vector
+    assert frame["bits_per_element"].mean().to_dict() == {2: 2 + 32 / 16, 4: 4 + 32 / 16}
+    assert frame["rel_mse_k"].mean()[4] < frame["rel_mse_k"].mean()[2]
