@@ -1,0 +1,49 @@
+"""The layout follows the data path: the packages import each other only downstream
+(kvcommon ← scenarios, schemes, stats ← reports; harness drives them all), and no module
+imports one that imports it back at module level."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kvcommon", "scenarios", "schemes", "stats", "reports", "harness")
+# what each package may import at module level (the data path, DESIGN.md)
+ALLOWED = {"kvcommon": set(), "scenarios": {"kvcommon"}, "schemes": {"kvcommon"}, "stats": {"kvcommon"},
+           "reports": {"kvcommon", "stats"}, "harness": set(PACKAGES) - {"harness"}}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports at module level (not inside functions)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        for n in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+            if isinstance(n, ast.Import):
+                found |= {a.name for a in n.names if a.name.split(".")[0] in PACKAGES}
+            elif isinstance(n, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - n.level + 1] if n.level else []
+                target = ".".join(base + ([n.module] if n.module else []))
+                for a in n.names:
+                    found.add(f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target)
+    return {m for m in found if m in modules and m != name}
+
+
+def test_packages_import_only_downstream_and_modules_form_no_cycle():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    upstream = sorted(f"{a} imports {b}" for a, deps in graph.items() for b in deps
+                      if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in ALLOWED[a.split(".")[0]])
+    assert not upstream, upstream
+
+    def reaches(start, goal, seen):
+        return any(d == goal or (d not in seen and not seen.add(d) and reaches(d, goal, seen)) for d in graph[start])
+    cycles = sorted(name for name in graph if reaches(name, name, set()))
+    assert not cycles, f"modules on an import cycle: {cycles}"
