@@ -1,4 +1,4 @@
-"""The report's figures (matplotlib/seaborn, Agg backend) from the tidy frames of findings.py.
+"""The report's figures (matplotlib/seaborn, Agg backend) from the tidy frames of stats/findings.py.
 
 Each builder returns a ReportFigure: a matplotlib Figure, or None with the reason the run
 cannot support it. Every codec has one fixed style (reports.styles: colour, marker, line
@@ -23,7 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from stats.metrics import SIX_D  # noqa: E402
 
-from .findings import SETTING, Findings  # noqa: E402
+from stats.findings import SETTING, Findings  # noqa: E402
 from .styles import MAX_SERIES, SchemeStyle, panel_groups, scheme_styles  # noqa: E402
 
 _UNIT_D2 = "(dimensionless)"

@@ -10,7 +10,7 @@ import json
 import jinja2
 
 from .figures import ReportFigure
-from .findings import Findings
+from stats.findings import Findings
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows, claim_detail_rows,
                         claim_rows, crossover_header, crossover_rows, headline_header, headline_rows, lede,
                         method_sentence, setting_summaries, verdict_note, winner_header, winner_rows)

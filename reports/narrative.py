@@ -12,7 +12,7 @@ import pandas as pd
 
 from stats.equal_storage import LEVEL, STORAGE, TOLERANCE
 
-from .findings import ALPHA, CELL as CELL_KEY, EQUIVALENCE_MARGIN, SETTING, Findings
+from stats.findings import ALPHA, CELL as CELL_KEY, EQUIVALENCE_MARGIN, SETTING, Findings
 
 
 def num(x: float) -> str:

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from .figures import PAGE_FIGURE_BOX, ReportFigure  # noqa: E402
-from .findings import Findings  # noqa: E402
+from stats.findings import Findings  # noqa: E402
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows,  # noqa: E402
                         claim_detail_rows, claim_rows, crossover_header, crossover_rows, headline_header,
                         headline_rows, lede, method_sentence, setting_summaries, several_calibrations,

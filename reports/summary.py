@@ -1,35 +1,18 @@
 """Per-cell summary of a run: means with 95% confidence intervals, from the stored rows alone."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-from scipy import stats as sps
-from stats.cells import CELL_COLUMNS
+from stats.findings import cell_estimates
 
 
 SUMMARY_METRICS = ("d2_t", "rel_mse_k", "rel_mse_v", "kl_attn", "logit_slope")
 
 
-def mean_ci(values: pd.Series, level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and Student-t confidence interval of the mean."""
-    x = np.asarray(values, dtype=float)
-    mean = float(x.mean())
-    if len(x) < 2:
-        return mean, float("nan"), float("nan")
-    half = float(sps.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-    return mean, mean - half, mean + half
-
-
 def summary_table(trials: pd.DataFrame, metrics=SUMMARY_METRICS) -> pd.DataFrame:
-    """One row per cell: n_trials, bits_per_element and, per metric, mean, ci_low, ci_high."""
-    keys = list(CELL_COLUMNS)
-    records = []
-    for cell, group in trials.groupby(keys, sort=True):
-        rec = dict(zip(keys, cell), n_trials=len(group), bits_per_element=group["bits_per_element"].mean())
-        for m in metrics:
-            rec[m], rec[f"{m}_ci_low"], rec[f"{m}_ci_high"] = mean_ci(group[m])
-        records.append(rec)
-    return pd.DataFrame.from_records(records)
+    """One row per cell: n_trials, bits_per_element and, per metric, mean, ci_low, ci_high
+    (stats.findings.cell_estimates, with the summary's column names)."""
+    estimates = cell_estimates(trials, metrics).drop(columns="storage")
+    return estimates.rename(columns={f"{m}_{end}": f"{m}_ci_{end}" for m in metrics for end in ("low", "high")})
 
 
 def format_summary(table: pd.DataFrame, metric: str = "d2_t") -> str:

@@ -1,6 +1,6 @@
 """Two-sample inference on per-trial metrics: KS and Mann-Whitney tests (batched over metrics),
 the Wilcoxon signed-rank test for paired samples, Holm and Benjamini-Hochberg corrections,
-bootstrap confidence intervals, Cliff's delta and a TOST equivalence test.
+Student-t and bootstrap confidence intervals, Cliff's delta and a TOST equivalence test.
 
 Inputs are per-trial samples: a frame with one row per trial and one column per metric, or a
 1-D array. Every random draw takes an explicit seed or numpy Generator (STYLE.md §4). Results
@@ -190,6 +190,16 @@ def benjamini_hochberg(pvalues) -> np.ndarray:
 
 
 # --- bootstrap ---------------------------------------------------------------------------
+def mean_ci(values: pd.Series, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and Student-t confidence interval of the mean."""
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean())
+    if len(x) < 2:
+        return mean, float("nan"), float("nan")
+    half = float(_sps.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+    return mean, mean - half, mean + half
+
+
 def bootstrap_ci(values, statistic: str = "mean", level: float = 0.95, n_boot: int = 2000,
                  seed: int | np.random.Generator = 0) -> tuple[float, float]:
     """Percentile bootstrap confidence interval (low, high) of the mean or median of values.

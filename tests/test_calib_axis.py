@@ -116,7 +116,7 @@ def test_report_separates_calibration_sizes(run_dir, capsys):
     import matplotlib.pyplot as plt
 
     from reports.figures import d_eff_figure, scheme_styles
-    from reports.findings import analyse
+    from stats.findings import analyse
     from reports.narrative import CELL_HEADER, WINNER_HEADER, cell_header, setting_summaries, winner_header
 
     assert main(["report", str(run_dir), "--permutations", "20"]) == 0
@@ -157,7 +157,7 @@ def test_calibration_figure_draws_each_scheme_against_n_cal(run_dir):
     import matplotlib.pyplot as plt
 
     from reports.figures import calibration_figure, scheme_styles
-    from reports.findings import analyse
+    from stats.findings import analyse
     trials = RunStore(run_dir).trials()
     findings = analyse(trials, n_permutations=20)
     styles = scheme_styles(trials.scheme.unique())

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reports.findings import pairwise_tests, winners
+from stats.findings import pairwise_tests, winners
 from stats.dominance import crossovers
 from stats.equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, parse_levels, storage_column
 from stats.paired import rank_biserial, two_sample, wilcoxon
@@ -152,7 +152,7 @@ def test_findings_when_no_codec_reaches_a_storage_level():
     """A run whose codecs all sit away from every level (one budget at a small d) still has
     findings and a JSON object: fronts, and no winners rather than an error."""
     from harness.store import TRIAL_COLUMNS
-    from reports.findings import analyse, to_json
+    from stats.findings import analyse, to_json
 
     rng = np.random.default_rng(2)
     rows = [{**{c: rng.uniform(0.1, 0.5) for c in TRIAL_COLUMNS}, **SETTING, "scheme": name, "budget": 3,

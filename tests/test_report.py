@@ -20,7 +20,7 @@ from scipy import stats as sps
 
 from harness.cli import main
 from harness.store import TRIAL_COLUMNS, RunStore
-from reports.findings import analyse
+from stats.findings import analyse
 from reports.html import render_html
 from interrupting import interrupt_at_chunk
 

@@ -12,7 +12,7 @@ import pytest
 from harness.cli import main
 from harness.reproduce import experiments, sizes, true_ranks
 from harness.store import RunStore
-from reports.findings import analyse, to_json
+from stats.findings import analyse, to_json
 from stats.claims import CLAIM_COLUMNS, VERDICTS
 
 

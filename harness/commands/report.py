@@ -69,7 +69,7 @@ def incomplete_notice(store: RunStore) -> str | None:
 
 
 def _findings(directory: Path, null_directory: Path | None, n_permutations: int, levels):
-    from reports.findings import analyse
+    from stats.findings import analyse
 
     trials = RunStore(directory).trials()
     if trials.empty:
@@ -132,7 +132,7 @@ def run(args) -> int:
         except ValueError as exc:
             raise UsageError(f"harness report: --storage-levels: {exc}") from None
     if args.json:
-        from reports.findings import to_json
+        from stats.findings import to_json
         findings = _findings(args.directory, args.null, args.permutations, levels)
         out = to_json(findings)
         notice = incomplete_notice(store)

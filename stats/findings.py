@@ -16,16 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from stats.cells import CELL_COLUMNS, SETTING_COLUMNS
-from stats.dominance import crossovers, pareto_front
-from stats.equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, storage_column
-from stats.inference import holm, tost
-from stats.metrics import SIX_D
-from stats.paired import two_sample
-from stats.levels import ALPHA, EQUIVALENCE_MARGIN
-from stats.validation import same_data, validate_samples
 
-from .summary import mean_ci
+from .cells import CELL_COLUMNS, SETTING_COLUMNS
+from .dominance import crossovers, pareto_front
+from .equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, storage_column
+from .inference import holm, mean_ci, tost
+from .metrics import SIX_D
+from .paired import two_sample
+from .levels import ALPHA, EQUIVALENCE_MARGIN
+from .validation import same_data, validate_samples
 
 SETTING = SETTING_COLUMNS
 CELL = CELL_COLUMNS  # = SETTING[:1] + ("scheme", "budget") + SETTING[1:]
