@@ -8,13 +8,12 @@ separately so a row (one token's vector) stays addressable on its own. Widths th
 each shifted into place. Everything stays in uint8 (no int64 words), so every width costs
 about the same.
 
-Two formats of codes of varying width build on it: `pack_variable` (a width per trial, head and
-coordinate: SpectralQuant's water-filled codes, one bit stream per trial) and `pack_mixed` (a
+Two formats of codes of varying width: `pack_variable` (a width per trial, head and
+coordinate: SpectralQuant's water-filled codes, one bit stream per trial, built byte-wise) and `pack_mixed` (a
 width in {0, 2, 4, 6, 8} per trial and component: Shard's coefficients, as 2-bit digits).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
@@ -118,79 +117,63 @@ def unpack_bits(packed: torch.Tensor, width: int, n: int) -> torch.Tensor:
 
 
 # --- variable widths per (trial, head, coordinate): SpectralQuant's code stream ----------------
-_PLANES = torch.arange(MAX_BITS - 1, -1, -1)  # bit positions, most significant first
+def _code_offsets(widths: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, int]:
+    """Bit offset of every code in its trial's stream, (B, H, S, d), and the longest stream's
+    length in bits. A trial's stream is head after head, token after token, each token its
+    coordinates' codes in order (the low w bits of each, most significant first), no padding:
+    code i of token s of head h starts at head_start[b, h] + s·T[b, h] + Σ_{j<i} w_j, with
+    T[b, h] = Σ_j w_j the token's bits."""
+    w = widths.to(torch.int64)
+    per_token = w.sum(-1)                                                            # (B, H)
+    head_bits = per_token * n_tokens
+    length = int(head_bits.sum(-1).max()) if head_bits.numel() else 0
+    dtype = torch.int32 if length + 16 < 2 ** 31 else torch.int64                  # halves the traffic
+    token_start = (torch.cumsum(head_bits, -1) - head_bits).unsqueeze(-1) \
+        + torch.arange(n_tokens, device=w.device) * per_token.unsqueeze(-1)         # (B, H, S)
+    within = torch.cumsum(w, -1) - w                                                 # (B, H, d)
+    return token_start.to(dtype).unsqueeze(-1) + within.to(dtype).unsqueeze(2), length
 
 
-@dataclass(frozen=True)
-class _StreamLayout:
-    """Where each code bit of a trial goes. Within one token of head h the valid bits (the
-    low w_k bits of each coordinate, MSB first) are `select[b, h, :T[b, h]]` of the d·8
-    bit positions; the trial's stream is head after head, token after token, so token s of
-    head h starts at offset[b, h] + s·T[b, h]. `dest` (B, H, S, T_max) is None when every
-    (trial, head) has the same T: the stream is then a plain reshape."""
-    select: torch.Tensor
-    per_token: torch.Tensor
-    length: int
-    dest: torch.Tensor | None
-
-
-def _layout(widths: torch.Tensor, n_tokens: int) -> _StreamLayout:
-    b, h, d = widths.shape
-    planes = _PLANES.to(widths.device)
-    valid = (planes < widths.unsqueeze(-1)).reshape(b, h, d * MAX_BITS)
-    per_token = widths.sum(-1)                                                       # (B, H)
-    t_max = int(per_token.max()) if per_token.numel() else 0
-    select = torch.sort((~valid).to(torch.uint8), dim=-1, stable=True).indices[..., :t_max]
-    lengths = per_token.sum(-1) * n_tokens
-    length = int(lengths.max()) if lengths.numel() else 0
-    if bool((per_token == t_max).all()):
-        return _StreamLayout(select, per_token, length, None)
-    offset = torch.cumsum(per_token * n_tokens, -1) - per_token * n_tokens           # (B, H)
-    s = torch.arange(n_tokens, device=widths.device).view(1, 1, -1, 1)
-    j = torch.arange(t_max, device=widths.device).view(1, 1, 1, -1)
-    dest = offset[..., None, None] + s * per_token[..., None, None] + j
-    dest = torch.where(j < per_token[..., None, None], dest, torch.full_like(dest, length))
-    return _StreamLayout(select, per_token, length, dest)
+def _byte_fields(offsets: torch.Tensor, widths: torch.Tensor, row_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each code: the index of the first of the two bytes it touches in the flattened
+    (B, row_bytes) stream, and the left shift that puts the code in place in the big-endian
+    16-bit window of those two bytes (a code of ≤ 8 bits starting at bit r < 8 of a byte ends
+    within the next one)."""
+    b = offsets.shape[0]
+    rows = (torch.arange(b, device=offsets.device, dtype=offsets.dtype) * row_bytes).view(b, 1, 1, 1)
+    shift = 16 - (offsets & 7) - widths.to(offsets.dtype).unsqueeze(2)
+    return ((offsets >> 3) + rows).reshape(-1).to(torch.int64), shift
 
 
 def pack_variable(idx: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
-    """Codes idx (B, H, S, d) of per-(trial, head, coordinate) widths (B, H, d) -> uint8 (B, bytes)."""
+    """Codes idx (B, H, S, d) of per-(trial, head, coordinate) widths (B, H, d) -> uint8 (B, bytes):
+    each trial's stream (_code_offsets) packed 8 bits a byte, MSB first, zero-padded to the
+    batch's longest. Each code is added, as its high and low byte, into the two bytes it spans:
+    the codes' bits never overlap, so the sums are the bitwise ORs."""
     b, h, s, d = idx.shape
-    layout = _layout(widths, s)
-    if layout.length == 0:
+    offsets, length = _code_offsets(widths, s)
+    n = (length + 7) // 8
+    if n == 0:
         return torch.zeros(b, 0, dtype=torch.uint8, device=idx.device)
-    planes = _PLANES.to(device=idx.device, dtype=torch.uint8)
-    bits = ((idx.to(torch.uint8).unsqueeze(-1) >> planes) & 1).reshape(b, h, s, d * MAX_BITS)
-    token_bits = bits.gather(-1, layout.select.unsqueeze(2).expand(-1, -1, s, -1))   # (B, H, S, T_max)
-    if layout.dest is None:
-        stream = token_bits.reshape(b, -1)
-    else:
-        stream = torch.zeros(b, layout.length + 1, dtype=torch.uint8, device=idx.device)
-        stream.scatter_(-1, layout.dest.reshape(b, -1), token_bits.reshape(b, -1))
-        stream = stream[:, :layout.length]
-    return pack_bits(stream, 1)
+    where, shift = _byte_fields(offsets, widths, n + 2)      # 2 spare bytes: a 0-bit code may start at bit `length`
+    field = (idx.to(offsets.dtype) << shift).reshape(-1)
+    stream = torch.zeros(b * (n + 2), dtype=offsets.dtype, device=idx.device)
+    stream.index_add_(0, where, field >> 8)
+    stream.index_add_(0, where + 1, field & 255)
+    return stream.view(b, n + 2)[:, :n].to(torch.uint8)
 
 
 def unpack_variable(packed: torch.Tensor, widths: torch.Tensor, n_tokens: int) -> torch.Tensor:
     """Inverse of pack_variable: int64 codes (B, H, S, d)."""
     b, h, d = widths.shape
-    layout = _layout(widths, n_tokens)
-    if layout.length == 0:
+    offsets, length = _code_offsets(widths, n_tokens)
+    if length == 0:
         return torch.zeros(b, h, n_tokens, d, dtype=torch.int64, device=widths.device)
-    stream = unpack_bits(packed, 1, layout.length).to(torch.uint8)
-    if layout.dest is None:
-        token_bits = stream.reshape(b, h, n_tokens, -1)
-    else:
-        stream = torch.cat((stream, torch.zeros_like(stream[:, :1])), -1)
-        token_bits = stream.gather(-1, layout.dest.reshape(b, -1)).reshape(layout.dest.shape)
-    bits = torch.zeros(b, h, n_tokens, d * MAX_BITS, dtype=torch.uint8, device=widths.device)
-    # Positions past T[b, h] in `select` are bits outside every code; token_bits holds 0 there.
-    bits.scatter_(-1, layout.select.unsqueeze(2).expand(-1, -1, n_tokens, -1), token_bits)
-    bits = bits.reshape(b, h, n_tokens, d, MAX_BITS)
-    idx = torch.zeros(b, h, n_tokens, d, dtype=torch.uint8, device=widths.device)
-    for position in range(MAX_BITS):
-        idx = idx | (bits[..., position] << (MAX_BITS - 1 - position))
-    return idx.to(torch.int64)
+    stream = torch.cat((packed, packed.new_zeros(b, 2)), 1).to(offsets.dtype).reshape(-1)
+    where, shift = _byte_fields(offsets, widths, packed.shape[1] + 2)
+    window = ((stream[where] << 8) | stream[where + 1]).view(offsets.shape)
+    mask = (1 << widths.to(offsets.dtype)) - 1
+    return ((window >> shift) & mask.unsqueeze(2)).to(torch.int64)
 
 
 # --- widths in {0, 2, 4, 6, 8} per (trial, component): Shard's coefficient stream of 2-bit digits ---
