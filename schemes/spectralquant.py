@@ -155,16 +155,39 @@ def _all_thresholds(device: str) -> tuple[torch.Tensor, torch.Tensor]:
             torch.tensor(first, dtype=torch.int64, device=device))
 
 
+@functools.lru_cache(maxsize=None)
+def _threshold_grid(device: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """A lookup table over the shifted axis of _all_thresholds, in cells of 1/per_unit (a power of
+    two, fine enough that no cell holds two thresholds): for the cell starting at edge e, the
+    final index of a value at e (the number of its block's thresholds below e; 0 in block 0,
+    width 0) and the smallest threshold ≥ e (+inf if none in its block). A value y in the cell
+    then has index table[c] + (next[c] < y): exactly torch.bucketize's count of the thresholds
+    below y, in one gather and one comparison instead of a binary search."""
+    thresholds, first = _all_thresholds("cpu")
+    per_unit = 256
+    while True:
+        origin = int(-_CLAMP * per_unit)
+        edges = torch.arange(origin, int((_CLAMP + _SHIFT * MAX_BITS) * per_unit) + 2, dtype=torch.float64) / per_unit
+        below = torch.searchsorted(thresholds, edges)                        # thresholds < edge
+        if int((below[1:] - below[:-1]).max()) <= 1:
+            break
+        per_unit *= 2
+    block = torch.div(edges + _CLAMP, _SHIFT, rounding_mode="floor").to(torch.int64).clamp(0, MAX_BITS)
+    table = torch.where(block > 0, below - first[block], torch.zeros_like(below))
+    following = torch.cat((thresholds, thresholds.new_tensor([math.inf])))[below]
+    following = torch.where(block > 0, following, torch.full_like(following, math.inf))
+    return table.to(device), following.to(device), origin, per_unit
+
+
 def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
     """Index of the nearest centroid of the unit Gaussian Lloyd–Max codebook of each element's
     width (0: index 0), for u (..., d) and widths broadcasting to it: one search for all
-    widths, element of width w looked up as clamp(u) + _SHIFT·w among the shifted blocks."""
-    thresholds, first = _all_thresholds(str(u.device))
-    shifted = u.to(torch.float64).clamp(-_CLAMP, _CLAMP) + _SHIFT * widths
-    idx = torch.bucketize(shifted, thresholds) - first[widths]
-    # NaN sorts past every block: give it the top index of its own width, as a per-width search would
-    idx = torch.minimum(idx, (1 << widths) - 1)
-    return torch.where(widths > 0, idx, torch.zeros_like(idx))
+    widths, element of width w looked up as clamp(u) + _SHIFT·w among the shifted blocks
+    (_threshold_grid). NaN takes the top index of its width, as a per-width search would."""
+    table, following, origin, per_unit = _threshold_grid(str(u.device))
+    shifted = torch.nan_to_num(u.to(torch.float64), nan=_CLAMP).clamp_(-_CLAMP, _CLAMP) + _SHIFT * widths
+    cell = (shifted * per_unit).floor_().to(torch.int64).sub_(origin)
+    return table[cell] + (following[cell] < shifted)
 
 
 @dataclass

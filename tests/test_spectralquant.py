@@ -436,6 +436,30 @@ def test_one_search_finds_the_nearest_centroid_of_every_width(seed, spread):
                               rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_lookup_table_equals_a_binary_search_on_every_threshold(dtype):
+    """_nearest_centroids' table lookup against torch.bucketize over the shifted thresholds (the
+    search it replaces), on every threshold of every width, its floating-point neighbours, the
+    cell edges around it, random values and the clamp's limits."""
+    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids
+    thresholds, first = _all_thresholds("cpu")
+    values, widths = [], []
+    for w in range(1, 9):
+        t = (thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w)
+        near = torch.cat((t, torch.nextafter(t, t + 1), torch.nextafter(t, t - 1), torch.floor(t * 256) / 256,
+                          torch.ceil(t * 256) / 256, torch.tensor([-_CLAMP, _CLAMP, -1e30, 1e30, 0.0],
+                                                                   dtype=torch.float64)))
+        values.append(near)
+        widths.append(torch.full_like(near, w, dtype=torch.int64))
+    gen = torch.Generator().manual_seed(3)
+    rand = torch.randn(4000, generator=gen, dtype=torch.float64) * 2
+    values = torch.cat(values + [rand]).to(dtype)
+    widths = torch.cat(widths + [torch.randint(0, 9, (4000,), generator=gen)])
+    shifted = values.to(torch.float64).clamp(-_CLAMP, _CLAMP) + _SHIFT * widths
+    expected = torch.where(widths > 0, torch.bucketize(shifted, thresholds) - first[widths], 0)
+    assert torch.equal(_nearest_centroids(values, widths), expected)
+
+
 @pytest.mark.parametrize("impl", ["torch", "reference"])
 def test_sketches_are_drawn_per_trial_index(impl):
     """A trial's sketches depend on its index, not on the batch it is coded in; two trials
