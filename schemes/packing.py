@@ -171,7 +171,7 @@ def unpack_variable(packed: torch.Tensor, widths: torch.Tensor, n_tokens: int) -
         return torch.zeros(b, h, n_tokens, d, dtype=torch.int64, device=widths.device)
     stream = torch.cat((packed, packed.new_zeros(b, 2)), 1).to(offsets.dtype).reshape(-1)
     where, shift = _byte_fields(offsets, widths, packed.shape[1] + 2)
-    window = ((stream[where] << 8) | stream[where + 1]).view(offsets.shape)
+    window = ((stream.index_select(0, where) << 8) | stream.index_select(0, where + 1)).view(offsets.shape)
     mask = (1 << widths.to(offsets.dtype)) - 1
     return ((window >> shift) & mask.unsqueeze(2)).to(torch.int64)
 

@@ -186,8 +186,9 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
     (_threshold_grid). NaN takes the top index of its width, as a per-width search would."""
     table, following, origin, per_unit = _threshold_grid(str(u.device))
     shifted = torch.nan_to_num(u.to(torch.float64), nan=_CLAMP).clamp_(-_CLAMP, _CLAMP) + _SHIFT * widths
-    cell = (shifted * per_unit).floor_().to(torch.int64).sub_(origin)
-    return table[cell] + (following[cell] < shifted)
+    cell = (shifted * per_unit).floor_().to(torch.int64).sub_(origin).view(-1)
+    # index_select, not table[cell]: 2-3x faster on the CPU for a flat index
+    return (table.index_select(0, cell) + (following.index_select(0, cell) < shifted.view(-1))).view(shifted.shape)
 
 
 @dataclass
@@ -387,8 +388,8 @@ class SpectralQuant(PerTensorScheme):
                 offsets[width] = position
                 table.append(enc.side[key].to(dtype))
                 position += 2 ** width
-        flat = offsets[widths].unsqueeze(-2) + idx
-        return torch.cat(table)[flat] * sigma
+        flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
+        return torch.cat(table).index_select(0, flat).view(idx.shape) * sigma
 
     def _stored(self, enc: Encoded, prefix: str):
         """(Q (B, H, d, d), widths (B, H, d), σ (B, H, 1, d)) from the stored codes."""
