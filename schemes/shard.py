@@ -31,132 +31,32 @@ per cache (they are read against the prefill's basis and codebook).
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .base import Encoded, Scheme
+from .bit_allocation import allocate_bits
+from .clipping import coefficient_scales, quantize_symmetric, symmetric_levels
 from .fp16 import half_shift, shift_down, shift_up
 from .hadamard import check_power_of_two, fwht
 from .kmeans import INITS, assign, kmeans
 from .memo import IdentityMemo
 from .packing import mixed_exact_bits, pack_bits, pack_mixed, unpack_bits, unpack_mixed
 from .registry import register_variant
+from .svd import randomized_svd
 from kvcommon.rng import generator
 from kvcommon import rope
 from kvcommon.rope import DEFAULT_BASE
-from kvcommon.threads import small_linalg
 from .turboquant import TurboQuant
 
-BIT_CHOICES = (0, 2, 4, 6, 8)
 _VQ_CODES = IdentityMemo(2)   # V's VQ codes of the current chunk (Shard._encode_v)
 
 
-# --- DP bit allocation -------------------------------------------------------------------
-def group_error(variance: float, bits: int, drop_penalty: float) -> float:
-    """Modelled squared error of a component group: uniform-quantiser noise variance/(3·4^b)
-    (write-up §5), or the whole variance × drop_penalty when the group is dropped (b = 0)."""
-    return variance * drop_penalty if bits == 0 else variance / (3.0 * 4 ** bits)
-
-
-def allocate_bits(variances, sizes, budget_bits: int, *, drop_penalty: float = 4.0,
-                  choices=BIT_CHOICES) -> tuple[int, ...]:
-    """Bits per group minimising Σ group_error subject to Σ size·bits <= budget_bits (exact DP
-    over the reachable costs; ties go to the cheaper, then lexicographically smaller choice)."""
-    if 0 not in choices:
-        raise ValueError(f"bit choices {choices} must include 0 so that every budget is feasible")
-    states = {0: (0.0, ())}                                   # cost -> (error, allocation)
-    for variance, size in zip(variances, sizes):
-        nxt: dict[int, tuple[float, tuple]] = {}
-        for cost, (err, alloc) in states.items():
-            for bits in choices:
-                c = cost + size * bits
-                if c > budget_bits:
-                    continue
-                cand = (err + group_error(float(variance), bits, drop_penalty), alloc + (bits,))
-                if c not in nxt or cand < nxt[c]:
-                    nxt[c] = cand
-        states = nxt
-    best = min(states.items(), key=lambda item: (item[1][0], item[0], item[1][1]))
-    return best[1][1]
-
-
-def brute_force_allocation(variances, sizes, budget_bits, *, drop_penalty=4.0, choices=BIT_CHOICES):
-    """Reference for tests: the minimal modelled error over every allocation within budget."""
-    best = None
-    for alloc in itertools.product(choices, repeat=len(variances)):
-        if sum(s * b for s, b in zip(sizes, alloc)) <= budget_bits:
-            err = sum(group_error(float(v), b, drop_penalty) for v, b in zip(variances, alloc))
-            best = err if best is None else min(best, err)
-    return best
-
-
-# --- mixed-width coefficient codes as a stream of 2-bit digits ----------------------------
+# --- the width of every component, from its group's bits ----------------------------------
 def _widths(alloc: tuple[int, ...], sizes: list[int]) -> list[int]:
     return [b for b, size in zip(alloc, sizes) for _ in range(size)]
-
-
-def _levels(width: int) -> int:
-    """Largest magnitude of a symmetric `width`-bit code: 2^(w−1) − 1 (7 at 4 bits)."""
-    return (1 << (width - 1)) - 1 if width else 0
-
-
-# --- symmetric coefficient quantiser with MSE-optimal clipping ----------------------------
-CLIP_GRID = tuple(i / 20 for i in range(2, 21))   # step = f·max|c|/L, f in 0.1..1
-
-
-def _quantize_symmetric(coeff: torch.Tensor, scale: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
-    """Signed codes round(c/scale) clipped to [−L, L]: coeff (B, n, r), scale and levels (B, r)."""
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
-    signed = torch.round(coeff / safe[:, None, :])
-    return torch.maximum(torch.minimum(signed, levels[:, None, :]), -levels[:, None, :])
-
-
-def coefficient_scales(coeff: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
-    """Per-component fp16 step (B, r) of the symmetric quantiser with levels L (B, r): the step
-    f·max|c|/L with the smallest squared error over f in CLIP_GRID. Max-abs scaling (f = 1)
-    wastes the few levels of a 2- or 4-bit code on the tails (at 2 bits, levels {−1, 0, 1}, its
-    error exceeds the coefficient's variance); clipping at the MSE optimum is the usual fix
-    (e.g. Banner et al., ACIQ, arXiv 1810.05723). Levels 0 (dropped) give step 0."""
-    peak = coeff.abs().amax(1)
-    best_scale = torch.zeros_like(peak).half()
-    best_err = torch.full_like(peak, float("inf"))
-    for f in CLIP_GRID:
-        scale = (peak * f / levels.clamp(min=1)).half()
-        step = scale.to(coeff.dtype)
-        err = ((coeff - _quantize_symmetric(coeff, step, levels) * step[:, None, :]) ** 2).sum(1)
-        better = err < best_err
-        best_scale = torch.where(better, scale, best_scale)
-        best_err = torch.where(better, err, best_err)
-    return torch.where(levels > 0, best_scale, torch.zeros_like(best_scale))
-
-
-# --- randomized SVD ----------------------------------------------------------------------
-def randomized_svd(x: torch.Tensor, rank: int, n_iter: int, omega: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-`rank` right singular vectors (B, D, rank) and singular values (B, rank) of x (B, n, D),
-    from the test matrix omega (D, l), l >= rank, shared by every trial; QR re-orthonormalises
-    between power iterations (Halko et al. 2011, Alg. 4.4)."""
-    if omega.shape[1] >= min(x.shape[-2:]):
-        # the sketch spans the whole row space: the exact SVD is what the iteration converges to
-        with small_linalg():
-            _, s, vh = torch.linalg.svd(x, full_matrices=False)
-        return vh[..., :rank, :].transpose(-1, -2), s[..., :rank]
-    y = x @ omega
-    with small_linalg():   # the QRs and the small SVD on one thread, the products x @ · on all
-        q, _ = torch.linalg.qr(y)
-    for _ in range(n_iter):
-        y = x.transpose(-1, -2) @ q
-        with small_linalg():
-            z, _ = torch.linalg.qr(y)
-        y = x @ z
-        with small_linalg():
-            q, _ = torch.linalg.qr(y)
-    small = q.transpose(-1, -2) @ x                      # (B, l, D)
-    with small_linalg():
-        _, s, vh = torch.linalg.svd(small, full_matrices=False)
-    return vh[..., :rank, :].transpose(-1, -2), s[..., :rank]
 
 
 def _peak_shift(x: torch.Tensor) -> torch.Tensor:
@@ -285,9 +185,9 @@ class Shard(Scheme):
         allocs = [allocate_bits([variance[i, a:z].sum() for a, z in zip(bounds[:-1], bounds[1:])], sizes,
                                 self.budget * r, drop_penalty=self.drop_penalty) for i in range(b)]
         widths = [_widths(a, sizes) for a in allocs]
-        levels = torch.tensor([[_levels(w) for w in ws] for ws in widths], dtype=work, device=k_mid.device)
+        levels = torch.tensor([[symmetric_levels(w) for w in ws] for ws in widths], dtype=work, device=k_mid.device)
         coeff_scale = coefficient_scales(coeff, levels)
-        signed = _quantize_symmetric(coeff, coeff_scale.to(work), levels)
+        signed = quantize_symmetric(coeff, coeff_scale.to(work), levels)
         unsigned = (signed + levels[:, None, :]).to(torch.int64)
         enc.codes.update({
             "k.shift": shift, "k.mean": mean, "k.basis": basis_q, "k.basis_scale": col_scale,
@@ -307,7 +207,7 @@ class Shard(Scheme):
         """Keys (B, H, n, d) with RoPE from unsigned coefficient codes (per trial (n, r))."""
         b, h, _, d = enc.shape
         widths = self._k_widths(enc)
-        levels = torch.tensor([[_levels(w) for w in ws] for ws in widths], dtype=dtype, device=pos.device)
+        levels = torch.tensor([[symmetric_levels(w) for w in ws] for ws in widths], dtype=dtype, device=pos.device)
         signed = torch.stack(coeff_codes).to(dtype) - levels[:, None, :]
         coeff = signed * enc.codes["k.coeff_scale"].to(dtype)[:, None, :]
         flat = enc.codes["k.mean"].to(dtype)[:, None, :] + coeff @ self._basis_hat(enc, dtype).transpose(1, 2)
@@ -430,8 +330,8 @@ class Shard(Scheme):
         centred = shift_down(flat, enc.codes["k.shift"]) - enc.codes["k.mean"].to(work)[:, None, :]
         coeff = centred @ self._basis_hat(enc, work)
         widths = self._k_widths(enc)
-        levels = torch.tensor([[_levels(w) for w in ws] for ws in widths], dtype=work, device=k_new.device)
-        signed = _quantize_symmetric(coeff, enc.codes["k.coeff_scale"].to(work), levels)
+        levels = torch.tensor([[symmetric_levels(w) for w in ws] for ws in widths], dtype=work, device=k_new.device)
+        signed = quantize_symmetric(coeff, enc.codes["k.coeff_scale"].to(work), levels)
         out = Encoded((b, h, n, d), k_new.dtype)
         _store_positions(out, pos, s)
         out.codes["k.coeff"] = pack_mixed(list((signed + levels[:, None, :]).to(torch.int64)), widths)

@@ -14,8 +14,9 @@ from schemes.kmeans import assign, kmeans
 from kvcommon.rng import generator
 from kvcommon.rope import apply_rope, undo_rope
 from schemes.packing import pack_mixed, unpack_mixed
-from schemes.shard import (BIT_CHOICES, _quantize_symmetric, allocate_bits, brute_force_allocation,
-                           coefficient_scales, group_error, randomized_svd)
+from schemes.bit_allocation import BIT_CHOICES, allocate_bits, brute_force_allocation, group_error
+from schemes.clipping import coefficient_scales, quantize_symmetric
+from schemes.svd import randomized_svd
 
 
 def _gauss(shape, seed=0, dtype=torch.float64):
@@ -290,9 +291,9 @@ def test_clipped_coefficient_steps_beat_max_abs_on_gaussian_coefficients():
     for width, bound in ((2, 0.25), (4, 0.02)):      # Gaussian midtread optimum: 0.19 (3 levels), 0.0095 (15)
         levels = torch.full((1, 3), float((1 << (width - 1)) - 1), dtype=torch.float64)
         scale = coefficient_scales(c, levels).double()
-        err = float(((c - _quantize_symmetric(c, scale, levels) * scale[:, None, :]) ** 2).mean())
+        err = float(((c - quantize_symmetric(c, scale, levels) * scale[:, None, :]) ** 2).mean())
         max_abs = c.abs().amax(1) / levels
-        err_max_abs = float(((c - _quantize_symmetric(c, max_abs, levels) * max_abs[:, None, :]) ** 2).mean())
+        err_max_abs = float(((c - quantize_symmetric(c, max_abs, levels) * max_abs[:, None, :]) ** 2).mean())
         assert err < bound and err < err_max_abs
 
 
