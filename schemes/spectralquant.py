@@ -139,6 +139,10 @@ def _semantic_mask(d_eff: torch.Tensor, d: int) -> torch.Tensor:
 _CALIBRATIONS = IdentityMemo(4)   # K and V of the current chunk, with room
 _BASES = IdentityMemo(4)
 _SKETCHES = IdentityMemo(4)
+# The codes of a cache as its encode computed them, for the very stream and width table it stored:
+# decode and score read them back without unpacking (unpack_variable(pack_variable(i, w), w, S) == i,
+# tests/test_spectralquant.py); a stream seen for the first time (another process, a copy) is unpacked.
+_CODES = IdentityMemo(4)
 
 
 _SHIFT = 64.0   # > 2·_CLAMP + the largest |threshold| (3.9 at 8 bits): keeps the widths' blocks apart
@@ -360,6 +364,7 @@ class SpectralQuant(PerTensorScheme):
         enc.codes[f"{prefix}.basis_scale"] = cal.basis_scale.to(x.device)
         enc.codes[f"{prefix}.sigma"] = cal.sigma.to(x.device)
         enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
+        _CODES.put((enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]), idx)
         enc.model.update(f"{prefix}.{name}" for name in ("basis", "basis_scale", "sigma", "widths"))
         if sketched:
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
@@ -398,11 +403,17 @@ class SpectralQuant(PerTensorScheme):
         widths = unpack_bits(codes[f"{prefix}.widths"], _TABLE_BITS, self.dim)
         return basis, widths, codes[f"{prefix}.sigma"].to(enc.dtype).unsqueeze(-2)
 
+    @staticmethod
+    def _codes(enc: Encoded, prefix: str, widths: torch.Tensor) -> torch.Tensor:
+        """The stored codes of one tensor, (B, H, S, d) int64 (_CODES)."""
+        stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
+        known = _CODES.get((stream, table))
+        return known if known is not None else unpack_variable(stream, widths, enc.shape[2])
+
     def _z_hat(self, enc: Encoded, prefix: str, sketched: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(ẑ including the QJL correction (B, H, S, d), Q (B, H, d, d))."""
         basis, widths, sigma = self._stored(enc, prefix)
-        s = enc.shape[2]
-        idx = unpack_variable(enc.codes[f"{prefix}.codes"], widths, s)
+        idx = self._codes(enc, prefix, widths)
         z_hat = self._dequantise(enc, idx, widths, sigma, enc.dtype)
         if sketched:
             mask = _semantic_mask(enc.codes[f"{prefix}.d_eff"].to(torch.int64), self.dim).unsqueeze(-2)
@@ -432,7 +443,7 @@ class SpectralQuant(PerTensorScheme):
         # The asymmetric estimator in z-space (AMD paper eq. 1): q is projected, never quantised.
         basis, widths, sigma = self._stored(enc, "k")
         q_z = q @ basis.to(q.dtype)                                                      # (B, H, Nq, d)
-        idx = unpack_variable(enc.codes["k.codes"], widths, enc.shape[2])
+        idx = self._codes(enc, "k", widths)
         mse = q_z @ self._dequantise(enc, idx, widths, sigma.to(q.dtype), q.dtype).transpose(-1, -2)
         mask = _semantic_mask(enc.codes["k.d_eff"].to(torch.int64), self.dim).unsqueeze(-2)
         q_proj = torch.where(mask, q_z, torch.zeros_like(q_z)) @ self._sketch_matrix(enc, "k", q.dtype).transpose(-1, -2)

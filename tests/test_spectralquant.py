@@ -222,6 +222,24 @@ def test_variable_width_packing_roundtrips(b, h, s, d, seed):
     assert torch.equal(unpack_variable(packed, widths, s), idx)
 
 
+@pytest.mark.parametrize("name", ["sq-kv", "squ-qkqv"])
+def test_decoding_a_copy_of_the_stored_codes_gives_the_same_cache(name):
+    """decode and score read the codes encode remembered for its very streams (_CODES); a copy
+    of the stored tensors (as another process would hold) is unpacked instead: same values."""
+    from schemes.base import Encoded
+    from schemes.spectralquant import _CODES
+    data = _draw("spectral_decay", n_trials=3, seq_len=40, dim=32, n_calib=128)
+    scheme = schemes.create(name, budget=3, dim=32).fit(data["k_cal"], data["v_cal"])
+    enc = scheme.encode(data["k"], data["v"])
+    assert _CODES.get((enc.codes["k.codes"], enc.codes["k.widths"])) is not None
+    copy = Encoded(enc.shape, enc.dtype, codes={n: t.clone() for n, t in enc.codes.items()},
+                   side=dict(enc.side), exact_bits=dict(enc.exact_bits), model=set(enc.model))
+    assert _CODES.get((copy.codes["k.codes"], copy.codes["k.widths"])) is None
+    for a, b in zip(scheme.decode(enc), scheme.decode(copy)):
+        assert torch.equal(a, b)
+    assert torch.equal(scheme.score(data["q"], enc), scheme.score(data["q"], copy))
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_variable_width_stream_is_laid_out_as_documented(seed):
     """pack_variable against a bit-by-bit packer written from its documented layout: per trial,
