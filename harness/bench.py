@@ -247,8 +247,9 @@ def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
     """Wall time of the preset grid `name` (as `run --grid NAME` would run it, without the store),
     from two passes over every cell, on n = sample_trials and on 2n trials: time = a + b·trials
     per cell and in all, extrapolated to the grid's trial count (the fixed part a — scheme
-    set-up, codebooks, per-cell Python — counted once, not scaled). Also per scheme family and
-    head dimension, and the largest peak memory of a cell."""
+    set-up, codebooks, per-cell Python — counted once, not scaled). Also per scheme family, head
+    dimension and (scenario, dim) slice (the cells' own time, without the data draws), and the
+    largest peak memory of a cell."""
     preset = grid(name)
     full = preset["trials"]
     load_before = os.getloadavg()
@@ -263,16 +264,19 @@ def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
         return small + (large - small) * (full - sample_trials) / sample_trials
     by_family: dict[str, float] = {}
     by_dim: dict[int, float] = {}
+    by_slice: dict[str, float] = {}     # "scenario/dim": what `run --grid NAME --scenario S --dim d` runs
     for cell, (wall1, _) in cells1.items():
         estimate = extrapolate(wall1, cells2[cell][0])
         family = cell.scheme.split("-")[0]
         by_family[family] = by_family.get(family, 0.0) + estimate
         by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + estimate
+        by_slice[f"{cell.scenario}/{cell.dim}"] = by_slice.get(f"{cell.scenario}/{cell.dim}", 0.0) + estimate
     return {"grid": name, "cells": len(cells1), "sample_trials": [sample_trials, 2 * sample_trials],
             "grid_trials": full, "measured_s": [t1, t2], "estimated_grid_s": extrapolate(t1, t2),
             "fixed_s": 2 * t1 - t2, "per_trial_s": (t2 - t1) / sample_trials,
             "trials_per_s": len(cells1) * sample_trials / (t2 - t1) if t2 > t1 else float("inf"),
             "estimated_s_by_family": by_family, "estimated_s_by_dim": by_dim,
+            "estimated_cell_s_by_scenario_dim": by_slice,
             "peak_mem_mb_max": max((peak for _, peak in list(cells1.values()) + list(cells2.values())), default=0.0),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
 

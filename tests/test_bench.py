@@ -80,6 +80,9 @@ def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
     per_cell = {"tq": 0.5 + 0.1 * 12, "sq": 2.0 + 0.3 * 12}
     assert abs(result["estimated_grid_s"] - (4 * per_cell["tq"] + 4 * per_cell["sq"] + 1.0)) < 1e-9
     assert result["estimated_s_by_family"] == pytest.approx({k: 4 * v for k, v in per_cell.items()})
+    slice_s = 2 * per_cell["tq"] + 2 * per_cell["sq"]      # a scenario at d = 16: 2 schemes x 2 budgets
+    assert result["estimated_cell_s_by_scenario_dim"] == pytest.approx({"gaussian/16": slice_s,
+                                                                        "lowrank_aligned/16": slice_s})
     assert abs(result["per_trial_s"] - 4 * (0.1 + 0.3)) < 1e-12 and abs(result["fixed_s"] - (4 * 2.5 + 1)) < 1e-9
     assert main(["bench", "--grid", "tiny", "--trials", "3"]) == 0
     assert "estimated at 12 trials" in capsys.readouterr().out
