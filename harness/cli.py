@@ -14,7 +14,6 @@ import pkgutil
 import sys
 
 from . import commands
-from .allocator import reuse_freed_memory
 from .errors import UsageError
 
 ORDER = ("list", "run", "report", "export")  # shown first in --help; the rest follow alphabetically
@@ -48,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     # machine, or Dask workers beside each other — spinning cost a serial run up to 4x (95 s
     # against 20 s for the same rows). A value set by the user is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    reuse_freed_memory()   # large temporaries from glibc's heap, not fresh zero-filled mappings (harness/allocator.py)
     try:
         parser, handlers = build_parser()
         args = parser.parse_args(argv)

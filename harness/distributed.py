@@ -14,8 +14,7 @@ threads, so another count would change the last bits of some codecs' rows, and t
 and eigen-solvers' choices with them). The workers' environment is the serial process's, not
 dask's defaults: dask sets MALLOC_TRIM_THRESHOLD_=65536, which stops glibc from raising its
 mmap threshold, so every large tensor is mmap'ed, zero-filled and unmapped again (a serial
-cell took 7.0 s without it, 31.1 s with it); the workers get harness/allocator.py's policy
-instead, as the serial process does; and OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE)
+cell took 7.0 s without it, 31.1 s with it); and OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE)
 instead of spinning, which on a machine with more runnable threads than cores (two workers of
 two threads on two cores, or any loaded machine) costs several times the work.
 """
@@ -29,7 +28,6 @@ import warnings
 from typing import Callable
 
 from .cell import chunk_plan, chunk_size, create_scheme, run_chunk
-from . import allocator
 from .sweep import Cell, SweepConfig
 
 # Resilience-test hook: when this variable names a file that does not exist yet, the first
@@ -97,12 +95,11 @@ def compute_chunk_task(config_json: dict, cell_keys: list[tuple], first: int, st
 
 
 def worker_environment(n_threads: int) -> dict:
-    """dask's pre-spawn environment for the workers, corrected (module docstring): glibc's heap
-    kept for large tensors as in the serial process, OpenMP threads that sleep when idle and as
-    many as torch will use."""
+    """dask's pre-spawn environment for the workers, corrected (module docstring): no
+    MALLOC_TRIM_THRESHOLD_, OpenMP threads that sleep when idle and as many as torch will use."""
     import dask
     env = dict(dask.config.get("distributed.nanny.pre-spawn-environ") or {})
-    env.update(allocator.worker_environment())   # the serial process's allocator policy
+    env["MALLOC_TRIM_THRESHOLD_"] = None  # dask: None unsets a variable it would set
     env["OMP_NUM_THREADS"] = str(n_threads)
     env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env

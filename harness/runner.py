@@ -11,7 +11,6 @@ import os
 import time
 from dataclasses import dataclass
 
-from .allocator import reuse_freed_memory
 from .cell import run_serial, trial_memory_bytes
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .errors import UsageError
@@ -97,7 +96,6 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
     (RunConflict, CorruptStore); a run with nothing left to do leaves its manifest as it was. A
     new run that fails or is interrupted before its first chunk is stored removes what it wrote."""
     start = time.perf_counter()
-    reuse_freed_memory()   # as the CLI does, for a sweep run from Python (harness/allocator.py)
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     check_memory(config, device)
     with contextlib.ExitStack() as stack:

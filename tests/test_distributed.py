@@ -58,21 +58,18 @@ def test_unreachable_scheduler_is_one_line_exit_1_and_writes_nothing(tmp_path, c
 def test_workers_run_in_the_serial_environment_not_dasks():
     """dask's worker defaults slowed a cell 4x (MALLOC_TRIM_THRESHOLD_=65536: every large tensor
     mmap'ed and zero-filled anew) and spinning OpenMP threads oversubscribe the cores; the
-    workers get neither but the serial process's allocator policy (harness/allocator.py), and
-    this process's environment is left as it was."""
+    workers get neither, and this process's environment is left as it was."""
     import os
-
-    from harness.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD
-    expected = {"MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD), "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-                "OMP_WAIT_POLICY": "PASSIVE"}
     env = distributed.worker_environment(2)
-    assert {k: env[k] for k in expected} == expected and env["OMP_NUM_THREADS"] == "2"
+    assert env["MALLOC_TRIM_THRESHOLD_"] is None and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["OMP_NUM_THREADS"] == "2"
     before = dict(os.environ)
+    names = ("MALLOC_TRIM_THRESHOLD_", "OMP_WAIT_POLICY")
     with distributed.cluster(2, None) as client:
         client.wait_for_workers(2, timeout=120)      # they start in the background
-        seen = client.run(lambda: {k: __import__("os").environ.get(k) for k in expected})
+        seen = client.run(lambda: {k: __import__("os").environ.get(k) for k in names})
     assert len(seen) == 2
-    assert all(v == expected for v in seen.values()), seen
+    assert all(v == {"MALLOC_TRIM_THRESHOLD_": None, "OMP_WAIT_POLICY": "PASSIVE"} for v in seen.values()), seen
     assert dict(os.environ) == before
 
 
