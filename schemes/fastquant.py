@@ -3,18 +3,19 @@ replacement for `torch.bucketize` on fixed thresholds, and decoding by byte tabl
 
 `torch.bucketize` searches every element's cell by bisection, about 50 ns an element on the
 2-core CPU, more than the rest of TurboQuant's encode together, and returns int64. Here the
-thresholds t (ascending, in the data's dtype) are fixed per codebook, so a uniform grid over
-them is built once (`_Grid`): cell width h = half the smallest gap, so that any three
-neighbouring cells hold at most W (≤ 2 in practice) thresholds. For an element y in computed
-cell c (c may be off by one from the exact floor((y − lo)/h) through rounding, which the
-tables allow for), every threshold below the lower edge of cell c − 1 is below y and every
-threshold above the upper edge of cell c + 1 is above it, so
+thresholds t (ascending, in the data's dtype) are fixed per codebook, so a grid over them is
+built once (`_Grid`): cells of width h, a power of two no larger than the smallest gap, so that
+a cell holds at most one threshold. An element y, clamped to [lo, hi] (multiples of h strictly
+outside the thresholds, so the count below it does not change), lies in cell
+c = floor(y/h) − lo/h, computed without rounding (a power-of-two scale, a floor and an integer
+subtraction), and
 
-    #{j : t_j < y} = first[c] + Σ_w [cand[c, w] < y],
+    #{j : t_j < y} = first[c] + [cand[c] < y],
 
-with first[c] that count below and cand[c, ·] the ≤ W thresholds in between (+inf padding):
-the same comparisons `bucketize(y, t)` (right=False) makes, so the same index, for every y
-including ±inf and NaN (treated as +inf: the top index, as bucketize gives it).
+with first[c] the count below the cell's left edge and cand[c] the threshold inside it (+inf if
+none): the comparison `bucketize(y, t)` (right=False) makes, so the same index for every y,
+including ±inf and NaN (NaN as +inf: the top index, as bucketize gives it). A codebook with two
+equal thresholds (no such grid) falls back to bucketize.
 
 Decoding a width that divides 8 looks up whole bytes: a (256, 8/width) table of centroids
 turns each stored byte into its 8/width values in one `index_select` (no per-code indices);
@@ -34,11 +35,12 @@ from .packing import pack_bits, unpack_codes
 
 @dataclass(frozen=True)
 class _Grid:
-    lo: float              # left edge of cell 0
-    inv_h: float           # 1 / cell width
-    n_cells: int
-    first: torch.Tensor    # (n_cells,) uint8: thresholds surely below any y of the cell
-    cand: tuple[torch.Tensor, ...]   # W tables (n_cells,): thresholds to compare with (+inf padded), data's dtype
+    lo: float              # left edge of cell 0 and the clamp's lower bound (a multiple of h)
+    hi: float              # left edge of the last cell and the clamp's upper bound
+    inv_h: float           # 1 / cell width, a power of two
+    origin: float          # lo · inv_h, an integer
+    first: torch.Tensor    # (n_cells,) uint8: thresholds below the cell's left edge
+    cand: torch.Tensor     # (n_cells,) the threshold inside the cell (+inf if none), data's dtype
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,36 +52,39 @@ def _grid(thresholds: tuple[float, ...], dtype: torch.dtype, device: str) -> _Gr
     gaps = np.diff(values)
     gaps = gaps[gaps > 0]
     span = float(values[-1] - values[0])
-    h = float(gaps.min()) / 2 if gaps.size else max(span, 1.0)
-    h = max(h, span / 65536, np.finfo(np.float64).tiny)                # at most ~64 k cells
-    n_cells = int(math.ceil(span / h)) + 5
-    lo = float(values[0]) - 2 * h
-    edges = lo + h * np.arange(n_cells + 1, dtype=np.float64)
-    lower = np.concatenate(([-np.inf], edges[:n_cells - 1]))           # lower edge of cell c − 1
-    upper = np.concatenate((edges[2:], [np.inf]))                      # upper edge of cell c + 1
-    first = np.searchsorted(values, lower, side="left")               # #{t < lower}
-    last = np.searchsorted(values, upper, side="left")                # #{t < upper}
-    width = max(int((last - first).max()), 1)
-    cand = np.full((n_cells, width), np.inf)
-    for w in range(width):
-        j = first + w
-        ok = j < last
-        cand[ok, w] = values[j[ok]]
-    return _Grid(lo, 1.0 / h, n_cells, torch.tensor(first, dtype=torch.uint8, device=device),
-                 tuple(torch.tensor(cand[:, w], dtype=torch.float64).to(dtype=dtype, device=device)
-                       for w in range(width)))
+    h = float(gaps.min()) if gaps.size else max(span, 1.0)
+    h = 2.0 ** math.floor(math.log2(max(h, span / 65536, 2.0 ** -60)))  # a power of two ≤ the smallest gap
+    lo = (math.floor(values[0] / h) - 1) * h                           # strictly below every threshold
+    hi = (math.floor(values[-1] / h) + 1) * h                          # strictly above every threshold
+    n_cells = int(round((hi - lo) / h)) + 1
+    edges = lo + h * np.arange(n_cells, dtype=np.float64)
+    first = np.searchsorted(values, edges, side="left")               # #{t < edge}
+    inside = np.searchsorted(values, edges + h, side="left") - first   # thresholds in [edge, edge + h)
+    if int(inside.max()) > 1:   # equal thresholds (a degenerate codebook): the slow exact search
+        raise _Unsupported
+    cand = np.where(inside == 1, values[np.minimum(first, len(values) - 1)], np.inf)
+    return _Grid(lo, hi, 1.0 / h, lo / h, torch.tensor(first, dtype=torch.uint8, device=device),
+                 torch.tensor(cand, dtype=torch.float64).to(dtype=dtype, device=device))
+
+
+class _Unsupported(Exception):
+    """Thresholds the grid cannot hold one to a cell (two equal thresholds)."""
 
 
 def quantize(y: torch.Tensor, thresholds: np.ndarray) -> torch.Tensor:
     """uint8 codes #{j : t_j < y} (= torch.bucketize(y, t) with t the thresholds in y's dtype)
     for y (...), thresholds ascending (at most 255 of them)."""
-    g = _grid(tuple(float(x) for x in thresholds), y.dtype, str(y.device))
-    flat = torch.nan_to_num(y.reshape(-1), nan=math.inf, posinf=math.inf, neginf=-math.inf)
-    # any rounding of the cell position is fine (the tables allow ±1 cell): in place
-    cell = torch.mul(flat, g.inv_h).sub_(g.lo * g.inv_h).clamp_(0, g.n_cells - 1).to(torch.int32)
+    try:
+        g = _grid(tuple(float(x) for x in thresholds), y.dtype, str(y.device))
+    except _Unsupported:
+        t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(dtype=y.dtype, device=y.device)
+        return torch.bucketize(y, t).to(torch.uint8)
+    # NaN and ±inf to the clamp's bounds (NaN: the top index, as bucketize gives it); the clamped
+    # value scaled by a power of two and floored is the exact cell: no rounding anywhere
+    flat = torch.nan_to_num(y.reshape(-1), nan=g.hi, posinf=g.hi, neginf=g.lo).clamp_(g.lo, g.hi)
+    cell = torch.mul(flat, g.inv_h).floor_().sub_(g.origin).to(torch.int32)
     codes = g.first.index_select(0, cell)
-    for cand in g.cand:      # W one-dimensional lookups: a (N, W) gather and sum cost 5x more
-        codes += cand.index_select(0, cell) < flat
+    codes += g.cand.index_select(0, cell) < flat
     return codes.reshape(y.shape)
 
 

@@ -62,3 +62,12 @@ def test_quantize_pack_returns_both():
     packed, codes = quantize_pack(y, cb.thresholds, 3)
     assert torch.equal(packed, pack_bits(torch.bucketize(y, torch.tensor(cb.thresholds, dtype=torch.float32)), 3))
     assert torch.equal(codes.to(torch.int64), torch.bucketize(y, torch.tensor(cb.thresholds, dtype=torch.float32)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equal_thresholds_fall_back_to_bucketize(dtype):
+    """Two equal thresholds cannot sit one to a cell; such a codebook is searched by bucketize."""
+    thresholds = np.array([-0.5, 0.0, 0.0, 0.25])
+    y = torch.cat((torch.linspace(-1, 1, 101, dtype=dtype), torch.tensor([float("nan"), 0.0, -0.0], dtype=dtype)))
+    assert torch.equal(quantize(y, thresholds).to(torch.int64),
+                       torch.bucketize(y, torch.tensor(thresholds, dtype=dtype)))
