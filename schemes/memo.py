@@ -1,6 +1,6 @@
 """A memo of the last few results of a pure function of tensors, keyed by the tensor objects
-themselves (used by SpectralQuant to share a chunk's calibration, bases and sketches between the
-cells that code the same data)."""
+themselves: how the cells that code the same chunk of data share what depends on the data alone
+(unit rows and norms, SpectralQuant's calibration, bases, sketches and codes, Shard's V codes)."""
 from __future__ import annotations
 
 import weakref
@@ -15,11 +15,12 @@ class IdentityMemo:
     version counters), and the same tag, so a freed tensor whose memory is reused can never be
     mistaken for one seen before; an entry is dropped as soon as one of its tensors is freed,
     so the memo never keeps a result alive longer than its inputs. Inference-mode tensors have
-    no version counter and are never remembered. Used for what every sq/squ cell sharing a
-    chunk of trials would otherwise recompute: the calibration of k_cal / v_cal (eigen-analysis,
-    basis, σ: functions of the data and the RNG family of the start block), the decoder's
-    orthonormalised basis (a function of the stored codes), and the sketch matrices of a cache
-    (functions of its stored seeds), which its encode, decode and score would each redraw."""
+    no version counter and are never remembered. Used for what every cell sharing a chunk of
+    trials would otherwise recompute: the unit rows and norms of K and V (schemes/unit_rows.py),
+    SpectralQuant's calibration of k_cal / v_cal (eigen-analysis, basis, σ: functions of the
+    data and the RNG family of the start block), its decoder's orthonormalised basis and codes
+    (functions of the stored codes) and a cache's sketch matrices (functions of its stored
+    seeds), and Shard's V codes. A remembered result is shared: its users never write it in place."""
 
     def __init__(self, size: int):
         self.size = size

@@ -66,6 +66,7 @@ from .lloyd_max import gaussian_codebook
 from .memo import IdentityMemo
 from .packing import MAX_BITS, pack_bits, pack_variable, unpack_bits, unpack_variable
 from .registry import register_variant
+from .unit_rows import unit_rows
 from kvcommon.rng import generator, seed_sequence
 from kvcommon.threads import small_linalg
 from .waterfill import waterfill
@@ -119,16 +120,6 @@ def _basis_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         q, r = torch.linalg.qr(u)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
     return _BASES.put((codes, scale), q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2))
-
-
-def _normalise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(u, norms): unit rows and their norms for x (..., d); zero rows stay zero. Scales by the
-    largest entry first so ‖x‖² cannot overflow or underflow."""
-    peak = x.abs().amax(dim=-1, keepdim=True)
-    peak = torch.where(peak > 0, peak, torch.ones_like(peak))
-    scaled_norms = torch.linalg.vector_norm(x / peak, dim=-1, keepdim=True)
-    u = (x / peak) / torch.where(scaled_norms > 0, scaled_norms, torch.ones_like(scaled_norms))
-    return u, (peak * scaled_norms).squeeze(-1)
 
 
 def _semantic_mask(d_eff: torch.Tensor, d: int) -> torch.Tensor:
@@ -263,7 +254,7 @@ class SpectralQuant(PerTensorScheme):
         values = torch.where(ok, values.clamp_min(0), torch.zeros_like(values))
         codes, scale = _quantise_basis(vectors)
         basis = _basis_from_codes(codes, scale)
-        u, _ = _normalise(scaled)
+        u, _ = unit_rows(scaled)
         z = u @ basis
         sigma = torch.sqrt((z * z).mean(-2))
         top = sigma.amax(-1, keepdim=True)
@@ -342,7 +333,7 @@ class SpectralQuant(PerTensorScheme):
         if tuple(cal.widths.shape[:2]) != (b, h):
             raise ValueError(f"fitted on (B, H) = {tuple(cal.widths.shape[:2])} but asked to encode "
                              f"(B, H) = {(b, h)}; fit on calibration data of the same trials")
-        u, norms = _normalise(x)
+        u, norms = unit_rows(x)
         basis = cal.basis.to(device=x.device, dtype=x.dtype)
         z = u @ basis
         sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
@@ -356,7 +347,7 @@ class SpectralQuant(PerTensorScheme):
                 enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
                 enc.model.add(key)
         idx = _nearest_centroids(z / sigma, widths.unsqueeze(-2))
-        enc.codes[f"{prefix}.norm"] = norms.to(torch.float32)
+        enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
         enc.codes[f"{prefix}.codes"] = pack_variable(idx, widths)
         # each trial's own stream, in whole bytes (the batch pads to the longest one)
         enc.exact_bits[f"{prefix}.codes"] = (widths.sum(dim=(-1, -2)) * s + 7) // 8 * 8

@@ -2,7 +2,7 @@
 
 Each tensor X ∈ {K, V} of shape (B, H, S, d) is coded per token vector x:
   1. store ‖x‖ (float32) and work on u = x/‖x‖;
-  2. rotate y = H(s ⊙ u)/√d with per-head random signs s (skipped for plain-kv);
+  2. rotate y = H(s ⊙ u)/√d with random signs s per trial and head (skipped for plain-kv);
   3. quantise every coordinate of y with the Lloyd–Max codebook of the exact Beta marginal
      of a rotated unit vector in R^d (b bits, or b−1 when X is sketched);
   4. optionally sketch the residual e = y − ŷ with 1-bit QJL (an RHT or a dense Rademacher
@@ -38,29 +38,12 @@ from . import fastquant, qjl
 from .base import Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook, dequantize
-from .memo import IdentityMemo
 from .packing import pack_bits, unpack_codes
+from .unit_rows import unit_rows
 from .registry import register_variant
 from kvcommon.rng import generator, packed_rademacher
 
 _SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
-_UNIT_ROWS = IdentityMemo(4)   # K and V of the current chunk: every tq/plain cell coding them shares one
-
-
-def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(u, ‖x‖): the unit rows of x (..., d) and their norms (..., 1); a zero row stays zero.
-    Scaled by the largest entry first so ‖x‖² cannot overflow (|x| ~ 1e30 in float32). A
-    function of x alone, so it is remembered for the very tensor (IdentityMemo): the 48 TurboQuant
-    cells of a paper-grid chunk normalise its K and V once. u is shared: never written in place."""
-    known = _UNIT_ROWS.get((x,))
-    if known is not None:
-        return known
-    peak = x.abs().amax(dim=-1, keepdim=True)
-    peak = torch.where(peak > 0, peak, torch.ones_like(peak))
-    scaled = x / peak
-    scaled_norms = torch.linalg.vector_norm(scaled, dim=-1, keepdim=True)
-    u = scaled.div_(torch.where(scaled_norms > 0, scaled_norms, torch.ones_like(scaled_norms)))
-    return _UNIT_ROWS.put((x,), (u, peak * scaled_norms))
 
 
 @dataclass
@@ -150,9 +133,9 @@ class TurboQuant(PerTensorScheme):
         kind = self._sketch_of(prefix)
         n_trials, n_heads, _, d = x.shape
         self._store_signs(prefix, self._trial_indices(n_trials), n_heads, enc, x.device)
-        u, norms = _unit_rows(x)
+        u, norms = unit_rows(x)
         y = rht(u, self._rotation(enc, prefix, x.dtype)) if self.rotate else u
-        enc.codes[f"{prefix}.norm"] = norms.squeeze(-1).to(torch.float32, copy=True)   # not the shared tensor
+        enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
         bits = self._mse_bits(kind)
         codes = None
         if bits >= 1:
