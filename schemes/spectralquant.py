@@ -355,7 +355,7 @@ class SpectralQuant(PerTensorScheme):
         enc.codes[f"{prefix}.basis_scale"] = cal.basis_scale.to(x.device)
         enc.codes[f"{prefix}.sigma"] = cal.sigma.to(x.device)
         enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
-        _CODES.put((enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]), idx)
+        _CODES.put((enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]), idx.to(torch.uint8))   # ≤ 8 bits
         enc.model.update(f"{prefix}.{name}" for name in ("basis", "basis_scale", "sigma", "widths"))
         if sketched:
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
@@ -399,7 +399,7 @@ class SpectralQuant(PerTensorScheme):
         """The stored codes of one tensor, (B, H, S, d) int64 (_CODES)."""
         stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
         known = _CODES.get((stream, table))
-        return known if known is not None else unpack_variable(stream, widths, enc.shape[2])
+        return known.to(torch.int64) if known is not None else unpack_variable(stream, widths, enc.shape[2])
 
     def _z_hat(self, enc: Encoded, prefix: str, sketched: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(ẑ including the QJL correction (B, H, S, d), Q (B, H, d, d))."""
