@@ -36,11 +36,6 @@ def generator(family: str, seed: int, *labels: object) -> np.random.Generator:
     return np.random.Generator(RNG_FAMILIES[family](seed_sequence(seed, *labels)))
 
 
-def rademacher(gen: np.random.Generator, shape) -> np.ndarray:
-    """Independent ±1 entries (float64)."""
-    return np.where(gen.integers(0, 2, size=shape, dtype=np.int8) == 1, 1.0, -1.0)
-
-
 def packed_rademacher(gen: np.random.Generator, shape: tuple[int, ...], n: int) -> np.ndarray:
     """Independent ±1 signs (*shape, n) in the form they are stored: one bit each (1 = +1), the
     first sign in the most significant bit, each row of n padded with 0 bits to whole bytes, as

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from stats.metrics import SIX_D  # noqa: E402
 
 from stats.findings import SETTING, Findings  # noqa: E402
+from stats.levels import ALPHA  # noqa: E402
 from .styles import MAX_SERIES, SchemeStyle, panel_groups, scheme_styles  # noqa: E402
 
 _UNIT_D2 = "(dimensionless)"
@@ -285,7 +286,7 @@ def error_space_figure(findings: Findings, styles) -> ReportFigure:
 
 def significance_figure(findings: Findings, styles) -> ReportFigure:
     """The effect size on d2_T between every pair of schemes (row vs column) at each storage
-    level, annotated with the effect and a star where the Holm-corrected p-value is below 0.05
+    level, annotated with the effect and a star where the Holm-corrected p-value is below ALPHA
     (paired Wilcoxon and rank-biserial r where the trials are paired, else Mann–Whitney and
     Cliff's δ: both lie in [−1, 1])."""
     title = "Pairwise differences in d₂(T) at equal storage: effect size and corrected significance"
@@ -316,7 +317,7 @@ def significance_figure(findings: Findings, styles) -> ReportFigure:
             effect = pd.DataFrame(np.nan, index=names, columns=names)
             note = pd.DataFrame("", index=names, columns=names)
             for t in sel.itertuples():
-                star = "*" if t.p_holm < 0.05 else ""
+                star = "*" if t.p_holm < ALPHA else ""
                 effect.loc[t.scheme_a, t.scheme_b], effect.loc[t.scheme_b, t.scheme_a] = t.effect, -t.effect
                 note.loc[t.scheme_a, t.scheme_b] = f"{t.effect:+.2f}{star}"
                 note.loc[t.scheme_b, t.scheme_a] = f"{-t.effect:+.2f}{star}"
@@ -339,7 +340,7 @@ def significance_figure(findings: Findings, styles) -> ReportFigure:
     caption = (f"d = {dim}, {where}, at each storage level (schemes absent from a level cannot reach it without "
                f"extrapolation). Cell (row, column): for paired trials the matched-pairs rank-biserial r of the "
                f"per-trial d₂(T) differences (Wilcoxon signed-rank), otherwise Cliff's δ (Mann–Whitney); < 0 (blue) "
-               f"means the row scheme is better. * marks a Holm-corrected p < 0.05 within each panel's family.")
+               f"means the row scheme is better. * marks a Holm-corrected p < {ALPHA:g} within each panel's family.")
     return ReportFigure("significance", title, caption, fig)
 
 
