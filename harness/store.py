@@ -1,5 +1,6 @@
 """The run store: DIR/results.sqlite (table `trials`, one row per trial; table `cells`, one
-row per finished cell) and DIR/manifest.json (configuration and provenance). A run that
+row per finished cell; table `diagnostics`, a codec's own per-trial facts that no trials column
+names, read back as columns of trials()) and DIR/manifest.json (configuration and provenance). A run that
 reproduces a paper (harness reproduce) also holds its `claims` table there (RunStore.claims),
 and may hold other derived tables (RunStore.write_table / RunStore.table).
 
@@ -115,19 +116,22 @@ def _insert_trials(con: sqlite3.Connection, rows: list[dict]) -> None:
     diagnostics, harness.cell._diagnostics) into `diagnostics`, one row per (trial, name)."""
     con.executemany(f"INSERT INTO trials ({', '.join(TRIAL_COLUMNS)}) VALUES ({', '.join('?' * len(TRIAL_COLUMNS))})",
                     [tuple(row.get(c) for c in TRIAL_COLUMNS) for row in rows])
-    known = set(TRIAL_COLUMNS)
-    extra = [(*(row[c] for c in CELL_COLUMNS), row["trial"], name, _sql_value(value))
-             for row in rows for name, value in row.items() if name not in known]
-    if extra:
-        cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
-        con.execute(f"CREATE TABLE IF NOT EXISTS {DIAGNOSTICS_TABLE} ({cell_cols}, trial INTEGER NOT NULL, "
+    names = sorted(set().union(*(row.keys() for row in rows)) - set(TRIAL_COLUMNS))   # rows of a chunk share them
+    if names:
+        con.execute(f"CREATE TABLE IF NOT EXISTS {DIAGNOSTICS_TABLE} ({_cell_columns_sql()}, trial INTEGER NOT NULL, "
                     f"name TEXT NOT NULL, value REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}, trial, name))")
-        con.executemany(f"INSERT INTO {DIAGNOSTICS_TABLE} VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 3))})", extra)
+        con.executemany(f"INSERT INTO {DIAGNOSTICS_TABLE} VALUES ({', '.join('?' * (len(CELL_COLUMNS) + 3))})",
+                        [(*(row[c] for c in CELL_COLUMNS), row["trial"], name, _sql_value(row[name]))
+                         for row in rows for name in names if name in row])
+
+
+def _cell_columns_sql() -> str:
+    """The cell's key columns as a table declares them."""
+    return ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
 
 
 def _chunks_schema() -> str:
-    cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
-    return (f"CREATE TABLE IF NOT EXISTS chunks ({cell_cols}, first_trial INTEGER NOT NULL, n_trials INTEGER NOT NULL, "
+    return (f"CREATE TABLE IF NOT EXISTS chunks ({_cell_columns_sql()}, first_trial INTEGER NOT NULL, n_trials INTEGER NOT NULL, "
             f"wall_s REAL NOT NULL, peak_mem_mb REAL, finished_at TEXT NOT NULL, "
             f"PRIMARY KEY ({', '.join(CELL_COLUMNS)}, first_trial))")
 
@@ -159,8 +163,7 @@ class RunStore:
                          for c in TRIAL_COLUMNS)
         con.execute(f"CREATE TABLE IF NOT EXISTS trials ({cols})")
         _add_missing_columns(con)
-        cell_cols = ", ".join(f"{c} {_sql_type(c)} NOT NULL" for c in CELL_COLUMNS)
-        schema = (f"({cell_cols}, n_trials INTEGER NOT NULL, wall_s REAL NOT NULL, finished_at TEXT NOT NULL, "
+        schema = (f"({_cell_columns_sql()}, n_trials INTEGER NOT NULL, wall_s REAL NOT NULL, finished_at TEXT NOT NULL, "
                   f"peak_mem_mb REAL, PRIMARY KEY ({', '.join(CELL_COLUMNS)}))")
         present = [row[1] for row in con.execute("PRAGMA table_info(cells)")]
         if present and "calib_tokens" not in present:
@@ -335,6 +338,9 @@ class RunStore:
                 match = " AND ".join(f"c.{k} = trials.{k}" for k in keyed)
                 where = f" WHERE EXISTS (SELECT 1 FROM cells c WHERE {match})"
             frame = pd.read_sql_query(f"SELECT * FROM trials{where} ORDER BY {order}", con)
+            has_extra = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                    (DIAGNOSTICS_TABLE,)).fetchone()
+            extra = pd.read_sql_query(f"SELECT * FROM {DIAGNOSTICS_TABLE}", con) if has_extra else None
         # a column that is NULL throughout (no scheme of the run reports it) reads back as
         # None objects; make every numeric column float so NULL is NaN, as in CSV and Parquet
         for column in frame.columns:
@@ -344,7 +350,6 @@ class RunStore:
         for column in ADDED_COLUMNS:
             if column not in frame.columns:
                 frame[column] = float("nan")
-        extra = self.table(DIAGNOSTICS_TABLE)
         if extra is not None and len(extra):   # a codec's own diagnostics, a column each (NaN elsewhere)
             keys = list(CELL_COLUMNS) + ["trial"]
             wide = extra.pivot(index=keys, columns="name", values="value").reset_index()
@@ -357,8 +362,8 @@ class RunStore:
         """Replace table `name` by `frame` in one transaction (so a reader sees the old table or
         the new one, never half of it). The run's own tables (trials, cells) are not writable here."""
         if name in _OWN_TABLES or not name.isidentifier():
-            raise ValueError(f"table name {name!r} is reserved or not an identifier; trials and cells are "
-                             f"written by write_cell")
+            raise ValueError(f"table name {name!r} is reserved or not an identifier; {', '.join(sorted(_OWN_TABLES))} "
+                             f"are written by write_cell and write_chunk")
         columns = [str(c) for c in frame.columns]
         bad = [c for c in columns if not c.isidentifier()]
         if bad:
