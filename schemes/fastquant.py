@@ -14,8 +14,9 @@ subtraction), and
 
 with first[c] the count below the cell's left edge and cand[c] the threshold inside it (+inf if
 none): the comparison `bucketize(y, t)` (right=False) makes, so the same index for every y,
-including ±inf and NaN (NaN as +inf: the top index, as bucketize gives it). A codebook with two
-equal thresholds (no such grid) falls back to bucketize.
+including ±inf and NaN (NaN as +inf: the top index, as bucketize gives it). A codebook whose
+thresholds no such grid of at most ~64 k cells separates (two equal thresholds, or gaps under
+span/65536) falls back to bucketize.
 
 Decoding a width that divides 8 looks up whole bytes: a (256, 8/width) table of centroids
 turns each stored byte into its 8/width values in one `index_select` (no per-code indices);
@@ -53,14 +54,14 @@ def _grid(thresholds: tuple[float, ...], dtype: torch.dtype, device: str) -> _Gr
     gaps = gaps[gaps > 0]
     span = float(values[-1] - values[0])
     h = float(gaps.min()) if gaps.size else max(span, 1.0)
-    h = 2.0 ** math.floor(math.log2(max(h, span / 65536, 2.0 ** -60)))  # a power of two ≤ the smallest gap
+    h = 2.0 ** math.floor(math.log2(max(h, span / 65536, 2.0 ** -60)))  # ≤ the smallest gap, ~64 k cells at most
     lo = (math.floor(values[0] / h) - 1) * h                           # strictly below every threshold
     hi = (math.floor(values[-1] / h) + 1) * h                          # strictly above every threshold
     n_cells = int(round((hi - lo) / h)) + 1
     edges = lo + h * np.arange(n_cells, dtype=np.float64)
     first = np.searchsorted(values, edges, side="left")               # #{t < edge}
     inside = np.searchsorted(values, edges + h, side="left") - first   # thresholds in [edge, edge + h)
-    if int(inside.max()) > 1:   # equal thresholds (a degenerate codebook): the slow exact search
+    if int(inside.max()) > 1:   # equal or too close thresholds: the slow exact search
         raise _Unsupported
     cand = np.where(inside == 1, values[np.minimum(first, len(values) - 1)], np.inf)
     return _Grid(lo, hi, 1.0 / h, lo / h, torch.tensor(first, dtype=torch.uint8, device=device),
@@ -68,7 +69,7 @@ def _grid(thresholds: tuple[float, ...], dtype: torch.dtype, device: str) -> _Gr
 
 
 class _Unsupported(Exception):
-    """Thresholds the grid cannot hold one to a cell (two equal thresholds)."""
+    """Thresholds the grid cannot hold one to a cell (equal, or closer than span/65536)."""
 
 
 def quantize(y: torch.Tensor, thresholds: np.ndarray) -> torch.Tensor:

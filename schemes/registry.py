@@ -111,8 +111,9 @@ def specs() -> dict[str, SchemeSpec]:
 
 
 def unavailable() -> dict[str, str]:
-    """Names that are known but cannot run here, each with a one-line reason: a namespace whose
-    package is not installed (as `prefix:*`) and the members a namespace cannot run."""
+    """Names that are known but cannot run here, each with a one-line reason: entry-point plug-ins
+    that failed to load or load to no scheme, a namespace whose package is not installed (as
+    `prefix:*`) and the members a namespace cannot run."""
     _load_plugins()
     out = dict(_broken_plugins)
     for prefix in _NAMESPACES:
