@@ -116,5 +116,5 @@ def test_importing_scenarios_loads_no_codec():
     code = ("import sys, scenarios, kvcommon.rng, kvcommon.rope, kvcommon.registry, kvcommon.threads; "
             "loaded = sorted(m for m in sys.modules if m == 'schemes' or m.startswith('schemes.')); "
             "print(loaded); sys.exit(1 if loaded else 0)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"import scenarios loaded codec modules: {done.stdout}{done.stderr}"
