@@ -6,7 +6,9 @@ Seeds are data (STYLE.md §4): trial t of a cell draws from the streams
 (seed, "data", scenario, dim, seq_len, queries, heads, t, tensor, head), shared by every scheme
 and budget, and by every calibration size (the calibration sample has labels of its own, so
 cells that differ only in calib_tokens see the same K, V and Q); a scheme's own randomness
-comes from (seed, "scheme", name, budget, dim), and, for a scheme whose fit takes them, from
+comes from (seed, "scheme", family, budget, dim) — family the scheme's name or, for the variants
+of one codec family (tq-*, sq-*, squ-*), the family's, so that variants draw alike what they code
+alike (schemes.registry.seed_family) — and, for a scheme whose fit takes them, from
 the trial indices (TurboQuant's per-trial rotation signs and sketches, SpectralQuant's
 per-trial sketches, Shard's decode-token codec). Two draws are deliberately common to every
 scheme seed and budget, as functions of the data and the RNG family only, so that the cells
@@ -45,6 +47,7 @@ DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB m
 
 
 def scheme_seed(root_seed: int, name: str, budget: int, dim: int) -> int:
+    """The seed of a scheme's own draws; name: its seed family (schemes.registry.seed_family)."""
     return int(seed_sequence(root_seed, "scheme", name, budget, dim).generate_state(1)[0])
 
 def bytes_per_trial(config: SweepConfig, cell: Cell) -> int:
@@ -190,7 +193,7 @@ def _diagnostics(scheme: schemes.Scheme, n_trials: int) -> dict[str, torch.Tenso
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
     """The cell's scheme from the chosen implementation (torch, or the independent reference)."""
-    seed = scheme_seed(config.seed, cell.scheme, cell.budget, cell.dim)
+    seed = scheme_seed(config.seed, schemes.registry.seed_family(cell.scheme), cell.budget, cell.dim)
     return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.rng, seed=seed)
 
 def _storage_columns(config: SweepConfig, bits: TrialBits) -> dict[str, np.ndarray]:

@@ -24,6 +24,7 @@ class SchemeSpec:
     name: str
     factory: Callable[..., Scheme]
     description: str
+    family: str = ""    # variants of one family share their random draws (seed_family); "" = the name
 
 
 @dataclass(frozen=True)
@@ -42,20 +43,20 @@ _NAMESPACES: dict[str, Namespace] = {}
 _loaded: dict[str, tuple[dict[str, SchemeSpec], dict[str, str]]] = {}
 
 
-def register(name: str, factory: Callable[..., Scheme], description: str) -> None:
-    """Add a built-in scheme; names are canonical lowercase and unique."""
-    _BUILTIN.add(name, SchemeSpec(name, factory, description))
+def register(name: str, factory: Callable[..., Scheme], description: str, *, family: str = "") -> None:
+    """Add a built-in scheme; names are canonical lowercase and unique. family: see seed_family."""
+    _BUILTIN.add(name, SchemeSpec(name, factory, description, family))
 
 
-def register_variant(name: str, cls: type[Scheme], description: str, **fixed) -> None:
+def register_variant(name: str, cls: type[Scheme], description: str, *, family: str = "", **fixed) -> None:
     """Register `name` as `cls` with some constructor options fixed (a variant of a family);
-    the instance carries the variant's name."""
+    the instance carries the variant's name. family: see seed_family."""
     def make(*, budget: int, dim: int, seed: int = 0, **options) -> Scheme:
         scheme = cls(budget=budget, dim=dim, seed=seed, **fixed, **options)
         scheme.name = name
         return scheme
     make.__doc__ = description
-    register(name, make, description)
+    register(name, make, description, family=family)
 
 
 def register_namespace(prefix: str, load, missing: str) -> None:
@@ -130,6 +131,16 @@ def spec(name: str) -> SchemeSpec | None:
     if prefix in _NAMESPACES:
         return _load_namespace(prefix)[0].get(name)
     return _load_plugins().get(name)
+
+
+def seed_family(name: str) -> str:
+    """The name the runner derives a scheme's seed from (harness.cell.scheme_seed): its family
+    where it declares one, else the name itself. The variants of a family at one budget and d
+    then draw the same randomness for a tensor they code alike (common random numbers): tq-kv
+    and tq-kqv rotate K with the same signs, so K's codes, and every K-only metric, are equal,
+    and the pair differs only in what the variants do differently (V's sketch)."""
+    found = spec(name)
+    return (found.family if found is not None else "") or name
 
 
 def is_registered(name: str) -> bool:

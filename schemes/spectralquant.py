@@ -467,4 +467,4 @@ def _parse(name: str) -> dict:
 
 
 for _name, _description in _VARIANTS.items():
-    register_variant(_name, SpectralQuant, _description, **_parse(_name))
+    register_variant(_name, SpectralQuant, _description, family=_name.split("-")[0], **_parse(_name))

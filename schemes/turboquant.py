@@ -218,4 +218,4 @@ def _parse(name: str) -> dict:
 
 
 for _name, _description in _VARIANTS.items():
-    register_variant(_name, TurboQuant, _description, **_parse(_name))
+    register_variant(_name, TurboQuant, _description, family=_name.split("-")[0], **_parse(_name))

@@ -302,9 +302,17 @@ def test_validate_against_reference_implementation(runs, capsys):
         implementation("reference")("tq-kv", budget=2, dim=16, rng="pcg64", seed=0)
     except (ValueError, KeyError, ImportError) as exc:
         pytest.skip(f"no reference implementation of tq-kv here: {exc}")
-    payload = validate_json(capsys, "--scheme", "tq-kv", "--vary", "impl", "--out", str(runs / "kv-impl"))
-    check_payload(payload)
-    assert payload["verdict"] != "codec-difference"
+    # The two implementations draw their rotations independently, so each root seed is one
+    # realisation of a null whose false "codec-difference" rate is about alpha (stats.operating):
+    # root seed 0 is one of those (snr_err_t, Holm p 0.037; the K and V errors agree to p 0.9).
+    # So several seeds, of which at most one may come out a codec difference.
+    verdicts = []
+    for seed in range(4):
+        payload = validate_json(capsys, "--scheme", "tq-kv", "--vary", "impl", "--seed", str(seed),
+                                "--out", str(runs / f"kv-impl-{seed}"))
+        check_payload(payload)
+        verdicts.append(payload["verdict"])
+    assert verdicts.count("codec-difference") <= 1, verdicts
 
 
 def test_validate_usage_errors(capsys):
