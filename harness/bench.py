@@ -57,6 +57,14 @@ def _samples(fn, repeats: int) -> list[float]:
     return out
 
 
+def _unremembered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Copies no memo keeps (inference tensors: schemes.memo.IdentityMemo skips them), so every
+    timed repeat does a codec's whole work (calibration, unit rows, coding, decoding) instead of
+    reusing what the previous repeat computed from the very same tensors."""
+    with torch.inference_mode():
+        return {name: t.clone() for name, t in tensors.items()}
+
+
 def _best_time(fn, repeats: int) -> float:
     """Minimum wall time over repeats (after one warm-up): the least disturbed measurement."""
     return min(_samples(fn, repeats))
@@ -82,17 +90,12 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
                          trials=shape.trials, device=device.type)
     cell = Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries,
                 config.calib_tokens[0])
-    data = draw_trials(config, cell, range(shape.trials), device, torch.float32)
+    data = _unremembered(draw_trials(config, cell, range(shape.trials), device, torch.float32))
     scheme = create_scheme(config, cell)
 
     def one(i):
         return {k: (v[i:i + 1] if k != "positions" else v) for k, v in data.items()}
-
-    def fresh():
-        # new calibration tensors each call, so a calibrated scheme cannot reuse the previous
-        # call's calibration (its memo keys on the tensors): the same work as the loop does
-        return {**data, "k_cal": data["k_cal"].clone(), "v_cal": data["v_cal"].clone()}
-    samples = {"batched": _samples(lambda: run_cell_chunk(scheme, fresh()), shape.repeats),
+    samples = {"batched": _samples(lambda: run_cell_chunk(scheme, data), shape.repeats),
                "loop": _samples(lambda: [run_cell_chunk(scheme, one(i)) for i in range(shape.trials)], shape.repeats)}
     batched, loop = min(samples["batched"]), min(samples["loop"])
     out = {"cell": cell.key, "trials": shape.trials,
@@ -104,11 +107,18 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
     except ValueError:
         out["reference_trials_per_s"] = None
         return out
-    samples["reference"] = _samples(lambda: run_cell_chunk(ref_scheme, fresh()), 1)
+    samples["reference"] = _samples(lambda: run_cell_chunk(ref_scheme, data), 1)
     ref = min(samples["reference"])
     out["reference_trials_per_s"] = shape.trials / ref
     out["batched_over_reference"] = ref / batched
     return out
+
+
+def _gaussian_caches(shape: BenchShape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V (8, 1, S, d), i.i.d. N(0, 1), unremembered."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    caches = {name: torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device) for name in ("k", "v")}
+    return tuple(_unremembered(caches).values())
 
 
 def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] | None = None,
@@ -117,9 +127,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
     """Encode+decode vectors/s on (8, 1, S, d) Gaussian K and V (a vector is one token of K or V):
     {scheme: {impl: {budget: vectors/s}}}; schemes an implementation lacks are left out. The raw
     samples (s) go to `samples` in the same layout."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-    k = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
-    v = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
+    k, v = _gaussian_caches(shape, device)
     result: dict = {}
     for name in names or schemes.registry.everyday():
         for impl in impls:
@@ -172,9 +180,7 @@ def _dense_rotation(dim: int, device: torch.device):
 def rotation_comparison(shape: BenchShape, device: torch.device) -> dict:
     """tq-kv encode+decode vectors/s with its randomized Hadamard transform and with a dense
     matmul rotation, timed alternately; fast_over_dense > 1 when the Hadamard path is faster."""
-    g = torch.Generator(device="cpu").manual_seed(0)
-    k = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
-    v = torch.randn(8, 1, shape.seq_len, shape.dim, generator=g).to(device)
+    k, v = _gaussian_caches(shape, device)
     s = schemes.create("tq-kv", budget=shape.budget, dim=shape.dim)
 
     def dense():
@@ -190,29 +196,26 @@ def rotation_comparison(shape: BenchShape, device: torch.device) -> dict:
 def threads_comparison(shape: BenchShape, device: torch.device, n_trials: int = 8) -> dict:
     """An sq-kv cell (run_cell_chunk on n_trials trials of spectral_decay) with the small linear
     algebra on one thread vs on every thread, and SQ's calibration (fit) with the eigh vs the
-    power-iteration eigensolver, each pair timed alternately on fresh calibration tensors (so SQ's
-    calibration memo cannot serve a repeat)."""
+    power-iteration eigensolver, each pair timed alternately on unremembered data (no memo serves
+    a repeat)."""
     config = SweepConfig(scenarios=("spectral_decay",), schemes=("sq-kv",), budgets=(shape.budget,),
                          dims=(shape.dim,), seq_lens=(shape.seq_len,), queries=(shape.queries,), trials=n_trials,
                          device=device.type)
     cell = Cell("spectral_decay", "sq-kv", shape.budget, shape.dim, shape.seq_len, shape.queries,
                 config.calib_tokens[0])
-    data = draw_trials(config, cell, range(n_trials), device, torch.float32)
-
-    def fresh():
-        return {**data, "k_cal": data["k_cal"].clone(), "v_cal": data["v_cal"].clone()}
+    data = _unremembered(draw_trials(config, cell, range(n_trials), device, torch.float32))
     scheme = create_scheme(config, cell)
 
     def cell_with(on: bool):
         def run():
             with threads.enabled(on):
-                run_cell_chunk(scheme, fresh())
+                run_cell_chunk(scheme, data)
         return run
     cells = _alternate({"small_linalg_one_thread": cell_with(True), "all_threads": cell_with(False)}, shape.repeats)
     fits = {}
     for solver in ("eigh", "power"):
         fitted = schemes.create("sq-kv", budget=shape.budget, dim=shape.dim, eigensolver=solver)
-        fits[solver] = (lambda f=fitted: f.fit(*(t.clone() for t in (data["k_cal"], data["v_cal"]))))
+        fits[solver] = (lambda f=fitted: f.fit(data["k_cal"], data["v_cal"]))
     fit_samples = _alternate(fits, shape.repeats)
     return {"cell": cell.key, "trials": n_trials,
             "one_thread_over_all_threads": min(cells["all_threads"]) / min(cells["small_linalg_one_thread"]),

@@ -238,7 +238,9 @@ def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dty
     data = draw_trials(config, cells[0], trials, device, dtype, prefill_queries)
     if len(cells) > 1 and not config.decode_tokens:
         data["exact"] = exact_attention(data["q"], data["k"], data["v"])  # shared by the chunk's cells
-    for cell in cells:
+    # budget by budget: the variants of a family that code a tensor alike at one budget run one
+    # after another, so the few codings and decodings they share are remembered (PerTensorScheme)
+    for cell in sorted(cells, key=lambda c: c.budget):
         t0 = time.perf_counter()
         reset_peak(device)
         metrics, bits = run_cell_chunk(cell_schemes[cell], data)

@@ -15,6 +15,8 @@ import torch
 
 from kvcommon.rng import check_family
 
+from .memo import IdentityMemo
+
 
 @dataclass
 class Encoded:
@@ -45,6 +47,16 @@ class Encoded:
     @property
     def n_trials(self) -> int:
         return self.shape[0]
+
+    def add(self, part: "Encoded") -> None:
+        """Take in part, the coding of one tensor (PerTensorScheme.coded): its codes, side tables
+        and model keys; an exact_bits entry both hold (a side table K and V share) counts the
+        larger of the two, as a scheme coding into one Encoded counts it."""
+        self.codes.update(part.codes)
+        self.side.update(part.side)
+        for key, bits in part.exact_bits.items():
+            self.exact_bits[key] = torch.maximum(self.exact_bits[key], bits) if key in self.exact_bits else bits
+        self.model |= part.model
 
 
 def stored_bits(tensor: torch.Tensor) -> int:
@@ -253,10 +265,32 @@ class Scheme:
         return BitLedger.of(enc)
 
 
+# One tensor's coding and its decoding, shared by the cells of a chunk that code the tensor alike
+# (PerTensorScheme.coding_key): a chunk's cells run budget by budget (harness.cell.run_chunk), so a
+# few entries per tensor hold every variant's; an entry lives no longer than the data it codes.
+_CODINGS = IdentityMemo(16)
+_DECODED = IdentityMemo(8)
+
+
 @dataclass
 class PerTensorScheme(Scheme):
     """A codec that codes K and V each on its own writes `encode_tensor` and `decode_tensor` once;
-    encode and decode apply them to "k" and then "v" (whose entries are named "k.…", "v.…")."""
+    encode and decode apply them to "k" and then "v" (whose entries are named "k.…", "v.…").
+
+    A codec whose coding of a tensor is a function of the tensor and of a few options (the same in
+    several variants of one family: tq-kv and tq-kqv code K alike) says so with `coding_key`; the
+    cells of a chunk then code and decode that tensor once and share the result (identical to
+    coding it again: the same computation on the same inputs)."""
+
+    def coding_key(self, prefix: str) -> tuple | None:
+        """Everything encode_tensor(x, prefix, ·) depends on besides x and coding_tensors(prefix),
+        hashable (options, seed, trial indices), for schemes of this class; None (the default):
+        never shared. Two schemes whose keys are equal must write the same entries for the same x."""
+        return None
+
+    def coding_tensors(self, prefix: str) -> tuple[torch.Tensor, ...]:
+        """Fitted tensors the coding of `prefix` depends on (a calibrated basis), matched by identity."""
+        return ()
 
     def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
         """Code x (B, H, S, d), the tensor `prefix` ("k" or "v"), into enc."""
@@ -269,10 +303,36 @@ class PerTensorScheme(Scheme):
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
         enc = Encoded(tuple(k.shape), k.dtype)
         for prefix, x in (("k", k), ("v", v)):
-            self.encode_tensor(x, prefix, enc)
+            if self.coding_key(prefix) is None:
+                self.encode_tensor(x, prefix, enc)
+            else:
+                enc.add(self.coded(x, prefix))
         return enc
 
+    def coded(self, x: torch.Tensor, prefix: str) -> Encoded:
+        """The coding of x as the tensor `prefix`, on its own Encoded: remembered (_CODINGS) for the
+        very x and coding tensors under the coding key, so another scheme with the same key reuses it.
+        Shared: its users never write its tensors in place."""
+        inputs, tag = (x, *self.coding_tensors(prefix)), (type(self), prefix, self.coding_key(prefix))
+        part = _CODINGS.get(inputs, tag)
+        if part is None:
+            part = Encoded(tuple(x.shape), x.dtype)
+            self.encode_tensor(x, prefix, part)
+            _CODINGS.put(inputs, part, tag)
+        return part
+
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.decode_tensor(enc, "k"), self.decode_tensor(enc, "v")
+        return self.decoded(enc, "k"), self.decoded(enc, "v")
+
+    def decoded(self, enc: Encoded, prefix: str) -> torch.Tensor:
+        """decode_tensor(enc, prefix), remembered (_DECODED) for the very code tensors of `prefix`
+        under the coding key when the scheme has one. Shared: never written in place."""
+        key = self.coding_key(prefix)
+        if key is None:
+            return self.decode_tensor(enc, prefix)
+        inputs = tuple(enc.codes[name] for name in sorted(enc.codes) if name.startswith(f"{prefix}."))
+        tag = (type(self), prefix, key, enc.shape, enc.dtype)
+        known = _DECODED.get(inputs, tag)
+        return known if known is not None else _DECODED.put(inputs, self.decode_tensor(enc, prefix), tag)
 
 

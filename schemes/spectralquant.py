@@ -324,6 +324,18 @@ class SpectralQuant(PerTensorScheme):
         return drawn.to(dtype)
 
     # --- one tensor ---------------------------------------------------------------------------
+    def coding_key(self, prefix: str) -> tuple:
+        """What a tensor's coding depends on besides the tensor and its calibration (coding_tensors):
+        variants with the same seed (one family, budget and d) that code it alike share it."""
+        trials = None if self.trials is None else tuple(self.trials.tolist())
+        sketched = self.sketch_k if prefix == "k" else self.sketch_v
+        return (self.rng, self.seed, self.budget, self.dim, self.allocation, sketched, self.n_projections,
+                resolve_eigensolver(self.eigensolver, self.dim), trials)
+
+    def coding_tensors(self, prefix: str) -> tuple[torch.Tensor, ...]:
+        """The calibration's basis: one object per calibration (_CALIBRATIONS), hence per fitted data."""
+        return (self.calibration[prefix].basis,) if prefix in self.calibration else ()
+
     def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
         sketched = self.sketch_k if prefix == "k" else self.sketch_v
         if prefix not in self.calibration:

@@ -129,6 +129,12 @@ class TurboQuant(PerTensorScheme):
     def _sketch_of(self, prefix: str) -> str | None:
         return self.sketch_k if prefix == "k" else self.sketch_v
 
+    def coding_key(self, prefix: str) -> tuple:
+        """What a tensor's coding depends on besides the tensor: variants with the same seed (one
+        family, budget and d: harness.cell.scheme_seed) that code it alike share it."""
+        trials = None if self.trials is None else tuple(self.trials.tolist())
+        return self.rng, self.seed, self.budget, self.dim, self.rotate, self._sketch_of(prefix), trials
+
     def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
         kind = self._sketch_of(prefix)
         n_trials, n_heads, _, d = x.shape

@@ -82,7 +82,8 @@ def test_resume_computes_only_the_missing_trials(tmp_path, clean, monkeypatch):
     wait_for_hold(proc, marker)
     proc.kill()
     proc.communicate(timeout=60)
-    assert stored_chunks(out, live=False) == 6          # cells 1, 2 hold trials 0-5, cells 3, 4 trials 0-2
+    # a chunk runs its cells budget by budget: the budget-2 cells hold trials 0-5, the budget-3 cells 0-2
+    assert stored_chunks(out, live=False) == 6
     seen = []
     real = engine.run_cell_chunk
 
@@ -95,8 +96,8 @@ def test_resume_computes_only_the_missing_trials(tmp_path, clean, monkeypatch):
     computed = {}
     for name, budget, trials in seen:
         computed.setdefault((name, budget), []).extend(trials)
-    assert computed == {("tq-kv", 2): [6, 7], ("tq-kv", 3): [6, 7],
-                        ("sq-qkv", 2): [3, 4, 5, 6, 7], ("sq-qkv", 3): [3, 4, 5, 6, 7]}
+    assert computed == {("tq-kv", 2): [6, 7], ("sq-qkv", 2): [6, 7],
+                        ("tq-kv", 3): [3, 4, 5, 6, 7], ("sq-qkv", 3): [3, 4, 5, 6, 7]}
     pd.testing.assert_frame_equal(RunStore(out).trials(), clean, check_exact=True)
 
 

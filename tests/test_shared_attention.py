@@ -38,10 +38,11 @@ def test_runner_computes_the_exact_attention_once_per_chunk(monkeypatch):
     def rows(todo):
         out = []
         engine.run_serial(config, todo, device, torch.float32, budget, lambda c, r, w, p: out.extend(r))
-        return pd.DataFrame(out)
+        return pd.DataFrame(out).sort_values(["scheme", "budget", "trial"], ignore_index=True)
     together = rows(cells)
     assert calls == [3, 2]                                                    # not once per cell
     calls.clear()
-    apart = pd.concat([rows([cell]) for cell in cells], ignore_index=True)    # one cell at a time
+    apart = pd.concat([rows([cell]) for cell in cells]).sort_values(["scheme", "budget", "trial"],
+                                                                     ignore_index=True)   # one cell at a time
     assert len(calls) == 2 * len(cells)
     pd.testing.assert_frame_equal(together, apart, check_exact=True)

@@ -1,0 +1,89 @@
+"""The cells of a chunk code and decode a tensor once when their schemes code it alike
+(PerTensorScheme.coding_key), with rows identical to coding it in every cell."""
+import gc
+
+import pandas as pd
+import pytest
+import torch
+
+import schemes
+from harness import bench
+from harness import cell as engine
+from harness.sweep import SweepConfig
+from schemes import base
+from schemes.spectralquant import SpectralQuant
+from schemes.turboquant import TurboQuant
+
+CONFIG = SweepConfig(scenarios=("heavy_tail",), schemes=("tq-kv", "tq-kqv", "tq-qkv", "sq-kv", "sq-kqv", "int4"),
+                     budgets=(2, 3), dims=(32,), seq_lens=(64,), queries=(8,), trials=5, calib_tokens=(64,))
+
+
+def _counting(monkeypatch, cls, method):
+    calls = []
+    real = getattr(cls, method)
+
+    def counted(self, *args):
+        calls.append((self.name, self.budget, next(a for a in args if isinstance(a, str))))
+        return real(self, *args)
+    monkeypatch.setattr(cls, method, counted)
+    return calls
+
+
+def _rows(todo):
+    out = []
+    engine.run_serial(CONFIG, todo, torch.device("cpu"), torch.float32, None, lambda c, r, w, p: out.extend(r))
+    return pd.DataFrame(out).drop(columns=["wall_s", "peak_mem_mb"], errors="ignore").sort_values(
+        ["scheme", "budget", "trial"], ignore_index=True)
+
+
+def test_a_chunk_codes_each_tensor_once_per_distinct_coding(monkeypatch):
+    encodes = {cls: _counting(monkeypatch, cls, "encode_tensor") for cls in (TurboQuant, SpectralQuant)}
+    decodes = {cls: _counting(monkeypatch, cls, "decode_tensor") for cls in (TurboQuant, SpectralQuant)}
+    together = _rows(CONFIG.cells())
+    # per budget: TurboQuant codes K plain (tq-kv, tq-kqv) and sketched (tq-qkv), V plain (tq-kv,
+    # tq-qkv) and sketched (tq-kqv): 4 codings, not 6; SpectralQuant K once, V twice: 3, not 4
+    assert len(encodes[TurboQuant]) == len(decodes[TurboQuant]) == 2 * 4
+    assert len(encodes[SpectralQuant]) == len(decodes[SpectralQuant]) == 2 * 3
+    for calls in encodes.values():
+        calls.clear()
+    apart = pd.concat([_rows([cell]) for cell in CONFIG.cells()]).sort_values(["scheme", "budget", "trial"],
+                                                                            ignore_index=True)
+    assert len(encodes[TurboQuant]) == 2 * 6 and len(encodes[SpectralQuant]) == 2 * 4   # one cell: nothing shared
+    pd.testing.assert_frame_equal(together, apart, check_exact=True)
+
+
+@pytest.mark.parametrize("name", ["sq-qkqv", "squ-kqv", "tq-qkqv", "tq-fkv"])
+def test_encode_by_parts_equals_coding_into_one_encoded(name):
+    """Encoded.add reproduces what encode_tensor writes into one Encoded, K then V: the same
+    entries, model keys and per-trial bits (a side codebook both tensors use counted once)."""
+    g = torch.Generator().manual_seed(1)
+    k, v, k_cal, v_cal = (torch.randn(3, 2, 48, 32, generator=g) * torch.linspace(2, 0.1, 32) for _ in range(4))
+    s = schemes.create(name, budget=3, dim=32, seed=7).fit(k_cal, v_cal)
+    direct = base.Encoded(tuple(k.shape), k.dtype)
+    for prefix, x in (("k", k), ("v", v)):
+        s.encode_tensor(x, prefix, direct)
+    parts = s.encode(k, v)
+    assert parts.model == direct.model
+    for field in ("codes", "side", "exact_bits"):
+        a, b = getattr(parts, field), getattr(direct, field)
+        assert a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a), field
+    assert torch.equal(base.BitLedger.per_trial(parts).bits_per_element, base.BitLedger.per_trial(direct).bits_per_element)
+
+
+def test_shared_results_live_no_longer_than_their_data():
+    k = torch.randn(2, 1, 16, 32)
+    s = schemes.create("tq-kqv", budget=3, dim=32)
+    first = s.encode(k, k)
+    assert schemes.create("tq-kv", budget=3, dim=32).encode(k, k).codes["k.codes"] is first.codes["k.codes"]
+    assert s.decode(first)[0] is s.decode(first)[0]
+    held = len(base._CODINGS.entries), len(base._DECODED.entries)
+    del k, first
+    gc.collect()
+    assert len(base._CODINGS.entries) < held[0] and len(base._DECODED.entries) < held[1]
+
+
+def test_the_bench_times_the_whole_coding_every_repeat(monkeypatch):
+    calls = _counting(monkeypatch, TurboQuant, "encode_tensor")
+    shape = bench.BenchShape(scheme="tq-kv", budget=3, dim=32, seq_len=16, queries=4, trials=2, repeats=3)
+    bench.scheme_throughput(shape, torch.device("cpu"), ["tq-kv"])
+    assert len(calls) == 2 * (1 + shape.repeats)      # K and V, at the warm-up and at each repeat
