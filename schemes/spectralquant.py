@@ -174,16 +174,54 @@ def _threshold_grid(device: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     return table.to(device), following.to(device), origin, per_unit
 
 
+@functools.lru_cache(maxsize=None)
+def _threshold_grid_float32(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """_threshold_grid for float32 values, without leaving float32: (table uint8, last32 float32,
+    block_cell (MAX_BITS + 1,) int32, per_unit). A float32 y ∈ [−_CLAMP, _CLAMP] of width w lies in
+    cell c = floor(y·per_unit) + block_cell[w] of the table (per_unit a power of two: exact), and
+    has index table[c] + (last32[c] < y), with last32[c] the largest float32 y that the float64
+    search does not count past the cell's next threshold T (fl(y + _SHIFT·w) ≤ T; found by
+    bisection over the float32 values): the very index the float64 search gives, also where
+    y + _SHIFT·w rounds (|y| below ~1e-13 beside the threshold 0)."""
+    table, following, origin, per_unit = _threshold_grid("cpu")
+    edges = (torch.arange(len(table), dtype=torch.float64) + origin) / per_unit
+    shift = (_SHIFT * torch.div(edges + _CLAMP, _SHIFT, rounding_mode="floor").clamp(0, MAX_BITS)).numpy()
+    bound = following.numpy()
+    top = np.int64(np.array(np.finfo(np.float32).max, np.float32).view(np.int32))
+
+    def value(key):   # float32 of an order-preserving integer key (the bits; negatives mirrored)
+        return np.where(key >= 0, key, -key | np.int64(1 << 31)).astype(np.uint32).view(np.float32)
+    lo, hi = np.full(bound.shape, -top), np.full(bound.shape, top)     # not counted at lo, counted at hi
+    while (hi - lo > 1).any():
+        mid = (lo + hi) // 2
+        kept = value(mid).astype(np.float64) + shift <= bound
+        lo, hi = np.where(kept, mid, lo), np.where(kept, hi, mid)
+    last = np.where(np.isfinite(bound), value(lo), np.float32(np.inf))
+    block_cell = (_SHIFT * per_unit * torch.arange(MAX_BITS + 1) - origin).to(torch.int32)
+    return (table.to(device=device, dtype=torch.uint8), torch.from_numpy(last).to(device), block_cell.to(device),
+            per_unit)
+
+
 def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
-    """Index of the nearest centroid of the unit Gaussian Lloyd–Max codebook of each element's
-    width (0: index 0), for u (..., d) and widths broadcasting to it: one search for all
+    """Index (uint8) of the nearest centroid of the unit Gaussian Lloyd–Max codebook of each
+    element's width (0: index 0), for u (..., d) and widths broadcasting to it: one search for all
     widths, element of width w looked up as clamp(u) + _SHIFT·w among the shifted blocks
-    (_threshold_grid). NaN takes the top index of its width, as a per-width search would."""
+    (_threshold_grid; in float32 throughout for float32 u, _threshold_grid_float32, with the
+    same result). NaN takes the top index of its width, as a per-width search would."""
+    if u.dtype == torch.float32:
+        table, following, block_cell, per_unit = _threshold_grid_float32(str(u.device))
+        y = torch.nan_to_num(u, nan=_CLAMP).clamp_(-_CLAMP, _CLAMP)
+        shape = torch.broadcast_shapes(y.shape, widths.shape)
+        cell = (torch.mul(y, per_unit).floor_().to(torch.int32) + block_cell[widths]).expand(shape).reshape(-1)
+        idx = table.index_select(0, cell)
+        idx += following.index_select(0, cell) < y.expand(shape).reshape(-1)
+        return idx.view(shape)
     table, following, origin, per_unit = _threshold_grid(str(u.device))
     shifted = torch.nan_to_num(u.to(torch.float64), nan=_CLAMP).clamp_(-_CLAMP, _CLAMP) + _SHIFT * widths
     cell = (shifted * per_unit).floor_().to(torch.int64).sub_(origin).view(-1)
     # index_select, not table[cell]: 2-3x faster on the CPU for a flat index
-    return (table.index_select(0, cell) + (following.index_select(0, cell) < shifted.view(-1))).view(shifted.shape)
+    return (table.index_select(0, cell) + (following.index_select(0, cell) < shifted.view(-1))).view(
+        shifted.shape).to(torch.uint8)
 
 
 @dataclass

@@ -443,7 +443,7 @@ def test_one_search_finds_the_nearest_centroid_of_every_width(seed, spread):
     u = torch.from_numpy(gen.standard_normal((40, 9)) * np.where(gen.random((40, 9)) < 0.1, spread, 1.0))
     widths = torch.arange(9).expand(40, 9)
     u[0] = float("nan")                      # NaN: the top index of each width, never out of range
-    idx = _nearest_centroids(u, widths)
+    idx = _nearest_centroids(u, widths).long()
     assert idx[0].tolist() == [0] + [2 ** w - 1 for w in range(1, 9)]
     u, idx = u[1:], idx[1:]
     assert (idx[:, 0] == 0).all()
@@ -467,15 +467,30 @@ def test_the_lookup_table_equals_a_binary_search_on_every_threshold(dtype):
         near = torch.cat((t, torch.nextafter(t, t + 1), torch.nextafter(t, t - 1), torch.floor(t * 256) / 256,
                           torch.ceil(t * 256) / 256, torch.tensor([-_CLAMP, _CLAMP, -1e30, 1e30, 0.0],
                                                                    dtype=torch.float64)))
+        if dtype == torch.float32:   # the float32 path: each threshold's float32 rounding and its neighbours
+            t32 = t.to(torch.float32)
+            near = torch.cat((near, torch.cat((t32, torch.nextafter(t32, t32 + 1), torch.nextafter(t32, t32 - 1))).double()))
         values.append(near)
         widths.append(torch.full_like(near, w, dtype=torch.int64))
     gen = torch.Generator().manual_seed(3)
     rand = torch.randn(4000, generator=gen, dtype=torch.float64) * 2
     values = torch.cat(values + [rand]).to(dtype)
     widths = torch.cat(widths + [torch.randint(0, 9, (4000,), generator=gen)])
-    shifted = values.to(torch.float64).clamp(-_CLAMP, _CLAMP) + _SHIFT * widths
+    # ±inf, NaN, and values so small that y + _SHIFT·w rounds beside the threshold 0 (the search's
+    # float64 sum, which the float32 path reproduces)
+    tiny = [2.0 ** -44, 2.0 ** -47, 1e-45, 3e-14, 6e-14, 1e-13, 1e-30]
+    special = [math.inf, -math.inf, math.nan] + tiny + [-x for x in tiny]
+    values = torch.cat((values, torch.tensor(special, dtype=dtype).repeat(8)))
+    widths = torch.cat((widths, torch.arange(1, 9).repeat_interleave(len(special))))
+    shifted = torch.nan_to_num(values.to(torch.float64), nan=_CLAMP).clamp(-_CLAMP, _CLAMP) + _SHIFT * widths
     expected = torch.where(widths > 0, torch.bucketize(shifted, thresholds) - first[widths], 0)
-    assert torch.equal(_nearest_centroids(values, widths), expected)
+    found = _nearest_centroids(values, widths)
+    assert found.dtype == torch.uint8 and torch.equal(found.long(), expected)
+    # in the codec's layout: widths (B, H, 1, d) broadcast over the tokens
+    grid = values[:3960].view(2, 3, 20, 33)
+    per_coordinate = torch.randint(0, 9, (2, 3, 1, 33), generator=gen)
+    assert torch.equal(_nearest_centroids(grid, per_coordinate),
+                       _nearest_centroids(grid.reshape(-1), per_coordinate.expand(grid.shape).reshape(-1)).view(grid.shape))
 
 
 @pytest.mark.parametrize("impl", ["torch", "reference"])
