@@ -58,7 +58,7 @@ def _samples(fn, repeats: int) -> list[float]:
 
 
 def _unremembered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Copies no memo keeps (inference tensors: schemes.memo.IdentityMemo skips them), so every
+    """Copies no memo keeps (inference tensors: kvcommon.memo.IdentityMemo skips them), so every
     timed repeat does a codec's whole work (calibration, unit rows, coding, decoding) instead of
     reusing what the previous repeat computed from the very same tensors."""
     with torch.inference_mode():

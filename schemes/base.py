@@ -13,9 +13,8 @@ from typing import ClassVar
 
 import torch
 
+from kvcommon.memo import IdentityMemo
 from kvcommon.rng import check_family
-
-from .memo import IdentityMemo
 
 
 @dataclass

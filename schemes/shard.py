@@ -42,7 +42,7 @@ from .clipping import coefficient_scales, quantize_symmetric, symmetric_levels
 from .fp16 import half_shift, shift_down, shift_up
 from .hadamard import check_power_of_two, fwht
 from .kmeans import INITS, assign, kmeans
-from .memo import IdentityMemo
+from kvcommon.memo import IdentityMemo
 from .packing import mixed_exact_bits, pack_bits, pack_mixed, unpack_bits, unpack_mixed
 from .registry import register_variant
 from .svd import randomized_svd

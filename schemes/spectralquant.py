@@ -63,7 +63,7 @@ from . import qjl
 from .base import Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
-from .memo import IdentityMemo
+from kvcommon.memo import IdentityMemo
 from .packing import MAX_BITS, pack_bits, pack_variable, unpack_bits, unpack_variable
 from .registry import register_variant
 from .unit_rows import unit_rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .memo import IdentityMemo
+from kvcommon.memo import IdentityMemo
 
 _UNIT_ROWS = IdentityMemo(4)   # K and V of the current chunk: every cell coding them shares one
 
