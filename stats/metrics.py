@@ -165,6 +165,37 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
     return logits, probs, probs @ v
 
 
+def key_metrics(k: torch.Tensor, k_hat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The metrics of K and its reconstruction alone: error_point(·, "k") and ptcosine_k."""
+    return {**error_point(k, k_hat, "k"), "ptcosine_k": per_token_cosine(k, k_hat)}
+
+
+def value_metrics(v: torch.Tensor, v_hat: torch.Tensor, probs: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The metrics of V̂ against the exact attention (probs, T): error_point(·, "v"), ptcosine_v and
+    t_rel_mse_vonly (T̂ with exact probabilities and V̂)."""
+    out = error_point(v, v_hat, "v")
+    out["t_rel_mse_vonly"] = relative_mse(t, probs @ v_hat)
+    out["ptcosine_v"] = per_token_cosine(v, v_hat)
+    return out
+
+
+def score_metrics(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Tensor | None, v: torch.Tensor,
+                  t: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(the metrics of the scores alone: t_rel_mse_konly, kl_attn, the logit metrics and, with kept,
+    evicted_mass; the compressed attention probabilities p̂ (B, H, Nq, S))."""
+    probs_hat = attention(logits_hat, kept)
+    out = {"t_rel_mse_konly": relative_mse(t, probs_hat @ v), "kl_attn": kl_attention(logits, logits_hat, kept)}
+    if kept is not None:
+        out["evicted_mass"] = evicted_mass(logits, kept)
+        # the logit metrics over the kept (query, token) pairs: the evicted ones count zero
+        pairs = kept[:, :, None, :].expand_as(logits)
+        logits, logits_hat = torch.where(pairs, logits, 0.0), torch.where(pairs, logits_hat, 0.0)
+    out["logit_rel_mse"] = relative_mse(logits, logits_hat)
+    out["logit_slope"] = _safe_ratio(torch.sum(_flat(logits_hat) * _flat(logits), dim=1).double(),
+                                     _sum_sq(logits), 1.0)
+    return out, probs_hat
+
+
 def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor,
                   logits_hat: torch.Tensor, kept: torch.Tensor | None = None,
                   exact: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -178,23 +209,9 @@ def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torc
     exact: exact_attention(q, k, v) when the caller has it already (shared by the cells of a chunk).
     """
     logits, probs, t = exact_attention(q, k, v) if exact is None else exact
-    probs_hat = attention(logits_hat, kept)
-    out = error_point(k, k_hat, "k")
-    out.update(error_point(v, v_hat, "v"))
+    scored, probs_hat = score_metrics(logits, logits_hat, kept, v, t)
+    out = {**key_metrics(k, k_hat), **value_metrics(v, v_hat, probs, t), **scored}
     out.update(error_point(t, probs_hat @ v_hat, "t"))
-    out["t_rel_mse_konly"] = relative_mse(t, probs_hat @ v)
-    out["t_rel_mse_vonly"] = relative_mse(t, probs @ v_hat)
-    out["kl_attn"] = kl_attention(logits, logits_hat, kept)
-    names = METRIC_NAMES
-    if kept is not None:
-        out["evicted_mass"] = evicted_mass(logits, kept)
-        names += EVICTION_METRIC_NAMES
-        # the logit metrics over the kept (query, token) pairs: the evicted ones count zero
-        pairs = kept[:, :, None, :].expand_as(logits)
-        logits, logits_hat = torch.where(pairs, logits, 0.0), torch.where(pairs, logits_hat, 0.0)
-    out["logit_rel_mse"] = relative_mse(logits, logits_hat)
-    out["logit_slope"] = _safe_ratio(torch.sum(_flat(logits_hat) * _flat(logits), dim=1).double(),
-                                     _sum_sq(logits), 1.0)
-    out["ptcosine_k"] = per_token_cosine(k, k_hat)
-    out["ptcosine_v"] = per_token_cosine(v, v_hat)
+    names = METRIC_NAMES if kept is None else METRIC_NAMES + EVICTION_METRIC_NAMES
     return {name: out[name] for name in names}
+
