@@ -34,6 +34,7 @@ import torch
 import scenarios
 import schemes
 from schemes.base import BitLedger, TrialBits, call_with_optional
+from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, seed_sequence
 from stats.metrics import exact_attention, exact_logits, trial_metrics
 
@@ -145,7 +146,7 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
         enc = _encode(scheme, data["k"], data["v"], data["positions"], data.get("q_prefill"))
         k_hat, v_hat = scheme.decode(enc)
         k, v = data["k"], data["v"]
-        logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+        logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else _logits(data["q"], k_hat)
         bits = BitLedger.per_trial(enc)
         kept = scheme.kept(enc)
     else:
@@ -174,6 +175,15 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
     metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept, exact=exact)
     metrics.update(_diagnostics(scheme, len(k)))
     return {name: m.cpu().numpy() for name, m in metrics.items()}, bits
+
+_LOGITS = IdentityMemo(8)
+
+
+def _logits(q: torch.Tensor, k_hat: torch.Tensor) -> torch.Tensor:
+    """q·k̂ᵀ/√d, remembered for the very q and k̂: cells whose codecs decode K alike (one decoding,
+    schemes.base.PerTensorScheme.decoded) share the logits, and so their score metrics."""
+    known = _LOGITS.get((q, k_hat))
+    return known if known is not None else _LOGITS.put((q, k_hat), exact_logits(q, k_hat))
 
 def _diagnostics(scheme: schemes.Scheme, n_trials: int) -> dict[str, torch.Tensor]:
     """The scheme's per-trial diagnostics, every one kept: those named by DIAGNOSTIC_COLUMNS go

@@ -43,6 +43,8 @@ import math
 
 import torch
 
+from kvcommon.memo import IdentityMemo
+
 # Metrics every trial has; EVICTION_METRIC_NAMES only trials of an evicting codec (NaN otherwise).
 METRIC_NAMES = tuple(
     f"{m}_{x}" for x in ("k", "v", "t") for m in ("rel_mse", "cos", "snr_err", "dir_err", "d2")
@@ -207,11 +209,23 @@ def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torc
     kept (B, H, S), bool: the tokens an evicting codec keeps (Scheme.kept); T̂'s softmax, the KL
     and the logit metrics are then over the kept tokens only (module docstring).
     exact: exact_attention(q, k, v) when the caller has it already (shared by the cells of a chunk).
+    The metrics of K alone, of V alone and of the scores alone (key_metrics, value_metrics,
+    score_metrics) are remembered for the very tensors they are computed from (_PARTS): cells of a
+    chunk whose codecs decode K (or V, or score) alike compute them once; only T̂'s are per cell.
     """
     logits, probs, t = exact_attention(q, k, v) if exact is None else exact
-    scored, probs_hat = score_metrics(logits, logits_hat, kept, v, t)
-    out = {**key_metrics(k, k_hat), **value_metrics(v, v_hat, probs, t), **scored}
+    masks = () if kept is None else (kept,)
+    scored, probs_hat = _remembered(score_metrics, (logits, logits_hat, *masks, v, t), logits, logits_hat, kept, v, t)
+    out = {**_remembered(key_metrics, (k, k_hat), k, k_hat), **_remembered(value_metrics, (v, v_hat, probs, t),
+                                                                            v, v_hat, probs, t), **scored}
     out.update(error_point(t, probs_hat @ v_hat, "t"))
     names = METRIC_NAMES if kept is None else METRIC_NAMES + EVICTION_METRIC_NAMES
     return {name: out[name] for name in names}
 
+
+_PARTS = IdentityMemo(24)   # a chunk's parts at one budget: every codec's K, V and scores, with room
+
+
+def _remembered(part, tensors: tuple[torch.Tensor, ...], *args):
+    known = _PARTS.get(tensors, part.__name__)
+    return known if known is not None else _PARTS.put(tensors, part(*args), part.__name__)

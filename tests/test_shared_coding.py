@@ -87,3 +87,17 @@ def test_the_bench_times_the_whole_coding_every_repeat(monkeypatch):
     shape = bench.BenchShape(scheme="tq-kv", budget=3, dim=32, seq_len=16, queries=4, trials=2, repeats=3)
     bench.scheme_throughput(shape, torch.device("cpu"), ["tq-kv"])
     assert len(calls) == 2 * (1 + shape.repeats)      # K and V, at the warm-up and at each repeat
+
+
+def test_cells_that_decode_k_alike_share_its_metrics_and_scores(monkeypatch):
+    import stats.metrics
+    parts = {name: [] for name in ("key_metrics", "value_metrics", "score_metrics")}
+    for name, calls in parts.items():
+        real = getattr(stats.metrics, name)
+        monkeypatch.setattr(stats.metrics, name, lambda *a, _real=real, _calls=calls: _calls.append(1) or _real(*a))
+    _rows(CONFIG.cells())
+    # per budget, 6 cells: K decoded 4 ways (tq plain, tq sketched, sq, int4); V 5 ways (tq plain,
+    # tq sketched, sq plain, sq sketched, int4); scores 4 ways (K's, with tq-qkv's scored on its codes)
+    assert len(parts["key_metrics"]) == 2 * 4
+    assert len(parts["value_metrics"]) == 2 * 5
+    assert len(parts["score_metrics"]) == 2 * 4
