@@ -145,19 +145,45 @@ def _byte_fields(offsets: torch.Tensor, widths: torch.Tensor, row_bytes: int) ->
     return ((offsets >> 3) + rows).reshape(-1).to(torch.int64), shift
 
 
+def _block_fields(idx: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """pack_variable's byte indices and shifted codes (flat) and stream bytes n, for S a multiple of
+    8: then every block of 8 tokens of a head starts on a byte (8·T bits, T the token's bits) and
+    has the same layout, so a code's bit offset is the block's first byte (B, H, S/8) plus its place
+    in the block (B, H, 8, d): the same fields as _code_offsets and _byte_fields give, from two
+    small tables and one broadcast sum."""
+    b, h, s, d = idx.shape
+    w = widths.to(torch.int64)
+    per_token = w.sum(-1)                                                            # (B, H) bits
+    head_bits = per_token * s
+    length = int(head_bits.sum(-1).max()) if head_bits.numel() else 0
+    n = (length + 7) // 8
+    dtype = torch.int32 if b * (n + 2) < 2 ** 31 else torch.int64
+    inner = torch.arange(8, device=w.device).view(1, 1, 8, 1) * per_token.view(b, h, 1, 1) \
+        + (torch.cumsum(w, -1) - w).unsqueeze(2)                                    # (B, H, 8, d) bits in block
+    shift = (16 - (inner & 7) - w.unsqueeze(2)).to(torch.int32)
+    first = (torch.arange(b, device=w.device) * (n + 2)).view(b, 1, 1) + ((torch.cumsum(head_bits, -1) - head_bits) // 8
+             ).unsqueeze(-1) + torch.arange(s // 8, device=w.device) * per_token.unsqueeze(-1)   # (B, H, S/8) bytes
+    where = (first.to(dtype).view(b, h, s // 8, 1, 1) + (inner >> 3).to(dtype).unsqueeze(2)).reshape(-1)
+    field = (idx.reshape(b, h, s // 8, 8, d).to(torch.int32) << shift.unsqueeze(2)).reshape(-1)
+    return where, field, n
+
+
 def pack_variable(idx: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
     """Codes idx (B, H, S, d) of per-(trial, head, coordinate) widths (B, H, d) -> uint8 (B, bytes):
     each trial's stream (_code_offsets) packed 8 bits a byte, MSB first, zero-padded to the
     batch's longest. Each code is added, as its high and low byte, into the two bytes it spans:
     the codes' bits never overlap, so the sums are the bitwise ORs."""
     b, h, s, d = idx.shape
-    offsets, length = _code_offsets(widths, s)
-    n = (length + 7) // 8
+    if s % 8 == 0:
+        where, field, n = _block_fields(idx, widths)
+    else:
+        offsets, length = _code_offsets(widths, s)
+        n = (length + 7) // 8
+        where, shift = _byte_fields(offsets, widths, n + 2)      # 2 spare bytes: a 0-bit code may start at bit `length`
+        field = (idx.to(offsets.dtype) << shift).reshape(-1)
     if n == 0:
         return torch.zeros(b, 0, dtype=torch.uint8, device=idx.device)
-    where, shift = _byte_fields(offsets, widths, n + 2)      # 2 spare bytes: a 0-bit code may start at bit `length`
-    field = (idx.to(offsets.dtype) << shift).reshape(-1)
-    stream = torch.zeros(b * (n + 2), dtype=offsets.dtype, device=idx.device)
+    stream = torch.zeros(b * (n + 2), dtype=field.dtype, device=idx.device)
     stream.index_add_(0, where, field >> 8)
     stream.index_add_(0, where + 1, field & 255)
     return stream.view(b, n + 2)[:, :n].to(torch.uint8)

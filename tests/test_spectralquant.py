@@ -212,7 +212,7 @@ def test_encode_before_fit_or_on_other_trials_is_an_error():
 
 
 # --- storage ----------------------------------------------------------------------------------
-@given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 5), st.integers(1, 9), st.integers(0, 2 ** 31))
+@given(st.integers(1, 3), st.integers(1, 2), st.integers(1, 17), st.integers(1, 9), st.integers(0, 2 ** 31))
 def test_variable_width_packing_roundtrips(b, h, s, d, seed):
     gen = torch.Generator().manual_seed(seed)
     widths = torch.randint(0, 9, (b, h, d), generator=gen)
@@ -240,14 +240,14 @@ def test_decoding_a_copy_of_the_stored_codes_gives_the_same_cache(name):
     assert torch.equal(scheme.score(data["q"], enc), scheme.score(data["q"], copy))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_variable_width_stream_is_laid_out_as_documented(seed):
+@pytest.mark.parametrize("seed, s", [(0, 5), (1, 5), (2, 5), (0, 16), (1, 24), (2, 8)])   # S % 8 == 0: 8-token blocks
+def test_variable_width_stream_is_laid_out_as_documented(seed, s):
     """pack_variable against a bit-by-bit packer written from its documented layout: per trial,
     head after head, token after token, coordinate after coordinate, the low w bits of each code
     most significant first; the stream packed 8 bits a byte, MSB first, trials padded to the
     longest. Uniform and per-(trial, head) varying widths."""
     gen = torch.Generator().manual_seed(seed)
-    b, h, s, d = 3, 2, 5, 6
+    b, h, d = 3, 2, 6
     widths = torch.randint(0, 9, (b, h, d), generator=gen)
     if seed == 0:
         widths = widths[:1, :1].expand(b, h, d).contiguous()          # the same widths everywhere
