@@ -426,7 +426,7 @@ class SpectralQuant(PerTensorScheme):
         One lookup in the concatenation [0, codebook(1 bit), codebook(2 bits), ...] of the
         stored codebooks, at the offset of each coordinate's width."""
         table = [torch.zeros(1, dtype=dtype, device=idx.device)]
-        offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int64, device=idx.device)
+        offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=idx.device)   # + uint8 codes: int32 indices
         position = 1
         for width in range(1, MAX_BITS + 1):
             key = f"codebook.{width}bit"
@@ -446,10 +446,11 @@ class SpectralQuant(PerTensorScheme):
 
     @staticmethod
     def _codes(enc: Encoded, prefix: str, widths: torch.Tensor) -> torch.Tensor:
-        """The stored codes of one tensor, (B, H, S, d) int64 (_CODES)."""
+        """The stored codes of one tensor, (B, H, S, d): uint8 as encode remembered them (_CODES), or
+        int64 unpacked from a stream seen for the first time."""
         stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
         known = _CODES.get((stream, table))
-        return known.to(torch.int64) if known is not None else unpack_variable(stream, widths, enc.shape[2])
+        return known if known is not None else unpack_variable(stream, widths, enc.shape[2])
 
     def _z_hat(self, enc: Encoded, prefix: str, sketched: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(ẑ including the QJL correction (B, H, S, d), Q (B, H, d, d))."""
