@@ -269,6 +269,7 @@ class Scheme:
 # few entries per tensor hold every variant's; an entry lives no longer than the data it codes.
 _CODINGS = IdentityMemo(16)
 _DECODED = IdentityMemo(8)
+_SCORES = IdentityMemo(4)
 
 
 @dataclass
@@ -329,9 +330,24 @@ class PerTensorScheme(Scheme):
         key = self.coding_key(prefix)
         if key is None:
             return self.decode_tensor(enc, prefix)
-        inputs = tuple(enc.codes[name] for name in sorted(enc.codes) if name.startswith(f"{prefix}."))
+        inputs = self._codes_of(enc, prefix)
         tag = (type(self), prefix, key, enc.shape, enc.dtype)
         known = _DECODED.get(inputs, tag)
         return known if known is not None else _DECODED.put(inputs, self.decode_tensor(enc, prefix), tag)
+
+    def remembered_score(self, q: torch.Tensor, enc: Encoded, compute) -> torch.Tensor:
+        """compute(q, enc), a score on the codes that reads q and K's entries alone, remembered
+        (_SCORES) for the very q and K code tensors under K's coding key: variants that code K
+        alike and score on its codes (tq-qkv, tq-qkqv) score once. Shared: never written in place."""
+        key = self.coding_key("k")
+        if key is None:
+            return compute(q, enc)
+        inputs, tag = (q, *self._codes_of(enc, "k")), (type(self), key, enc.shape)
+        known = _SCORES.get(inputs, tag)
+        return known if known is not None else _SCORES.put(inputs, compute(q, enc), tag)
+
+    @staticmethod
+    def _codes_of(enc: Encoded, prefix: str) -> tuple[torch.Tensor, ...]:
+        return tuple(enc.codes[name] for name in sorted(enc.codes) if name.startswith(f"{prefix}."))
 
 

@@ -482,6 +482,9 @@ class SpectralQuant(PerTensorScheme):
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         if not self.sketch_k:
             return super().score(q, enc)
+        return self.remembered_score(q, enc, self._score_on_codes)
+
+    def _score_on_codes(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         # The asymmetric estimator in z-space (AMD paper eq. 1): q is projected, never quantised.
         basis, widths, sigma = self._stored(enc, "k")
         q_z = q @ basis.to(q.dtype)                                                      # (B, H, Nq, d)

@@ -193,6 +193,9 @@ class TurboQuant(PerTensorScheme):
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         if not self.sketch_k:
             return super().score(q, enc)
+        return self.remembered_score(q, enc, self._score_on_codes)
+
+    def _score_on_codes(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         # Asymmetric QJL estimator on the codes: q is rotated like the keys, never quantised.
         q_rot = rht(q, self._rotation(enc, "k", q.dtype)) if self.rotate else q
         mse = q_rot @ self._mse_part(enc, "k", self.sketch_k).transpose(-1, -2)

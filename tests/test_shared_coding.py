@@ -101,3 +101,18 @@ def test_cells_that_decode_k_alike_share_its_metrics_and_scores(monkeypatch):
     assert len(parts["key_metrics"]) == 2 * 4
     assert len(parts["value_metrics"]) == 2 * 5
     assert len(parts["score_metrics"]) == 2 * 4
+
+
+@pytest.mark.parametrize("names", [("tq-qkv", "tq-qkqv"), ("tq-fkv", "tq-fkfv"), ("sq-qkv", "sq-qkqv")])
+def test_variants_that_score_k_alike_on_its_codes_score_once(monkeypatch, names):
+    g = torch.Generator().manual_seed(2)
+    k, v, q = (torch.randn(2, 1, 32, 16, generator=g) * torch.linspace(2, 0.2, 16) for _ in range(3))
+    cls = TurboQuant if names[0].startswith("tq") else SpectralQuant
+    calls = []
+    real = cls._score_on_codes
+    monkeypatch.setattr(cls, "_score_on_codes", lambda self, *a: calls.append(1) or real(self, *a))
+    made = [schemes.create(n, budget=3, dim=16, seed=5).fit(k, v) for n in names]
+    scores = [s.score(q, s.encode(k, v)) for s in made]
+    assert len(calls) == 1 and scores[0] is scores[1]
+    alone = schemes.create(names[1], budget=3, dim=16, seed=5).fit(k.clone(), v.clone())
+    assert torch.equal(alone.score(q, alone.encode(k.clone(), v.clone())), scores[1])   # as computed afresh
