@@ -63,6 +63,30 @@ def _sum_sq(x: torch.Tensor) -> torch.Tensor:
     return torch.square(torch.linalg.vector_norm(_flat(x), dim=1)).double()
 
 
+def _per_token_sq(x: torch.Tensor) -> torch.Tensor:
+    """‖x_s‖² per token vector, (..., S) float64."""
+    return torch.square(torch.linalg.vector_norm(x, dim=-1)).double()
+
+
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def _probs(logits: torch.Tensor) -> torch.Tensor:
+    return _exact(_log_probs, logits).exp()
+
+
+# The terms of the exact side (K, V, T, the exact logits): the same for every cell of a chunk, so
+# computed once per chunk for the very tensor (the runner shares K, V and exact_attention's result).
+_EXACT = IdentityMemo(16)
+
+
+def _exact(term, x: torch.Tensor) -> torch.Tensor:
+    """term(x) for an exact-side tensor x, remembered for the very x (_EXACT)."""
+    known = _EXACT.get((x,), term.__name__)
+    return known if known is not None else _EXACT.put((x,), term(x), term.__name__)
+
+
 def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> torch.Tensor:
     """num/den with 0/0 → zero_over_zero and x/0 → inf."""
     ratio = num / torch.where(den > 0, den, 1.0)
@@ -71,7 +95,7 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> 
 
 def _energies(x: torch.Tensor, x_hat: torch.Tensor):
     """(‖x‖², ‖x̂‖², ‖x − x̂‖²) per trial."""
-    return _sum_sq(x), _sum_sq(x_hat), _sum_sq(x - x_hat)
+    return _exact(_sum_sq, x), _sum_sq(x_hat), _sum_sq(x - x_hat)
 
 
 def _rel_and_direction(xx, hh, ee):
@@ -89,7 +113,7 @@ def _rel_and_direction(xx, hh, ee):
 
 def relative_mse(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     """‖x − x̂‖²/‖x‖² per trial (0/0 → 0: an all-zero tensor reproduced exactly has no error)."""
-    return _safe_ratio(_sum_sq(x - x_hat), _sum_sq(x), 0.0)
+    return _safe_ratio(_sum_sq(x - x_hat), _exact(_sum_sq, x), 0.0)
 
 
 def direction_error(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
@@ -107,9 +131,7 @@ def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     reconstruction: the paper's ptcosine (§2). Every token of every head weighs the same,
     whatever its norm. A token that is zero and reproduced as zero has cosine 1, one whose
     original or reconstruction alone is zero (e.g. an evicted token) has cosine 0."""
-    def per_token_sq(t):
-        return torch.square(torch.linalg.vector_norm(t, dim=-1)).double()
-    _, direction = _rel_and_direction(per_token_sq(x), per_token_sq(x_hat), per_token_sq(x - x_hat))
+    _, direction = _rel_and_direction(_exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(x - x_hat))
     return 1 - _flat(direction).mean(dim=1)
 
 
@@ -141,9 +163,13 @@ def kl_attention(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Ten
     """KL(p ‖ p̂) of the attention distributions over the S keys, averaged over heads and queries.
     With kept (B, H, S): both distributions are over the kept tokens (p the exact attention
     renormalised over them), so the KL is finite whatever mass was evicted."""
-    log_p = torch.log_softmax(_kept_logits(logits.double(), kept), dim=-1)
+    if kept is None:
+        log_p, p = _exact(_log_probs, logits), _exact(_probs, logits)
+    else:
+        log_p = torch.log_softmax(_kept_logits(logits.double(), kept), dim=-1)
+        p = log_p.exp()
     log_p_hat = torch.log_softmax(_kept_logits(logits_hat.double(), kept), dim=-1)
-    terms = log_p.exp() * (log_p - log_p_hat)
+    terms = p * (log_p - log_p_hat)
     if kept is not None:  # an evicted token contributes 0·(−inf + inf) = NaN; its term is 0
         terms = torch.where(kept[:, :, None, :], terms, 0.0)
     kl = torch.sum(terms, dim=-1)
@@ -194,7 +220,7 @@ def score_metrics(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Te
         logits, logits_hat = torch.where(pairs, logits, 0.0), torch.where(pairs, logits_hat, 0.0)
     out["logit_rel_mse"] = relative_mse(logits, logits_hat)
     out["logit_slope"] = _safe_ratio(torch.sum(_flat(logits_hat) * _flat(logits), dim=1).double(),
-                                     _sum_sq(logits), 1.0)
+                                     _exact(_sum_sq, logits), 1.0)
     return out, probs_hat
 
 
