@@ -37,13 +37,15 @@ import torch
 from . import fastquant, qjl
 from .base import Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
-from .lloyd_max import beta_codebook, dequantize
+from .lloyd_max import beta_codebook
 from .packing import pack_bits, unpack_codes
 from .unit_rows import unit_rows
 from .registry import register_variant
+from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, packed_rademacher
 
 _SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
+_SIGNS = IdentityMemo(8)   # a chunk's unpacked rotation signs, sketch projections and sketches
 
 
 @dataclass
@@ -118,7 +120,11 @@ class TurboQuant(PerTensorScheme):
 
     @staticmethod
     def _unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-        return unpack_codes(packed, 1, n).to(dtype) * 2 - 1
+        """±1 (..., n) in dtype from the packed bits (..., ⌈n/8⌉), remembered for the very packed
+        tensor (_SIGNS): encode, decode and score of a coding unpack its signs and sketch once."""
+        known = _SIGNS.get((packed,), (n, dtype))
+        return known if known is not None else _SIGNS.put((packed,), unpack_codes(packed, 1, n).to(dtype) * 2 - 1,
+                                                          (n, dtype))
 
     def _projection(self, enc: Encoded, prefix: str, kind: str, dtype) -> torch.Tensor:
         """The sketch of one tensor: signs (B, H, d) for "rht", the matrix P (B, H, m, d) for "full"."""
@@ -152,7 +158,9 @@ class TurboQuant(PerTensorScheme):
             enc.side[f"codebook.{bits}bit"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
             enc.model.add(f"codebook.{bits}bit")
         if kind:
-            y_hat = torch.zeros_like(y) if codes is None else dequantize(codes.to(torch.int64), book, x.dtype)
+            y_hat = torch.zeros_like(y) if codes is None else \
+                torch.tensor(book.centroids, dtype=x.dtype, device=x.device).index_select(
+                    0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
             residual = y - y_hat
             enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
             proj = self._projection(enc, prefix, kind, x.dtype)
