@@ -224,6 +224,20 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
         shifted.shape).to(torch.uint8)
 
 
+_COORDINATES = IdentityMemo(4)
+
+
+def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z = Qᵀu, z/σ), (B, H, S, d) each: the coordinates every coding of x under one calibration
+    quantises, whatever its budget, allocation or sketch (the basis and σ are the calibration's,
+    shared by the sq and squ cells of a chunk); remembered for the very x and calibration."""
+    known = _COORDINATES.get((x, cal.basis, cal.sigma))
+    if known is not None:
+        return known
+    z = unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype)
+    return _COORDINATES.put((x, cal.basis, cal.sigma), (z, z / cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)))
+
+
 @dataclass
 class SpectralQuant(PerTensorScheme):
     """Calibrated eigenbasis + per-coordinate Gaussian Lloyd–Max + water-filling or uniform
@@ -383,9 +397,8 @@ class SpectralQuant(PerTensorScheme):
         if tuple(cal.widths.shape[:2]) != (b, h):
             raise ValueError(f"fitted on (B, H) = {tuple(cal.widths.shape[:2])} but asked to encode "
                              f"(B, H) = {(b, h)}; fit on calibration data of the same trials")
-        u, norms = unit_rows(x)
-        basis = cal.basis.to(device=x.device, dtype=x.dtype)
-        z = u @ basis
+        norms = unit_rows(x)[1]
+        z, scaled = _coordinates(x, cal)
         sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
         widths = cal.widths.to(x.device)
         for width in torch.unique(widths).tolist():
@@ -396,7 +409,7 @@ class SpectralQuant(PerTensorScheme):
                 needs = (widths == width).flatten(1).any(-1) * stored_bits(book)                    # (B,)
                 enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
                 enc.model.add(key)
-        idx = _nearest_centroids(z / sigma, widths.unsqueeze(-2))
+        idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
         enc.codes[f"{prefix}.codes"] = pack_variable(idx, widths)
         # each trial's own stream, in whole bytes (the batch pads to the longest one)

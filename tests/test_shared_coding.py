@@ -116,3 +116,16 @@ def test_variants_that_score_k_alike_on_its_codes_score_once(monkeypatch, names)
     assert len(calls) == 1 and scores[0] is scores[1]
     alone = schemes.create(names[1], budget=3, dim=16, seed=5).fit(k.clone(), v.clone())
     assert torch.equal(alone.score(q, alone.encode(k.clone(), v.clone())), scores[1])   # as computed afresh
+
+
+def test_spectralquant_projects_a_tensor_once_for_every_budget_and_variant():
+    """z = Qᵀu and z/σ depend on the tensor and the calibration alone: sq and squ cells at any
+    budget share them (the calibration is shared too), and they equal a fresh projection."""
+    from schemes.spectralquant import _coordinates
+    g = torch.Generator().manual_seed(4)
+    k, v = (torch.randn(2, 1, 48, 16, generator=g) * torch.linspace(2, 0.1, 16) for _ in range(2))
+    made = [schemes.create(n, budget=b, dim=16).fit(k, v) for n, b in (("sq-kv", 2), ("squ-qkv", 5))]
+    first, second = (_coordinates(k, s.calibration["k"]) for s in made)
+    assert first is second
+    fresh = schemes.create("sq-kv", budget=3, dim=16).fit(k.clone(), v.clone())
+    assert all(torch.equal(a, b) for a, b in zip(first, _coordinates(k.clone(), fresh.calibration["k"])))
