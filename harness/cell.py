@@ -47,6 +47,16 @@ CHUNK_TRIALS_ENV = "KVHARNESS_CHUNK_TRIALS"
 DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
 
 
+# How scheme seeds are derived, recorded in a run's manifest: 1, keyed by the scheme's name; 2, by its
+# seed family (the variants of tq, sq, squ share draws). A run is resumed only under its own rule.
+SEED_RULE = 2
+
+
+def family_seeded(schemes_: tuple[str, ...]) -> list[str]:
+    """The schemes whose seed the two rules derive differently (a seed family of their own name)."""
+    return [name for name in schemes_ if schemes.registry.seed_family(name) != name]
+
+
 def scheme_seed(root_seed: int, name: str, budget: int, dim: int) -> int:
     """The seed of a scheme's own draws; name: its seed family (schemes.registry.seed_family)."""
     return int(seed_sequence(root_seed, "scheme", name, budget, dim).generate_state(1)[0])

@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .cell import run_serial, trial_memory_bytes
+from .cell import SEED_RULE, family_seeded, run_serial, trial_memory_bytes
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .errors import UsageError
 from .provenance import now, provenance
@@ -50,6 +50,12 @@ def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
             differing = sorted(k for k, v in config.to_json().items() if stored is None or stored.get(k) != v)
             raise RunConflict(f"{store.directory} holds a different run (differs in: "
                               f"{', '.join(differing)}); choose another --out")
+        rule = (manifest or {}).get("seed_rule", 1)
+        changed = family_seeded(config.schemes)
+        if rule != SEED_RULE and changed:
+            raise RunConflict(f"{store.directory} was written under seed rule {rule} (scheme seeds keyed by name); "
+                              f"this kvharness keys {', '.join(changed)} by family (rule {SEED_RULE}), so resuming "
+                              f"would mix rows of two seed rules; choose another --out")
         store.check_integrity()
 
 def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
@@ -62,7 +68,7 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
         store.write_manifest(manifest)
         return
     store.write_manifest({"config": config.to_json(), "provenance": provenance(resolve_device(config.device)),
-                          "started_at": now(), "finished_at": None})
+                          "seed_rule": SEED_RULE, "started_at": now(), "finished_at": None})
 
 def completion(store: RunStore) -> tuple[int, int] | None:
     """(finished cells, cells of the run's configuration) from the manifest and the store; None

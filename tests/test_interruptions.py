@@ -5,6 +5,7 @@ and the rows equal an uninterrupted run's. One directory, one writer (a lock); p
 The sweep is one data group (every cell shares its draws: the case where a cell used to be
 stored only when the whole group finished), cut into chunks of 3 trials; the runs hold at a
 chosen chunk commit (tests/interrupting.py), so each case is deterministic."""
+import json
 import re
 import signal
 import sqlite3
@@ -151,3 +152,27 @@ def test_progress_bar_on_a_terminal_advances_per_chunk(tmp_path, monkeypatch):
     assert {mode for mode, _, _ in calls} == {"bar"}
     assert [t for _, t, _ in calls] == [sum(CHUNK_SIZES[:i + 1]) for i in range(len(CHUNK_SIZES))]
     assert calls[0][2] == 0 and calls[7][2] == 0 and calls[-1][2] == N_CELLS
+
+
+@pytest.mark.parametrize("schemes_, refused", [("tq-kv,int4", True), ("int4,kivi", False)])
+def test_resume_refuses_a_run_written_under_the_earlier_seed_rule(tmp_path, capsys, schemes_, refused):
+    """A run whose manifest predates the seed families (no seed_rule: scheme seeds keyed by name)
+    is not resumed when the family-seeded codecs would draw otherwise: rows of two rules would mix.
+    Codecs whose seed is their name either way resume as before."""
+    out = tmp_path / "run"
+    args = ["run", "--scenario", "gaussian", "--scheme", schemes_, "--budget", "3", "--dim", "16", "--seq-len", "32",
+            "--queries", "4", "--calib-tokens", "32", "--trials", "2", "--quiet", "--out", str(out)]
+    assert main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seed_rule"] == engine.SEED_RULE
+    del manifest["seed_rule"]                                          # as written before the change
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = (out / "manifest.json").read_bytes()
+    capsys.readouterr()
+    code = main([*args, "--resume"])
+    if refused:
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and "seed rule 1" in err and "tq-kv" in err and len(err.splitlines()) == 1
+        assert (out / "manifest.json").read_bytes() == before             # nothing written
+    else:
+        assert code == 0
