@@ -49,3 +49,9 @@ class IdentityMemo:
         refs = tuple(weakref.ref(t, lambda _, k=key: self.entries.pop(k, None)) for t in tensors)
         self.entries[key] = (refs, tuple(t._version for t in tensors), tag, value)
         return value
+
+    def remembered(self, tensors: tuple[torch.Tensor, ...], compute, tag: object = None):
+        """compute()'s result for the very tensors under tag: the remembered one, or computed now
+        and remembered."""
+        known = self.get(tensors, tag)
+        return known if known is not None else self.put(tensors, compute(), tag)

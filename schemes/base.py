@@ -303,23 +303,22 @@ class PerTensorScheme(Scheme):
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
         enc = Encoded(tuple(k.shape), k.dtype)
         for prefix, x in (("k", k), ("v", v)):
-            if self.coding_key(prefix) is None:
+            key = self.coding_key(prefix)
+            if key is None:
                 self.encode_tensor(x, prefix, enc)
             else:
-                enc.add(self.coded(x, prefix))
+                enc.add(self.coded(x, prefix, key))
         return enc
 
-    def coded(self, x: torch.Tensor, prefix: str) -> Encoded:
-        """The coding of x as the tensor `prefix`, on its own Encoded: remembered (_CODINGS) for the
-        very x and coding tensors under the coding key, so another scheme with the same key reuses it.
-        Shared: its users never write its tensors in place."""
-        inputs, tag = (x, *self.coding_tensors(prefix)), (type(self), prefix, self.coding_key(prefix))
-        part = _CODINGS.get(inputs, tag)
-        if part is None:
+    def coded(self, x: torch.Tensor, prefix: str, key: tuple) -> Encoded:
+        """The coding of x as the tensor `prefix` (coding key `key`), on its own Encoded: remembered
+        (_CODINGS) for the very x and coding tensors under the key, so another scheme with the same
+        key reuses it. Shared: its users never write its tensors in place."""
+        def code() -> Encoded:
             part = Encoded(tuple(x.shape), x.dtype)
             self.encode_tensor(x, prefix, part)
-            _CODINGS.put(inputs, part, tag)
-        return part
+            return part
+        return _CODINGS.remembered((x, *self.coding_tensors(prefix)), code, (type(self), prefix, key))
 
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
         return self.decoded(enc, "k"), self.decoded(enc, "v")
@@ -330,10 +329,8 @@ class PerTensorScheme(Scheme):
         key = self.coding_key(prefix)
         if key is None:
             return self.decode_tensor(enc, prefix)
-        inputs = self._codes_of(enc, prefix)
-        tag = (type(self), prefix, key, enc.shape, enc.dtype)
-        known = _DECODED.get(inputs, tag)
-        return known if known is not None else _DECODED.put(inputs, self.decode_tensor(enc, prefix), tag)
+        return _DECODED.remembered(self._codes_of(enc, prefix), lambda: self.decode_tensor(enc, prefix),
+                                   (type(self), prefix, key, enc.shape, enc.dtype))
 
     def remembered_score(self, q: torch.Tensor, enc: Encoded, compute) -> torch.Tensor:
         """compute(q, enc), a score on the codes that reads q and K's entries alone, remembered
@@ -342,9 +339,7 @@ class PerTensorScheme(Scheme):
         key = self.coding_key("k")
         if key is None:
             return compute(q, enc)
-        inputs, tag = (q, *self._codes_of(enc, "k")), (type(self), key, enc.shape)
-        known = _SCORES.get(inputs, tag)
-        return known if known is not None else _SCORES.put(inputs, compute(q, enc), tag)
+        return _SCORES.remembered((q, *self._codes_of(enc, "k")), lambda: compute(q, enc), (type(self), key, enc.shape))
 
     @staticmethod
     def _codes_of(enc: Encoded, prefix: str) -> tuple[torch.Tensor, ...]:

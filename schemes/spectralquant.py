@@ -231,11 +231,10 @@ def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch
     """(z = Qᵀu, z/σ), (B, H, S, d) each: the coordinates every coding of x under one calibration
     quantises, whatever its budget, allocation or sketch (the basis and σ are the calibration's,
     shared by the sq and squ cells of a chunk); remembered for the very x and calibration."""
-    known = _COORDINATES.get((x, cal.basis, cal.sigma))
-    if known is not None:
-        return known
-    z = unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype)
-    return _COORDINATES.put((x, cal.basis, cal.sigma), (z, z / cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)))
+    def project() -> tuple[torch.Tensor, torch.Tensor]:
+        z = unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype)
+        return z, z / cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
+    return _COORDINATES.remembered((x, cal.basis, cal.sigma), project)
 
 
 @dataclass
@@ -282,9 +281,7 @@ class SpectralQuant(PerTensorScheme):
         """The calibration of x (B, H, n, d): the data-dependent part from the memo when the same
         tensor was calibrated last (the cells of a sweep that share data), widths for this scheme."""
         tag = (self.rng, resolve_eigensolver(self.eigensolver, self.dim))
-        shared = _CALIBRATIONS.get((x,), tag)
-        if shared is None:
-            shared = _CALIBRATIONS.put((x,), self._spectrum(x), tag)
+        shared = _CALIBRATIONS.remembered((x,), lambda: self._spectrum(x), tag)
         return replace(shared, widths=self._allocate(shared.sigma, shared.d_eff, sketched))
 
     def _spectrum(self, x: torch.Tensor) -> Calibration:
@@ -418,7 +415,7 @@ class SpectralQuant(PerTensorScheme):
         enc.codes[f"{prefix}.basis_scale"] = cal.basis_scale.to(x.device)
         enc.codes[f"{prefix}.sigma"] = cal.sigma.to(x.device)
         enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
-        _CODES.put((enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]), idx.to(torch.uint8))   # ≤ 8 bits
+        _CODES.put((enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]), idx)   # uint8
         enc.model.update(f"{prefix}.{name}" for name in ("basis", "basis_scale", "sigma", "widths"))
         if sketched:
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)

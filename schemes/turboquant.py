@@ -122,9 +122,7 @@ class TurboQuant(PerTensorScheme):
     def _unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """±1 (..., n) in dtype from the packed bits (..., ⌈n/8⌉), remembered for the very packed
         tensor (_SIGNS): encode, decode and score of a coding unpack its signs and sketch once."""
-        known = _SIGNS.get((packed,), (n, dtype))
-        return known if known is not None else _SIGNS.put((packed,), unpack_codes(packed, 1, n).to(dtype) * 2 - 1,
-                                                          (n, dtype))
+        return _SIGNS.remembered((packed,), lambda: unpack_codes(packed, 1, n).to(dtype) * 2 - 1, (n, dtype))
 
     def _projection(self, enc: Encoded, prefix: str, kind: str, dtype) -> torch.Tensor:
         """The sketch of one tensor: signs (B, H, d) for "rht", the matrix P (B, H, m, d) for "full"."""
@@ -159,8 +157,7 @@ class TurboQuant(PerTensorScheme):
             enc.model.add(f"codebook.{bits}bit")
         if kind:
             y_hat = torch.zeros_like(y) if codes is None else \
-                torch.tensor(book.centroids, dtype=x.dtype, device=x.device).index_select(
-                    0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+                book.tensors(x.device, x.dtype)[0].index_select(0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
             residual = y - y_hat
             enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
             proj = self._projection(enc, prefix, kind, x.dtype)

@@ -83,8 +83,7 @@ _EXACT = IdentityMemo(16)
 
 def _exact(term, x: torch.Tensor) -> torch.Tensor:
     """term(x) for an exact-side tensor x, remembered for the very x (_EXACT)."""
-    known = _EXACT.get((x,), term.__name__)
-    return known if known is not None else _EXACT.put((x,), term(x), term.__name__)
+    return _EXACT.remembered((x,), lambda: term(x), term.__name__)
 
 
 def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> torch.Tensor:
@@ -253,5 +252,4 @@ _PARTS = IdentityMemo(24)   # a chunk's parts at one budget: every codec's K, V 
 
 
 def _remembered(part, tensors: tuple[torch.Tensor, ...], *args):
-    known = _PARTS.get(tensors, part.__name__)
-    return known if known is not None else _PARTS.put(tensors, part(*args), part.__name__)
+    return _PARTS.remembered(tensors, lambda: part(*args), part.__name__)
