@@ -46,6 +46,7 @@ from kvcommon.rng import generator, packed_rademacher
 
 _SKETCH_OF_MARK = {"": None, "q": "rht", "f": "full"}
 _SIGNS = IdentityMemo(8)   # a chunk's unpacked rotation signs, sketch projections and sketches
+_STAGES = IdentityMemo(16)  # rotations, codes, residuals, dequantised codes of K and V at one budget (12)
 
 
 @dataclass
@@ -100,12 +101,13 @@ class TurboQuant(PerTensorScheme):
                  for t in trials]
         return torch.from_numpy(np.stack(drawn) if drawn else np.zeros((0, *rows, (self.dim + 7) // 8), np.uint8))
 
-    def _store_signs(self, tensor: str, trials: list[int], n_heads: int, enc: Encoded, device) -> None:
-        """Rotation signs and sketch projection of one tensor, packed one bit per sign, stored per
-        trial with the codes and tagged per model."""
+    def _store_signs(self, tensor: str, trials: list[int], n_heads: int, enc: Encoded, device,
+                     rotation_signs: torch.Tensor | None) -> None:
+        """Rotation signs (given: drawn by _rotated) and sketch projection of one tensor, packed one
+        bit per sign, stored per trial with the codes and tagged per model."""
         draws = {}
         if self.rotate:
-            draws["rotation_signs"] = self.draw_signs(tensor, "rotation", trials, n_heads)
+            draws["rotation_signs"] = rotation_signs
         kind = self.sketch_k if tensor == "k" else self.sketch_v
         if kind == "rht":
             draws["sketch_signs"] = self.draw_signs(tensor, "sketch", trials, n_heads)
@@ -139,27 +141,61 @@ class TurboQuant(PerTensorScheme):
         trials = None if self.trials is None else tuple(self.trials.tolist())
         return self.rng, self.seed, self.budget, self.dim, self.rotate, self._sketch_of(prefix), trials
 
+    def _stage_tag(self, prefix: str, trials: list[int], *rest) -> tuple:
+        """What a stage of the coding of `prefix` depends on besides its input tensors: the rotation
+        signs' stream (rng, seed, trial indices) and d; not the sketch kind, so the variants of
+        one budget that code a tensor with the same MSE bits (tq-kv and tq-kqv on K; tq-qkv and
+        tq-fkv on K) share the rotation, codes and residual (_STAGES), bit for bit."""
+        return (type(self), self.rng, self.seed, self.dim, self.rotate, prefix, tuple(trials), *rest)
+
+    def _rotated(self, u: torch.Tensor, prefix: str, trials: list[int]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(packed rotation signs (B, H, ⌈d/8⌉) or None, y (B, H, S, d)): u rotated with signs drawn
+        for the trials, or u itself for plain-kv."""
+        if not self.rotate:
+            return None, u
+
+        def rotate():
+            signs = self.draw_signs(prefix, "rotation", trials, u.shape[1]).to(u.device)
+            return signs, rht(u, self._unpack_signs(signs, self.dim, u.dtype).unsqueeze(-2))
+        return _STAGES.remembered((u,), rotate, self._stage_tag(prefix, trials, "rotation"))
+
+    def _quantized(self, y: torch.Tensor, prefix: str, trials: list[int], bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed codes, uint8 codes (B, H, S, d)) of y with the b-bit Beta Lloyd–Max codebook: the
+        same as bucketize on its thresholds (schemes/fastquant.py)."""
+        return _STAGES.remembered((y,), lambda: fastquant.quantize_pack(y, beta_codebook(self.dim, bits).thresholds, bits),
+                                  self._stage_tag(prefix, trials, "codes", bits))
+
+    def _residual(self, y: torch.Tensor, codes: torch.Tensor | None, prefix: str, trials: list[int],
+                  bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(e = y − ŷ (B, H, S, d), ‖e‖ float32 (B, H, S)): what the QJL sketch codes."""
+        def residual():
+            if codes is None:
+                return y, torch.linalg.vector_norm(y, dim=-1).to(torch.float32)
+            y_hat = beta_codebook(self.dim, bits).tensors(y.device, y.dtype)[0].index_select(
+                0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+            e = y - y_hat
+            return e, torch.linalg.vector_norm(e, dim=-1).to(torch.float32)
+        return _STAGES.remembered((y,) if codes is None else (y, codes), residual,
+                                  self._stage_tag(prefix, trials, "residual", bits))
+
     def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
         kind = self._sketch_of(prefix)
         n_trials, n_heads, _, d = x.shape
-        self._store_signs(prefix, self._trial_indices(n_trials), n_heads, enc, x.device)
+        trials = self._trial_indices(n_trials)
         u, norms = unit_rows(x)
-        y = rht(u, self._rotation(enc, prefix, x.dtype)) if self.rotate else u
+        signs, y = self._rotated(u, prefix, trials)
+        self._store_signs(prefix, trials, n_heads, enc, x.device, signs)
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
         bits = self._mse_bits(kind)
         codes = None
         if bits >= 1:
-            book = beta_codebook(d, bits)
-            # uint8 codes, the same as bucketize on the thresholds (schemes/fastquant.py), packed
-            enc.codes[f"{prefix}.codes"], codes = fastquant.quantize_pack(y, book.thresholds, bits)
+            enc.codes[f"{prefix}.codes"], codes = self._quantized(y, prefix, trials, bits)
             # one table per width, shared by K and V: stored (and counted) once
-            enc.side[f"codebook.{bits}bit"] = torch.tensor(book.centroids, dtype=torch.float32, device=x.device)
+            enc.side[f"codebook.{bits}bit"] = torch.tensor(beta_codebook(d, bits).centroids, dtype=torch.float32,
+                                                           device=x.device)
             enc.model.add(f"codebook.{bits}bit")
         if kind:
-            y_hat = torch.zeros_like(y) if codes is None else \
-                book.tensors(x.device, x.dtype)[0].index_select(0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
-            residual = y - y_hat
-            enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
+            residual, enc.codes[f"{prefix}.residual_norm"] = self._residual(y, codes, prefix, trials, bits)
             proj = self._projection(enc, prefix, kind, x.dtype)
             enc.codes[f"{prefix}.sketch"] = pack_bits((qjl.project(residual, kind, proj) >= 0).to(torch.uint8), 1)
 
@@ -173,8 +209,9 @@ class TurboQuant(PerTensorScheme):
         b, h, s, d = enc.shape
         if bits < 1:
             return torch.zeros(enc.shape, dtype=enc.dtype, device=enc.codes[f"{prefix}.norm"].device)
-        return fastquant.dequantize_packed(enc.codes[f"{prefix}.codes"], enc.side[f"codebook.{bits}bit"].to(enc.dtype),
-                                           bits, d)
+        packed = enc.codes[f"{prefix}.codes"]
+        return _STAGES.remembered((packed,), lambda: fastquant.dequantize_packed(
+            packed, enc.side[f"codebook.{bits}bit"].to(enc.dtype), bits, d), ("decoded", bits, d, enc.dtype))
 
     def _sketch_signs(self, enc: Encoded, prefix: str) -> torch.Tensor:
         return self._unpack_signs(enc.codes[f"{prefix}.sketch"], self.dim, enc.dtype)

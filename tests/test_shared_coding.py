@@ -129,3 +129,33 @@ def test_spectralquant_projects_a_tensor_once_for_every_budget_and_variant():
     assert first is second
     fresh = schemes.create("sq-kv", budget=3, dim=16).fit(k.clone(), v.clone())
     assert all(torch.equal(a, b) for a, b in zip(first, _coordinates(k.clone(), fresh.calibration["k"])))
+
+
+def test_turboquant_variants_of_a_budget_rotate_and_quantise_a_tensor_once(monkeypatch):
+    """tq-kv, tq-qkv, tq-fkv, tq-kqv and tq-kfv at one budget rotate K and V with the same signs
+    (one seed family): each tensor is rotated once, quantised once per MSE width (b for the
+    unsketched, b − 1 for both sketches), and its residual is computed once; the codes equal a
+    fresh coding's (inference tensors: no memo serves them)."""
+    from schemes import fastquant, turboquant
+    counts = {"rht": 0, "quantize_pack": 0}
+    for module, name in ((turboquant, "rht"), (fastquant, "quantize_pack")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: counts.__setitem__(
+            _name, counts[_name] + 1) or _real(*a))
+    g = torch.Generator().manual_seed(6)
+    k, v = (torch.randn(3, 2, 40, 32, generator=g) * torch.linspace(2, 0.1, 32) for _ in range(2))
+    names = ("tq-kv", "tq-qkv", "tq-fkv", "tq-kqv", "tq-kfv")
+    coded = {n: schemes.create(n, budget=3, dim=32, seed=11).fit(None, None, trials=torch.arange(3)).encode(k, v)
+             for n in names}
+    assert counts == {"rht": 2, "quantize_pack": 4}                       # K, V; each at 3 and 2 bits
+    assert coded["tq-qkv"].codes["k.codes"] is coded["tq-fkv"].codes["k.codes"]
+    assert coded["tq-qkv"].codes["k.residual_norm"] is coded["tq-fkv"].codes["k.residual_norm"]
+    assert coded["tq-kv"].codes["k.rotation_signs"] is coded["tq-fkv"].codes["k.rotation_signs"]
+    with torch.inference_mode():
+        k_fresh, v_fresh = k.clone(), v.clone()
+    for name in names:
+        fresh = schemes.create(name, budget=3, dim=32, seed=11).fit(None, None, trials=torch.arange(3))
+        alone = fresh.encode(k_fresh, v_fresh)
+        assert alone.codes.keys() == coded[name].codes.keys()
+        assert all(torch.equal(alone.codes[c], coded[name].codes[c]) for c in alone.codes), name
+        assert all(torch.equal(a, b) for a, b in zip(fresh.decode(alone), fresh.decode(coded[name]))), name
