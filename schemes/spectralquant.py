@@ -225,6 +225,19 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
 
 
 _COORDINATES = IdentityMemo(4)
+_QUANTISED = IdentityMemo(16)   # the codes of K and V at a chunk's last budgets (4 codings each), with room
+
+
+def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 codes (B, H, S, d), their packed stream (B, bytes)) of the scaled coordinates at the
+    widths (B, H, d): remembered for the very coordinates and the widths' values, so two codings
+    that allocate alike share them (squ-qkv at budget b and squ-kv at b − 1 give K's semantic
+    coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
+    def quantise() -> tuple[torch.Tensor, torch.Tensor]:
+        idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
+        return idx, pack_variable(idx, widths)
+    values = widths.to(device="cpu", dtype=torch.uint8)
+    return _QUANTISED.remembered((scaled,), quantise, (tuple(values.shape), values.numpy().tobytes()))
 
 
 def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch.Tensor]:
@@ -406,9 +419,9 @@ class SpectralQuant(PerTensorScheme):
                 needs = (widths == width).flatten(1).any(-1) * stored_bits(book)                    # (B,)
                 enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
                 enc.model.add(key)
-        idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
+        idx, packed = _quantised(scaled, widths)
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
-        enc.codes[f"{prefix}.codes"] = pack_variable(idx, widths)
+        enc.codes[f"{prefix}.codes"] = packed
         # each trial's own stream, in whole bytes (the batch pads to the longest one)
         enc.exact_bits[f"{prefix}.codes"] = (widths.sum(dim=(-1, -2)) * s + 7) // 8 * 8
         enc.codes[f"{prefix}.basis"] = cal.basis_codes.to(x.device)
