@@ -226,6 +226,12 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
 
 _COORDINATES = IdentityMemo(4)
 _QUANTISED = IdentityMemo(16)   # the codes of K and V at a chunk's last budgets (4 codings each), with room
+_DEQUANTISED = IdentityMemo(8)
+
+
+def _values(t: torch.Tensor) -> tuple:
+    """A small tensor's shape, dtype and bytes: a memo tag that matches equal values."""
+    return tuple(t.shape), t.dtype, t.detach().cpu().contiguous().numpy().tobytes()
 
 
 def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,8 +242,7 @@ def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor
     def quantise() -> tuple[torch.Tensor, torch.Tensor]:
         idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
         return idx, pack_variable(idx, widths)
-    values = widths.to(device="cpu", dtype=torch.uint8)
-    return _QUANTISED.remembered((scaled,), quantise, (tuple(values.shape), values.numpy().tobytes()))
+    return _QUANTISED.remembered((scaled,), quantise, _values(widths.to(torch.uint8)))
 
 
 def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch.Tensor]:
@@ -447,18 +452,24 @@ class SpectralQuant(PerTensorScheme):
         """ẑ (B, H, S, d): σ_k · centroid; coordinates with 0 bits decode to 0 (the mean).
 
         One lookup in the concatenation [0, codebook(1 bit), codebook(2 bits), ...] of the
-        stored codebooks, at the offset of each coordinate's width."""
-        table = [torch.zeros(1, dtype=dtype, device=idx.device)]
-        offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=idx.device)   # + uint8 codes: int32 indices
-        position = 1
-        for width in range(1, MAX_BITS + 1):
-            key = f"codebook.{width}bit"
-            if key in enc.side:
+        stored codebooks, at the offset of each coordinate's width. Remembered for the very codes
+        and the values of the widths and σ (_DEQUANTISED): a sketched coding's encode, decode and
+        score, and the codings sharing its codes (_quantised), dequantise once."""
+        books = tuple(w for w in range(1, MAX_BITS + 1) if f"codebook.{w}bit" in enc.side)
+
+        def dequantise() -> torch.Tensor:
+            table = [torch.zeros(1, dtype=dtype, device=idx.device)]
+            offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=idx.device)   # + uint8 codes: int32 indices
+            position = 1
+            for width in books:
                 offsets[width] = position
-                table.append(enc.side[key].to(dtype))
+                table.append(enc.side[f"codebook.{width}bit"].to(dtype))
                 position += 2 ** width
-        flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
-        return torch.cat(table).index_select(0, flat).view(idx.shape) * sigma
+            flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
+            return torch.cat(table).index_select(0, flat).view(idx.shape) * sigma
+        # not the set of stored books: each code reads its own width's book (Gaussian Lloyd–Max, fixed)
+        tag = (dtype, *(_values(t) for t in (widths.to(torch.uint8), sigma.to(dtype))))
+        return _DEQUANTISED.remembered((idx,), dequantise, tag)
 
     def _stored(self, enc: Encoded, prefix: str):
         """(Q (B, H, d, d), widths (B, H, d), σ (B, H, 1, d)) from the stored codes."""

@@ -187,3 +187,26 @@ def test_spectralquant_codings_that_allocate_alike_quantise_once():
     alone = fresh.encode(k_fresh, v_fresh)
     assert all(torch.equal(alone.codes[c], coded["squ-qkv", 4].codes[c]) for c in alone.codes)
     assert all(torch.equal(a, b) for a, b in zip(fresh.decode(alone), made["squ-qkv", 4].decode(coded["squ-qkv", 4])))
+
+
+def test_a_sketched_spectralquant_coding_dequantises_once(monkeypatch):
+    """sq-qkv's K: encode (the residual), decode and the score on the codes read one ẑ, equal to a
+    fresh coding's."""
+    from schemes import spectralquant
+    computed = []
+    real = spectralquant._DEQUANTISED.put
+    monkeypatch.setattr(spectralquant._DEQUANTISED, "put", lambda *a: computed.append(1) or real(*a))
+    g = torch.Generator().manual_seed(9)
+    k, v, q = (torch.randn(2, 1, 48, 16, generator=g) * torch.linspace(2, 0.1, 16) for _ in range(3))
+    s = schemes.create("sq-qkv", budget=3, dim=16).fit(k, v)
+    enc = s.encode(k, v)
+    assert len(computed) == 1                                  # K's residual
+    k_hat, v_hat = s.decode(enc)
+    scores = s.score(q, enc)
+    assert len(computed) == 2                                  # + V's decode; K's decode and score reuse
+    with torch.inference_mode():
+        k_fresh, v_fresh = k.clone(), v.clone()
+    fresh = schemes.create("sq-qkv", budget=3, dim=16).fit(k_fresh, v_fresh)
+    alone = fresh.encode(k_fresh, v_fresh)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.decode(alone), (k_hat, v_hat)))
+    assert torch.equal(fresh.score(q, alone), scores)
