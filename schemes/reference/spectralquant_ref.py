@@ -75,8 +75,12 @@ def unit_gaussian_codebook(bits: int) -> np.ndarray:
     levels = 2 ** bits
     centroids = math.sqrt(3) * stats.norm.ppf((np.arange(levels) + 0.5) / levels)
     solution = optimize.root(lambda c: _lloyd_step(c) - c, centroids, method="hybr", tol=1e-13)
-    if not (solution.success and np.all(np.diff(solution.x) > 0)):
-        raise RuntimeError(f"Gaussian Lloyd–Max did not converge for {bits} bits")
+    # converged = a fixed point to 1e-10, whatever hybr's own verdict: its relative-step test at
+    # 1e-13 sits at float64's rounding of the cdf differences, and at 8 bits it stops with "not
+    # making good progress" at a residual of 4.5e-12 on some CPUs (AMD EPYC, MKL) and not others
+    residual = np.max(np.abs(_lloyd_step(solution.x) - solution.x))
+    if not (residual <= 1e-10 and np.all(np.diff(solution.x) > 0)):
+        raise RuntimeError(f"Gaussian Lloyd–Max did not converge for {bits} bits (fixed-point residual {residual:.3g})")
     centroids = solution.x
     return (centroids - centroids[::-1]) / 2   # exact antisymmetry of an even density
 
