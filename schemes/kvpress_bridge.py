@@ -47,6 +47,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .base import Encoded
@@ -152,17 +153,30 @@ def compression_ratio(s: int, n_keep: int) -> float:
     return 0.0 if n_keep >= s else 1.0 - (n_keep + 0.5) / s
 
 
+def token_signatures(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """int64 (B, H, S): a hash of the bits of each token's (key, value) pair, keys, values (B, H, S, d).
+    Σ bits·w over the pair's 32-bit words (16-bit for half types) in unsigned 64-bit arithmetic,
+    which wraps by definition and is exact in any order, so a token hashes alike in a batch of
+    any size on any BLAS (a float projection does not: MKL's gemv rounds a row differently by the
+    number of rows on some CPUs). Random odd 64-bit weights: two distinct tokens collide with
+    probability about 2^-64 (then the exact check refuses the match)."""
+    x = torch.cat((keys, values), -1).detach().contiguous().cpu()
+    word = torch.int16 if x.element_size() == 2 else torch.int32
+    words = x.view(word).numpy().astype(np.uint64)       # sign-extended, reinterpreted: still exact
+    weights = np.random.default_rng(0).integers(0, 2 ** 64, size=words.shape[-1], dtype=np.uint64, endpoint=False) | np.uint64(1)
+    return torch.from_numpy((words * weights).sum(-1, dtype=np.uint64).view(np.int64)).to(keys.device)
+
+
 def match_tokens(keys: torch.Tensor, values: torch.Tensor, kept_keys: torch.Tensor,
                  kept_values: torch.Tensor) -> torch.Tensor:
     """Indices (B, H, n) of the input tokens that compress returned: keys, values (B, H, S, d),
-    kept_* (B, H, n, d). Matched on a float64 projection of each (key, value) pair, then checked
-    exactly; identical tokens take distinct indices, earliest first. ValueError when a returned
-    token is not an input token (the press edited or merged tokens)."""
+    kept_* (B, H, n, d). Matched on an exact hash of each (key, value) pair's bits
+    (token_signatures), then checked exactly; identical tokens take distinct indices, earliest
+    first. ValueError when a returned token is not an input token (the press edited or merged
+    tokens)."""
     d = keys.shape[-1]
-    g = torch.Generator().manual_seed(0)
-    proj = torch.randn(2 * d, dtype=torch.float64, generator=g).to(keys.device)
-    sig_in = torch.cat((keys, values), -1).double() @ proj          # (B, H, S)
-    sig_out = torch.cat((kept_keys, kept_values), -1).double() @ proj   # (B, H, n)
+    sig_in = token_signatures(keys, values)             # (B, H, S)
+    sig_out = token_signatures(kept_keys, kept_values)  # (B, H, n)
     order = torch.sort(sig_in, dim=-1, stable=True)
     out_sorted = torch.sort(sig_out, dim=-1, stable=True)
     # rank of each returned token among the returned tokens with its signature (duplicates)

@@ -197,6 +197,31 @@ def test_matching_refuses_edited_tokens():
         kvpress_bridge.match_tokens(k, v, k.gather(2, gather) * 1.5, v.gather(2, gather))
 
 
+def test_token_signatures_do_not_depend_on_the_batch():
+    """A token hashes alike among S tokens and among any subset of them, in every dtype; the
+    float64 projection used before differed in the last bits between a (1, 2, 48, 64) cache and
+    its 9 kept tokens on an AMD EPYC with MKL, and every press was refused."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        for s, d in ((48, 64), (1024, 128), (333, 256)):
+            k = torch.randn(1, 2, s, d, generator=g).to(dtype)
+            v = torch.randn(1, 2, s, d, generator=g).to(dtype)
+            idx = torch.randperm(s, generator=g)[: s // 5 + 1].expand(1, 2, -1)
+            gather = idx[..., None].expand(-1, -1, -1, d)
+            sig = kvpress_bridge.token_signatures(k, v)
+            assert sig.dtype == torch.int64 and sig.shape == (1, 2, s)
+            assert torch.equal(kvpress_bridge.token_signatures(k.gather(2, gather), v.gather(2, gather)),
+                               sig.gather(2, idx))
+            assert sig.unique().numel() == 2 * s or sig[0, 0].unique().numel() == s   # no collision
+            assert torch.equal(kvpress_bridge.match_tokens(k, v, k.gather(2, gather), v.gather(2, gather)), idx)
+    # the hash reads every bit: one ulp in one element changes it
+    k, v, _ = _data(b=1, h=1, s=4, d=8)
+    k2 = k.clone()
+    k2[0, 0, 2, 5] = torch.nextafter(k2[0, 0, 2, 5], torch.tensor(math.inf))
+    a, b = kvpress_bridge.token_signatures(k, v), kvpress_bridge.token_signatures(k2, v)
+    assert torch.equal(a[..., [0, 1, 3]], b[..., [0, 1, 3]]) and a[0, 0, 2] != b[0, 0, 2]
+
+
 def test_press_options_are_checked():
     with pytest.raises(ValueError, match="unknown press option.*window_size"):
         schemes.create("kvpress:SnapKVPress", budget=2, dim=32, window_sise=8)
