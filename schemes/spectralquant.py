@@ -455,16 +455,16 @@ class SpectralQuant(PerTensorScheme):
         stored codebooks, at the offset of each coordinate's width. Remembered for the very codes
         and the values of the widths and σ (_DEQUANTISED): a sketched coding's encode, decode and
         score, and the codings sharing its codes (_quantised), dequantise once."""
-        books = tuple(w for w in range(1, MAX_BITS + 1) if f"codebook.{w}bit" in enc.side)
-
         def dequantise() -> torch.Tensor:
             table = [torch.zeros(1, dtype=dtype, device=idx.device)]
             offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=idx.device)   # + uint8 codes: int32 indices
             position = 1
-            for width in books:
-                offsets[width] = position
-                table.append(enc.side[f"codebook.{width}bit"].to(dtype))
-                position += 2 ** width
+            for width in range(1, MAX_BITS + 1):
+                key = f"codebook.{width}bit"
+                if key in enc.side:
+                    offsets[width] = position
+                    table.append(enc.side[key].to(dtype))
+                    position += 2 ** width
             flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
             return torch.cat(table).index_select(0, flat).view(idx.shape) * sigma
         # not the set of stored books: each code reads its own width's book (Gaussian Lloyd–Max, fixed)

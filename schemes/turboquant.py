@@ -105,9 +105,7 @@ class TurboQuant(PerTensorScheme):
                      rotation_signs: torch.Tensor | None) -> None:
         """Rotation signs (given: drawn by _rotated) and sketch projection of one tensor, packed one
         bit per sign, stored per trial with the codes and tagged per model."""
-        draws = {}
-        if self.rotate:
-            draws["rotation_signs"] = rotation_signs
+        draws = {} if rotation_signs is None else {"rotation_signs": rotation_signs}
         kind = self.sketch_k if tensor == "k" else self.sketch_v
         if kind == "rht":
             draws["sketch_signs"] = self.draw_signs(tensor, "sketch", trials, n_heads)

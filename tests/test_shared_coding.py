@@ -161,7 +161,7 @@ def test_turboquant_variants_of_a_budget_rotate_and_quantise_a_tensor_once(monke
         assert all(torch.equal(a, b) for a, b in zip(fresh.decode(alone), fresh.decode(coded[name]))), name
 
 
-def test_spectralquant_codings_that_allocate_alike_quantise_once():
+def test_spectralquant_codings_that_allocate_alike_quantise_once(monkeypatch):
     """squ-qkv at budget b gives K's semantic coordinates b − 1 bits and the tail 2, as squ-kv at
     b − 1 does (b ≥ 3): one calibration, the same widths, so one search and one packed stream,
     equal to a fresh coding's; sq-kv at b allocates otherwise and codes apart."""
@@ -170,13 +170,10 @@ def test_spectralquant_codings_that_allocate_alike_quantise_once():
     k, v = (torch.randn(2, 1, 48, 16, generator=g) * torch.linspace(2, 0.1, 16) for _ in range(2))
     calls = []
     real = spectralquant._nearest_centroids
-    try:
-        spectralquant._nearest_centroids = lambda *a: calls.append(1) or real(*a)
-        made = {(n, b): schemes.create(n, budget=b, dim=16).fit(k, v) for n, b in
-                (("squ-kv", 3), ("squ-qkv", 4), ("sq-kv", 4))}
-        coded = {key: s.encode(k, v) for key, s in made.items()}
-    finally:
-        spectralquant._nearest_centroids = real
+    monkeypatch.setattr(spectralquant, "_nearest_centroids", lambda *a: calls.append(1) or real(*a))
+    made = {(n, b): schemes.create(n, budget=b, dim=16).fit(k, v) for n, b in
+            (("squ-kv", 3), ("squ-qkv", 4), ("sq-kv", 4))}
+    coded = {key: s.encode(k, v) for key, s in made.items()}
     assert torch.equal(made["squ-kv", 3].calibration["k"].widths, made["squ-qkv", 4].calibration["k"].widths)
     assert coded["squ-kv", 3].codes["k.codes"] is coded["squ-qkv", 4].codes["k.codes"]
     assert coded["sq-kv", 4].codes["k.codes"] is not coded["squ-kv", 3].codes["k.codes"]
