@@ -21,6 +21,10 @@ span/65536) falls back to bucketize.
 Decoding a width that divides 8 looks up whole bytes: a (256, 8/width) table of centroids
 turns each stored byte into its 8/width values in one `index_select` (no per-code indices);
 other widths unpack to uint8 codes and look up the centroids with int32 indices.
+
+On the CPU in float32/float64 (every harness run there) both directions are one compiled pass
+over each row instead (schemes/cpu_loops.py): the same grid, comparison and byte layout, so the
+same bits; the torch passes here serve the other devices and dtypes and check those loops.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .packing import pack_bits, unpack_codes
+from .packing import pack_bits, packed_size, unpack_codes
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,17 @@ def quantize(y: torch.Tensor, thresholds: np.ndarray) -> torch.Tensor:
     return codes.reshape(y.shape)
 
 
+def _loops():
+    """schemes.cpu_loops, imported on first use (numba's import costs most of a second)."""
+    from . import cpu_loops
+    return cpu_loops
+
+
+def _on_loops(t: torch.Tensor) -> bool:
+    """Whether the compiled CPU loops take a tensor: on the CPU, in a dtype they read in place."""
+    return t.device.type == "cpu" and t.dtype in _loops().SUPPORTED
+
+
 @functools.lru_cache(maxsize=64)
 def _byte_codes(width: int, device: str) -> torch.Tensor:
     """(256, 8 // width) int32: the codes a byte holds, the first in its most significant bits."""
@@ -101,6 +116,8 @@ def _byte_codes(width: int, device: str) -> torch.Tensor:
 def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int, n: int) -> torch.Tensor:
     """Centroid values (..., n) of the codes packed by packing.pack_bits (..., bytes), in the
     centroids' dtype and device; the same values as centroids[unpack_bits(packed, width, n)]."""
+    if _on_loops(centroids) and packed.device.type == "cpu":
+        return _loops().dequantize_packed(packed, centroids, width, n)
     lead = packed.shape[:-1]
     if 8 % width == 0:
         table = centroids[_byte_codes(width, str(centroids.device))]     # (256, 8 // width)
@@ -113,5 +130,17 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
 
 def quantize_pack(y: torch.Tensor, thresholds: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 (..., packed_size(d, width)), codes uint8 (..., d)) of y (..., d)."""
+    if _on_loops(y):
+        cpu_loops = _loops()
+        n_bytes = packed_size(y.shape[-1], width)
+        if len(thresholds) <= cpu_loops.COUNT_MAX_THRESHOLDS:
+            t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(y.dtype)
+            return cpu_loops.count_pack(y, t, width, n_bytes)
+        try:
+            g = _grid(tuple(float(x) for x in thresholds), y.dtype, "cpu")
+        except _Unsupported:
+            pass
+        else:
+            return cpu_loops.grid_pack(y, g.lo, g.hi, g.inv_h, g.origin, g.first, g.cand, width, n_bytes)
     codes = quantize(y, thresholds)
     return pack_bits(codes, width), codes

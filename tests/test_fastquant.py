@@ -7,6 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schemes import cpu_loops
 from schemes.fastquant import dequantize_packed, quantize, quantize_pack
 from schemes.lloyd_max import beta_codebook, gaussian_codebook
 from schemes.packing import pack_bits, unpack_bits, unpack_codes
@@ -71,3 +72,61 @@ def test_equal_thresholds_fall_back_to_bucketize(dtype):
     y = torch.cat((torch.linspace(-1, 1, 101, dtype=dtype), torch.tensor([float("nan"), 0.0, -0.0], dtype=dtype)))
     assert torch.equal(quantize(y, thresholds).to(torch.int64),
                        torch.bucketize(y, torch.tensor(thresholds, dtype=dtype)))
+
+
+# --- the compiled CPU loops (schemes/cpu_loops.py) against bucketize, pack_bits and the torch passes ---
+def _torch_passes(monkeypatch):
+    """Route fastquant through its torch passes (the path of CUDA and half precision)."""
+    monkeypatch.setattr(cpu_loops, "SUPPORTED", ())  # fastquant reads it on every call
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("n", [128, 45])
+def test_cpu_loops_quantize_pack_equal_bucketize_and_the_torch_passes(bits, dtype, n, monkeypatch):
+    """Both of the loops' methods (counting up to 31 thresholds, the grid above) give bucketize's
+    codes and pack_bits' bytes, on rows split across threads (≥ 64 k elements) or not."""
+    cb = beta_codebook(128, bits)
+    thresholds = torch.tensor(cb.thresholds, dtype=torch.float64).to(dtype)
+    gen = torch.Generator().manual_seed(bits)
+    for rows in (3, 2000):
+        y = torch.randn(rows, n, generator=gen, dtype=dtype) * 2 * float(np.sqrt(cb.second_moment))
+        edges = _edge_values(thresholds)
+        y.view(-1)[:edges.numel()] = edges[: y.numel()]
+        expected = torch.bucketize(y, thresholds).to(torch.uint8)
+        packed, codes = quantize_pack(y, cb.thresholds, bits)
+        assert torch.equal(codes, expected)
+        assert torch.equal(packed, pack_bits(expected, bits))
+        centroids = torch.tensor(cb.centroids, dtype=dtype)
+        assert torch.equal(dequantize_packed(packed, centroids, bits, n), centroids[expected.to(torch.int64)])
+        with monkeypatch.context() as m:
+            _torch_passes(m)
+            assert torch.equal(quantize_pack(y, cb.thresholds, bits)[0], packed)
+            assert torch.equal(dequantize_packed(packed, centroids, bits, n), centroids[expected.to(torch.int64)])
+
+
+@given(thresholds=st.lists(st.floats(-4, 4, allow_nan=False, width=32), min_size=1, max_size=40),
+       n=st.integers(1, 20), seed=st.integers(0, 2 ** 31))
+def test_cpu_loops_count_any_sorted_thresholds(thresholds, n, seed):
+    """Any ascending thresholds, equal ones included (where the grid gives up), are counted
+    exactly as bucketize searches them."""
+    t = np.sort(np.asarray(thresholds, dtype=np.float32))
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.cat((torch.randn(3, n, generator=gen) * 3, torch.from_numpy(np.resize(t, (1, n)))))
+    width = max(1, int(np.ceil(np.log2(len(t) + 1))))
+    expected = torch.bucketize(y, torch.from_numpy(t)).to(torch.uint8)
+    packed, codes = quantize_pack(y, t.astype(np.float64), width)
+    assert torch.equal(codes, expected)
+    assert torch.equal(packed, pack_bits(expected, width))
+
+
+def test_cpu_loops_split_does_not_change_the_result(monkeypatch):
+    """The same bytes with the rows on one thread and split across two."""
+    cb = beta_codebook(64, 6)
+    y = torch.randn(4096, 64, generator=torch.Generator().manual_seed(5)) / 8
+    with monkeypatch.context() as m:
+        m.setattr(torch, "get_num_threads", lambda: 1)
+        one = quantize_pack(y, cb.thresholds, 6)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    two = quantize_pack(y, cb.thresholds, 6)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
