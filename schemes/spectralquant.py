@@ -239,10 +239,18 @@ def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor
     widths (B, H, d): remembered for the very coordinates and the widths' values, so two codings
     that allocate alike share them (squ-qkv at budget b and squ-kv at b − 1 give K's semantic
     coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
-    def quantise() -> tuple[torch.Tensor, torch.Tensor]:
-        idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
-        return idx, pack_variable(idx, widths)
-    return _QUANTISED.remembered((scaled,), quantise, _values(widths.to(torch.uint8)))
+    return _QUANTISED.remembered((scaled,), lambda: _search_and_pack(scaled, widths), _values(widths.to(torch.uint8)))
+
+
+def _search_and_pack(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_nearest_centroids and pack_variable: in one compiled pass on the CPU in float32
+    (schemes/cpu_loops.py: the same table, comparisons and stream), by torch passes elsewhere."""
+    if scaled.device.type == "cpu" and scaled.dtype == torch.float32:
+        from . import cpu_loops   # imports numba: on first use
+        table, last, block_cell, per_unit = _threshold_grid_float32("cpu")
+        return cpu_loops.variable_codes(scaled, widths, _CLAMP, per_unit, block_cell, table, last)
+    idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
+    return idx, pack_variable(idx, widths)
 
 
 def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch.Tensor]:

@@ -169,8 +169,8 @@ def test_spectralquant_codings_that_allocate_alike_quantise_once(monkeypatch):
     g = torch.Generator().manual_seed(8)
     k, v = (torch.randn(2, 1, 48, 16, generator=g) * torch.linspace(2, 0.1, 16) for _ in range(2))
     calls = []
-    real = spectralquant._nearest_centroids
-    monkeypatch.setattr(spectralquant, "_nearest_centroids", lambda *a: calls.append(1) or real(*a))
+    real = spectralquant._search_and_pack
+    monkeypatch.setattr(spectralquant, "_search_and_pack", lambda *a: calls.append(1) or real(*a))
     made = {(n, b): schemes.create(n, budget=b, dim=16).fit(k, v) for n, b in
             (("squ-kv", 3), ("squ-qkv", 4), ("sq-kv", 4))}
     coded = {key: s.encode(k, v) for key, s in made.items()}

@@ -509,3 +509,26 @@ def test_sketches_are_drawn_per_trial_index(impl):
         assert torch.equal(enc.codes[key][1:], enc_alone.codes[key])
     moved = make("sq-qkqv", budget=3, dim=32).fit(one["k_cal"], one["v_cal"], trials=torch.tensor([7]))
     assert not torch.equal(moved.encode(one["k"], one["v"]).codes["k.sketch_seed"], enc_alone.codes["k.sketch_seed"])
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 20, 33), (3, 1, 64, 16), (9, 2, 64, 64)])
+def test_the_compiled_search_and_pack_equal_the_torch_passes(shape):
+    """cpu_loops.variable_codes (the CPU float32 path) gives _nearest_centroids' codes and
+    pack_variable's stream, on the thresholds' float32 neighbours, ±inf, NaN, values beyond the
+    clamp, tokens not a multiple of 8 and a batch large enough to be split across threads."""
+    from schemes import cpu_loops
+    from schemes.packing import pack_variable
+    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids, _threshold_grid_float32
+    thresholds, first = _all_thresholds("cpu")
+    t32 = torch.cat([(thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w) for w in range(1, 9)]).to(torch.float32)
+    edges = torch.cat((t32, torch.nextafter(t32, t32 + 1), torch.nextafter(t32, t32 - 1),
+                       torch.tensor([math.inf, -math.inf, math.nan, _CLAMP, -_CLAMP, 1e30, -1e30, 0.0, -0.0, 1e-30])))
+    gen = torch.Generator().manual_seed(11)
+    y = torch.randn(shape, generator=gen) * 2
+    y.view(-1)[:edges.numel()] = edges[:y.numel()]
+    widths = torch.randint(0, 9, (shape[0], shape[1], shape[3]), generator=gen)
+    table, last, block_cell, per_unit = _threshold_grid_float32("cpu")
+    codes, stream = cpu_loops.variable_codes(y, widths, _CLAMP, per_unit, block_cell, table, last)
+    expected = _nearest_centroids(y, widths.unsqueeze(-2))
+    assert codes.dtype == torch.uint8 and torch.equal(codes, expected)
+    assert torch.equal(stream, pack_variable(expected, widths))
