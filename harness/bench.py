@@ -172,8 +172,11 @@ def _dense_rotation(dim: int, device: torch.device):
 
     def matrix(dtype):
         return cast.setdefault(dtype, m.to(device=device, dtype=dtype))
+    def inverse(y, signs, *, scale=None):
+        x = y @ matrix(y.dtype).T
+        return x if scale is None else x * scale.unsqueeze(-1)     # the norms, as rht_inverse applies them
     with mock.patch.object(turboquant, "rht", lambda x, signs: x @ matrix(x.dtype)), \
-            mock.patch.object(turboquant, "rht_inverse", lambda y, signs: y @ matrix(y.dtype).T):
+            mock.patch.object(turboquant, "rht_inverse", inverse):
         yield
 
 

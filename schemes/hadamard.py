@@ -2,12 +2,35 @@
 
 All functions act on the last dimension of a tensor of shape (..., d) with d a power of
 two. The normalised transform H/sqrt(d) is orthogonal and symmetric, hence its own inverse.
+
+On the CPU in float32/float64 (every harness run there) the transform is the O(d log d)
+butterflies in one compiled pass over each vector (schemes/cpu_loops.py), the random signs,
+the scale and the vector's norm applied in the same pass; elsewhere (CUDA, half precision) a
+dense matmul with the cached Hadamard matrix up to d = 512 and torch butterflies above. The
+butterflies add in a fixed order, so their result is the same on every CPU, whatever the BLAS
+library, its kernels or the thread count, and closer to the exact transform (a float32
+butterfly rounds log2(d) times per entry, a float32 dot product over d entries more).
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+
+
+def _loops(x: torch.Tensor):
+    """schemes.cpu_loops (numba, imported on first use) when its compiled butterflies take x: on
+    the CPU, in a dtype they read in place; else None."""
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return None
+    from . import cpu_loops
+    return cpu_loops if x.dtype in cpu_loops.SUPPORTED else None
+
+
+def _vector_signs(signs: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether signs are one row per set of vectors of x, (..., 1, d), as the compiled pass takes them."""
+    return x.dim() >= 2 and signs.dim() >= 2 and signs.shape[-2] == 1 and \
+        torch.broadcast_shapes(signs.shape, x.shape) == x.shape
 
 
 def check_power_of_two(dim: int, *, what: str = "head dimension") -> None:
@@ -17,8 +40,8 @@ def check_power_of_two(dim: int, *, what: str = "head dimension") -> None:
                          f"d in 1, 2, 4, ..., 256, 512, ...")
 
 
-# Up to this d a dense matmul with the cached Hadamard matrix beats log2(d) butterfly passes
-# over memory (measured on a 2-core CPU: 5x at d = 64..128, 4x at d = 256).
+# Off the compiled CPU path, up to this d a dense matmul with the cached Hadamard matrix beats
+# log2(d) torch butterfly passes over memory (measured on a 2-core CPU: 5x at d = 64..128, 4x at d = 256).
 DENSE_MAX_DIM = 512
 
 
@@ -30,6 +53,9 @@ def fwht(x: torch.Tensor, *, normalize: bool = True) -> torch.Tensor:
     """
     d = x.shape[-1]
     check_power_of_two(d)
+    loops = _loops(x)
+    if loops is not None:
+        return loops.hadamard(x, normalize=normalize)
     if d <= DENSE_MAX_DIM:
         h = _dense(d, x.dtype, str(x.device), normalize)
         return x @ h
@@ -67,11 +93,26 @@ def hadamard_matrix(d: int, *, dtype: torch.dtype = torch.float64) -> torch.Tens
     return m
 
 
-def rht(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """Randomized Hadamard transform y = H (s ⊙ x) / sqrt(d); signs (..., d) in {-1, +1} broadcast to x."""
-    return fwht(x * signs)
+def rht(x: torch.Tensor, signs: torch.Tensor, *, mult: float = 1.0) -> torch.Tensor:
+    """Randomized Hadamard transform y = H (s ⊙ x) / sqrt(d) (· mult); signs (..., d) in {-1, +1}
+    broadcast to x."""
+    check_power_of_two(x.shape[-1])
+    loops = _loops(x)
+    if loops is not None and _vector_signs(signs, x):
+        return loops.hadamard(x, pre=signs, mult=mult)
+    y = fwht(x * signs)
+    return y * mult if mult != 1 else y
 
 
-def rht_inverse(y: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """Inverse of rht: x = s ⊙ H y / sqrt(d)."""
-    return fwht(y) * signs
+def rht_inverse(y: torch.Tensor, signs: torch.Tensor, *, mult: float = 1.0,
+                scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of rht: x = s ⊙ H y / sqrt(d), times mult and then, given scale (...,) (one factor a
+    vector, e.g. its norm), times scale[..., None]: the products in that order."""
+    check_power_of_two(y.shape[-1])
+    loops = _loops(y)
+    if loops is not None and _vector_signs(signs, y) and (scale is None or scale.shape == y.shape[:-1]):
+        return loops.hadamard(y, post=signs, mult=mult, scale=scale)
+    x = fwht(y)
+    x = x * mult if mult != 1 else x
+    x = x * signs
+    return x * scale.unsqueeze(-1) if scale is not None else x

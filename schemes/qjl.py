@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .hadamard import fwht
+from .hadamard import rht, rht_inverse
 
 PROJECTIONS = ("rht", "full")
 
@@ -28,16 +28,14 @@ def project(x: torch.Tensor, kind: str, proj: torch.Tensor) -> torch.Tensor:
     """P x for x (B, H, n, d). proj: signs (..., H, d) for "rht", the matrix (..., H, m, d) for
     "full", one per head (and per trial with a leading B), broadcast over the n vectors."""
     if kind == "rht":
-        d = x.shape[-1]
-        return fwht(x * proj.unsqueeze(-2)) * math.sqrt(d)
+        return rht(x, proj.unsqueeze(-2), mult=math.sqrt(x.shape[-1]))       # √d·H/√d = the ±1 H
     return x @ proj.transpose(-1, -2)
 
 
 def project_transpose(y: torch.Tensor, kind: str, proj: torch.Tensor) -> torch.Tensor:
     """Pᵀ y for y (B, H, n, m), proj as in `project`."""
     if kind == "rht":
-        d = y.shape[-1]
-        return fwht(y) * math.sqrt(d) * proj.unsqueeze(-2)
+        return rht_inverse(y, proj.unsqueeze(-2), mult=math.sqrt(y.shape[-1]))
     return y @ proj
 
 

@@ -222,8 +222,10 @@ class TurboQuant(PerTensorScheme):
             r = enc.codes[f"{prefix}.residual_norm"].to(enc.dtype).unsqueeze(-1)
             y_hat = y_hat + qjl.sketch_scale(self.dim) * r * qjl.project_transpose(
                 self._sketch_signs(enc, prefix), kind, proj)
-        u_hat = rht_inverse(y_hat, self._rotation(enc, prefix, enc.dtype)) if self.rotate else y_hat
-        return u_hat * enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1)
+        norms = enc.codes[f"{prefix}.norm"].to(enc.dtype)
+        if self.rotate:
+            return rht_inverse(y_hat, self._rotation(enc, prefix, enc.dtype), scale=norms)
+        return y_hat * norms.unsqueeze(-1)
 
     # --- protocol --------------------------------------------------------------------------
     @property

@@ -34,6 +34,43 @@ def test_rht_inverse_round_trip(dim, data):
     assert torch.allclose(rht_inverse(rht(x, signs), signs), x, atol=1e-9)
 
 
+# --- the compiled butterflies (schemes/cpu_loops.py) against the torch butterflies and the exact transform ---
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dim", [1, 2, 4, 8, 16, 128, 256, 1024])
+def test_compiled_butterflies_equal_the_torch_butterflies(dim, dtype):
+    """fwht, rht and rht_inverse on the CPU (one compiled pass with the signs, the factor and the
+    norms) give the bits of fwht_butterfly followed by the same products in torch, on rows split
+    across threads (≥ 64 k elements) or not."""
+    gen = torch.Generator().manual_seed(dim)
+    for n in (3, 300):
+        x = torch.randn(2, 3, n, dim, generator=gen, dtype=dtype)
+        signs = (torch.randint(0, 2, (2, 3, 1, dim), generator=gen) * 2 - 1).to(dtype)
+        norms = torch.rand(2, 3, n, generator=gen, dtype=dtype) * 10
+        root = math.sqrt(dim)
+        assert torch.equal(fwht(x), fwht_butterfly(x))
+        assert torch.equal(fwht(x, normalize=False), fwht_butterfly(x, normalize=False))
+        assert torch.equal(fwht(x[0, 0, 0]), fwht_butterfly(x[0, 0, 0]))              # one vector
+        assert torch.equal(rht(x, signs), fwht_butterfly(x * signs))
+        assert torch.equal(rht(x, signs, mult=root), fwht_butterfly(x * signs) * root)
+        assert torch.equal(rht_inverse(x, signs, mult=root), fwht_butterfly(x) * root * signs)
+        assert torch.equal(rht_inverse(x, signs, scale=norms), fwht_butterfly(x) * signs * norms.unsqueeze(-1))
+        # signs of another shape (one row for all vectors) take the torch products, the same bits
+        assert torch.equal(rht(x, signs[0, 0, 0]), fwht_butterfly(x * signs[0, 0, 0]))
+
+
+@pytest.mark.parametrize("dim", [8, 64, 256, 1024])
+def test_float32_butterflies_within_their_rounding_bound(dim):
+    """Each of the log2(d) stages and the division rounds once, and every partial sum of an entry
+    is at most Σ|x|, so |fwht(x) − Hx/√d| ≤ ((1 + u)^(log2 d + 1) − 1)·Σ|x|/√d entry-wise (u = 2^-24;
+    the standard error analysis of a sum tree, e.g. Higham, Accuracy and Stability §4.2)."""
+    x = torch.randn(500, dim, generator=torch.Generator().manual_seed(1))
+    exact = x.double() @ hadamard_matrix(dim) / math.sqrt(dim)
+    bound = ((1 + 2.0 ** -24) ** (math.log2(dim) + 1) - 1) * x.double().abs().sum(-1, keepdim=True) / math.sqrt(dim)
+    error = (fwht(x).double() - exact).abs()
+    assert bool((error <= bound).all())
+    assert float((error / bound).max()) > 0.01           # the bound is not vacuous: errors come near it
+
+
 def test_hadamard_matrix_is_orthogonal_up_to_scale():
     h = hadamard_matrix(16)
     assert torch.equal(h @ h.T, 16 * torch.eye(16, dtype=h.dtype))
