@@ -226,6 +226,43 @@ def _hadamard_rows(x, first_row, pre, post, per_sign, div, mult, scale, out):  #
             out[r, i] = v
 
 
+@numba.jit(nopython=True, nogil=True, cache=True, boundscheck=False, fastmath={"nnan", "nsz"})
+def _smallest(values):  # pragma: no cover - compiled
+    """min(values) for values without NaN (fast-math lets LLVM vectorise the reduction; a zero's
+    sign may come out either way, which == ignores)."""
+    m = values[0]
+    for j in range(1, values.shape[0]):
+        m = min(m, values[j])
+    return m
+
+
+@numba.jit(**_JIT)
+def _argmin_rows(xc, c_sq, out):  # pragma: no cover - compiled
+    """out[b, i] = argmin_j (c_sq[b, j] − 2·xc[b, i, j]): the first index of the minimum, or of
+    the first NaN where there is one, as torch's min(dim).indices gives it. The differences are
+    formed into a row buffer, its minimum found by a vectorised reduction, then its first index."""
+    n_problems, n_points, k = xc.shape
+    buf = np.empty(k, xc.dtype)
+    for b in range(n_problems):
+        c = c_sq[b]
+        for i in range(n_points):
+            row = xc[b, i]
+            nan = False
+            for j in range(k):
+                v = c[j] - (row[j] + row[j])       # 2·xc exactly, in xc's dtype
+                buf[j] = v
+                nan |= v != v
+            at = 0
+            if nan:
+                while buf[at] == buf[at]:
+                    at += 1
+            else:
+                m = _smallest(buf)
+                while buf[at] != m:
+                    at += 1
+            out[b, i] = at
+
+
 def _rows(t: torch.Tensor) -> np.ndarray:
     """A 2-D NumPy view (rows, last dim) of a contiguous CPU tensor."""
     return t.reshape(-1, t.shape[-1]).numpy()
@@ -335,3 +372,13 @@ def hadamard(x: torch.Tensor, *, normalize: bool = True, pre: torch.Tensor | Non
         _by_row_blocks(xr.shape[0], x.numel(), lambda a, b: _hadamard_rows(
             xr[a:b], a, p, q, per_sign, div, m, sc[a:b] if sc.shape[0] else sc, o[a:b]))
     return out
+
+
+def nearest_centroids(xc: torch.Tensor, c_sq: torch.Tensor, out: torch.Tensor) -> None:
+    """out (B, n) int64 = (c_sq[:, None, :] − 2·xc).min(-1).indices for xc (B, n, k) and c_sq (B, k),
+    CPU tensors of one SUPPORTED dtype, without the (B, n, k) difference (the same values: the
+    doubling is exact, the subtraction rounds once, as in torch)."""
+    xc, c_sq = xc.contiguous(), c_sq.contiguous()
+    if xc.numel():
+        xn, cn, on = xc.numpy(), c_sq.numpy(), out.numpy()
+        _by_row_blocks(xn.shape[0], xc.numel(), lambda a, b: _argmin_rows(xn[a:b], cn[a:b], on[a:b]))

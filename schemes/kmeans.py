@@ -25,6 +25,15 @@ class KMeansResult:
     objective: torch.Tensor
 
 
+def _loops(points: torch.Tensor):
+    """schemes.cpu_loops (numba, imported on first use) when it takes the points: on the CPU in
+    float32/float64; else None."""
+    if points.device.type != "cpu" or points.dtype not in (torch.float32, torch.float64):
+        return None
+    from . import cpu_loops
+    return cpu_loops if points.dtype in cpu_loops.SUPPORTED else None
+
+
 def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of every point: indices (B, N) int64 and squared distances (B, N).
 
@@ -36,9 +45,14 @@ def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor,
     c_sq = (centroids ** 2).sum(-1)                                   # (B, k)
     step = max(1, _CHUNK_ELEMENTS // max(1, b * k))
     indices = torch.empty(b, n, dtype=torch.int64, device=points.device)
+    loops = _loops(points)
     for start in range(0, n, step):
         x = points[:, start:start + step]
-        d = c_sq[:, None, :] - 2 * (x @ centroids.transpose(1, 2))   # ‖x‖² is constant per row
+        xc = x @ centroids.transpose(1, 2)
+        if loops is not None:   # the same indices in one compiled pass over xc (schemes/cpu_loops.py)
+            loops.nearest_centroids(xc, c_sq, indices[:, start:start + step])
+            continue
+        d = c_sq[:, None, :] - 2 * xc                          # ‖x‖² is constant per row
         indices[:, start:start + step] = d.min(-1).indices   # argmin's indices (first of ties), 2x faster on CPU
     chosen = torch.gather(centroids, 1, indices[..., None].expand(-1, -1, g))
     return indices, ((points - chosen) ** 2).sum(-1)

@@ -337,3 +337,37 @@ def test_every_budget_has_its_own_allocation_at_one_head_of_64():
         torch.testing.assert_close(hi - lo, torch.full((b,), step, dtype=torch.float64), rtol=1e-12, atol=0)
     for budget, (lo, hi) in enumerate(zip(errors, errors[1:]), start=1):
         assert (hi < lo).all(), f"K error does not fall from budget {budget} to {budget + 1}: {lo} -> {hi}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_nearest_centroid_equals_torch_min(dtype):
+    """cpu_loops.nearest_centroids gives (c² − 2·xc).min(-1).indices: the first of tied minima,
+    the first NaN where a row has one, infinities as torch orders them; rows split across threads."""
+    from schemes import cpu_loops
+    gen = torch.Generator().manual_seed(3)
+    cases = []
+    for n in (5, 400):
+        xc, c_sq = torch.randn(3, n, 256, generator=gen, dtype=dtype), torch.randn(3, 256, generator=gen, dtype=dtype)
+        cases.append((xc, c_sq))
+        cases.append((xc.round(), c_sq.round()))                                  # many ties
+        nan = xc.clone()
+        nan[0, 1, 17] = nan[1, 2, 0] = nan[1, 2, 9] = nan[2, 3, 255] = float("nan")
+        cases.append((nan, c_sq))
+        inf = xc.clone()
+        inf[0] = float("inf")
+        inf[1, :, 5] = float("-inf")
+        cases.append((inf, c_sq))
+    for xc, c_sq in cases:
+        out = torch.empty(xc.shape[:2], dtype=torch.int64)
+        cpu_loops.nearest_centroids(xc, c_sq, out)
+        assert torch.equal(out, (c_sq[:, None, :] - 2 * xc).min(-1).indices)
+
+
+def test_kmeans_same_with_the_compiled_assignment(monkeypatch):
+    """k-means on the compiled nearest-centroid pass and on torch's gives the same centroids and objective."""
+    from schemes import kmeans as kmeans_module
+    pts = torch.randn(3, 3000, 4, generator=torch.Generator().manual_seed(4))
+    fast = kmeans(pts, 256, gen=generator("pcg64", 0, "km"))
+    monkeypatch.setattr(kmeans_module, "_loops", lambda points: None)
+    slow = kmeans(pts, 256, gen=generator("pcg64", 0, "km"))
+    assert torch.equal(fast.centroids, slow.centroids) and torch.equal(fast.objective, slow.objective)
