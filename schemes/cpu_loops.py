@@ -263,6 +263,19 @@ def _argmin_rows(xc, c_sq, out):  # pragma: no cover - compiled
             out[b, i] = at
 
 
+@numba.jit(**_JIT)
+def _dequantise_variable(idx, widths, offsets, table, sigma, out):  # pragma: no cover - compiled
+    """out[b, h, s, i] = table[offsets[widths[b, h, i]] + idx[b, h, s, i]] · sigma[b, h, i]."""
+    n_trials, n_heads, n_tokens, d = idx.shape
+    for b in range(n_trials):
+        for h in range(n_heads):
+            w, sg = widths[b, h], sigma[b, h]
+            for t in range(n_tokens):
+                codes, row = idx[b, h, t], out[b, h, t]
+                for i in range(d):
+                    row[i] = table[offsets[w[i]] + codes[i]] * sg[i]
+
+
 def _rows(t: torch.Tensor) -> np.ndarray:
     """A 2-D NumPy view (rows, last dim) of a contiguous CPU tensor."""
     return t.reshape(-1, t.shape[-1]).numpy()
@@ -382,3 +395,18 @@ def nearest_centroids(xc: torch.Tensor, c_sq: torch.Tensor, out: torch.Tensor) -
     if xc.numel():
         xn, cn, on = xc.numpy(), c_sq.numpy(), out.numpy()
         _by_row_blocks(xn.shape[0], xc.numel(), lambda a, b: _argmin_rows(xn[a:b], cn[a:b], on[a:b]))
+
+
+def dequantise_variable(idx: torch.Tensor, widths: torch.Tensor, offsets: torch.Tensor, table: torch.Tensor,
+                        sigma: torch.Tensor) -> torch.Tensor:
+    """SpectralQuant's ẑ (B, H, S, d) in table's (SUPPORTED) dtype: table[offsets[widths] + idx] · σ
+    for codes idx (B, H, S, d), widths (B, H, d), σ (B, H, 1, d) — the gather and the product of
+    spectralquant's torch passes (the same values) in one pass on the CPU."""
+    idx = idx.contiguous()
+    out = torch.empty(idx.shape, dtype=table.dtype)
+    if out.numel():
+        i, w, o = idx.numpy(), widths.contiguous().numpy(), out.numpy()
+        off, tb = offsets.contiguous().numpy(), table.contiguous().numpy()
+        sg = sigma.to(table.dtype).reshape(idx.shape[0], idx.shape[1], idx.shape[3]).contiguous().numpy()
+        _by_row_blocks(i.shape[0], out.numel(), lambda a, b: _dequantise_variable(i[a:b], w[a:b], off, tb, sg[a:b], o[a:b]))
+    return out

@@ -473,8 +473,13 @@ class SpectralQuant(PerTensorScheme):
                     offsets[width] = position
                     table.append(enc.side[key].to(dtype))
                     position += 2 ** width
+            values = torch.cat(table)
+            if idx.device.type == "cpu" and dtype in (torch.float32, torch.float64):
+                from . import cpu_loops   # imports numba: on first use
+                if dtype in cpu_loops.SUPPORTED:   # the same values as the two passes below, in one
+                    return cpu_loops.dequantise_variable(idx, widths, offsets, values, sigma)
             flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
-            return torch.cat(table).index_select(0, flat).view(idx.shape) * sigma
+            return values.index_select(0, flat).view(idx.shape) * sigma
         # not the set of stored books: each code reads its own width's book (Gaussian Lloyd–Max, fixed)
         tag = (dtype, *(_values(t) for t in (widths.to(torch.uint8), sigma.to(dtype))))
         return _DEQUANTISED.remembered((idx,), dequantise, tag)

@@ -18,10 +18,10 @@ import schemes
 from scenarios.base import TrialShape
 from schemes.eigen import covariance, effective_dimension, eigh_descending, participation_ratio, spectral_gap, \
     top_eigenvectors
-from schemes.base import BitLedger
+from schemes.base import BitLedger, Encoded
 from kvcommon.rng import generator
 from schemes.packing import pack_variable, unpack_variable
-from schemes.spectralquant import BASIS_BITS, N_PROJECTIONS
+from schemes.spectralquant import BASIS_BITS, N_PROJECTIONS, SpectralQuant
 from schemes.waterfill import distortion, waterfill
 
 SQ_NAMES = [f"{p}-{k}k{v}v" for p in ("sq", "squ") for k in ("", "q") for v in ("", "q")]
@@ -532,3 +532,25 @@ def test_the_compiled_search_and_pack_equal_the_torch_passes(shape):
     expected = _nearest_centroids(y, widths.unsqueeze(-2))
     assert codes.dtype == torch.uint8 and torch.equal(codes, expected)
     assert torch.equal(stream, pack_variable(expected, widths))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("codes_dtype", [torch.uint8, torch.int64])
+def test_the_compiled_dequantise_equals_the_torch_passes(dtype, codes_dtype, monkeypatch):
+    """SpectralQuant's ẑ by cpu_loops.dequantise_variable (the CPU path) equals the gather and
+    product of its torch passes, for remembered uint8 and unpacked int64 codes of every width 0–8,
+    on a batch large enough to be split across threads."""
+    from schemes import cpu_loops
+    from schemes.lloyd_max import gaussian_codebook
+    gen = torch.Generator().manual_seed(12)
+    b, h, s_, d = 9, 2, 64, 64
+    widths = torch.randint(0, 9, (b, h, d), generator=gen)
+    idx = (torch.rand(b, h, s_, d, generator=gen) * (2 ** widths.unsqueeze(-2))).to(torch.int64).to(codes_dtype)
+    sigma = (torch.rand(b, h, 1, d, generator=gen, dtype=torch.float64) * 3).to(dtype)
+    enc = Encoded((b, h, s_, d), dtype)
+    for w in range(1, 9):
+        enc.side[f"codebook.{w}bit"] = torch.tensor(gaussian_codebook(w, 1.0).centroids, dtype=torch.float32)
+    fast = SpectralQuant._dequantise(enc, idx.clone(), widths, sigma, dtype)
+    monkeypatch.setattr(cpu_loops, "SUPPORTED", ())
+    slow = SpectralQuant._dequantise(enc, idx.clone(), widths, sigma, dtype)
+    assert fast.dtype == dtype and torch.equal(fast, slow)
