@@ -58,8 +58,9 @@ def test_bench_bad_input(capsys):
 
 
 def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
-    """Every cell of the grid is run (twice: n and 2n trials); with cell times a + b·trials the
-    estimate is the grid's a + b·12 per cell, summed."""
+    """Every cell of the grid is run (twice: n and 2n trials, after a warm-up on one trial of the
+    first scenario); with cell times a + b·trials the estimate is the grid's a + b·12 per cell,
+    summed, plus the warm-up."""
     from harness import bench, sweep
     monkeypatch.setitem(sweep.GRIDS, "tiny", {
         "scenarios": ("gaussian", "lowrank_aligned"), "schemes": ("tq-kv", "sq-kv"), "budgets": (2, 3),
@@ -77,9 +78,13 @@ def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
     assert main(["bench", "--grid", "tiny", "--trials", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert seen[3] == seen[6] and len(seen[3]) == result["cells"] == 2 * 2 * 2
+    # the warm-up: one trial of the first scenario's cells, counted once in the estimate
+    assert seen[1] == {c for c in seen[3] if c.scenario == "gaussian"}
+    warmup = 2 * (0.5 + 0.1) + 2 * (2.0 + 0.3) + 1.0
+    assert abs(result["warmup_s"] - warmup) < 1e-9
     assert result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
     per_cell = {"tq": 0.5 + 0.1 * 12, "sq": 2.0 + 0.3 * 12}
-    assert abs(result["estimated_grid_s"] - (4 * per_cell["tq"] + 4 * per_cell["sq"] + 1.0)) < 1e-9
+    assert abs(result["estimated_grid_s"] - (4 * per_cell["tq"] + 4 * per_cell["sq"] + 1.0 + warmup)) < 1e-9
     assert result["estimated_s_by_family"] == pytest.approx({k: 4 * v for k, v in per_cell.items()})
     slice_s = 2 * per_cell["tq"] + 2 * per_cell["sq"]      # a scenario at d = 16: 2 schemes x 2 budgets
     assert result["estimated_cell_s_by_scenario_dim"] == pytest.approx({"gaussian/16": slice_s,

@@ -105,9 +105,9 @@ def _print_grid(result: dict, as_json: bool) -> int:
         print(json.dumps(result, indent=2))
         return 0
     (n1, n2), (t1, t2) = result["sample_trials"], result["measured_s"]
-    print(f"grid {result['grid']}: {result['cells']} cells, timed on {n1} and {n2} trials per cell: "
-          f"{t1:.1f} s and {t2:.1f} s (fixed {result['fixed_s']:.1f} s + {result['per_trial_s']:.2f} s per trial "
-          f"of every cell, {result['trials_per_s']:.1f} trials/s)")
+    print(f"grid {result['grid']}: {result['cells']} cells, timed on {n1} and {n2} trials per cell after a "
+          f"{result['warmup_s']:.1f} s warm-up: {t1:.1f} s and {t2:.1f} s (fixed {result['fixed_s']:.1f} s + "
+          f"{result['per_trial_s']:.2f} s per trial of every cell, {result['trials_per_s']:.1f} trials/s)")
     print(f"  estimated at {result['grid_trials']} trials: {result['estimated_grid_s'] / 60:.1f} min")
     for title, table in (("scheme family", result["estimated_s_by_family"]), ("head dim", result["estimated_s_by_dim"])):
         print(f"  by {title}: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in table.items()))
