@@ -249,10 +249,11 @@ def _time_cells(config: SweepConfig, device: torch.device) -> tuple[float, dict[
     return time.perf_counter() - t0, cells
 
 
-def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
+def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int = 2) -> dict:
     """Wall time of the preset grid `name` (as `run --grid NAME` would run it, without the store),
-    from two passes over every cell, on n = sample_trials and on 2n trials, after a warm-up pass
-    (one trial of the first scenario's cells; its time added once): time = a + b·trials
+    from passes over every cell on n = sample_trials and on 2n trials, alternating, `repeats` of
+    each with every cell's fastest kept, after a warm-up pass (one trial of the first scenario's
+    cells; its time added once): time = a + b·trials
     per cell and in all, extrapolated to the grid's trial count (the fixed part a — scheme
     set-up, per-cell Python — counted once, not scaled). Also per scheme family, head
     dimension and (scenario, dim) slice (the cells' own time, without the data draws), and the
@@ -267,12 +268,20 @@ def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
     warm = SweepConfig(**{**preset, "trials": 1, "scenarios": preset["scenarios"][:1], "device": device.type})
     warm.validate()
     warmup_s = _time_cells(warm, device)[0]
-    passes = {}
-    for n in (sample_trials, 2 * sample_trials):
-        config = SweepConfig(**{**preset, "trials": n, "device": device.type})
-        config.validate()
-        passes[n] = _time_cells(config, device)
-    (t1, cells1), (t2, cells2) = passes[sample_trials], passes[2 * sample_trials]
+    # The passes on n and 2n trials alternate, `repeats` times each, and each cell (and each pass's
+    # total) keeps its fastest: a pause of the machine or a slow spell hits one sample, not the
+    # difference that is extrapolated 50-fold.
+    samples: dict[int, list[tuple[float, dict]]] = {sample_trials: [], 2 * sample_trials: []}
+    for _ in range(repeats):
+        for n in samples:
+            config = SweepConfig(**{**preset, "trials": n, "device": device.type})
+            config.validate()
+            samples[n].append(_time_cells(config, device))
+
+    def fastest(runs: list[tuple[float, dict]]) -> tuple[float, dict]:
+        return min(total for total, _ in runs), {cell: min((cells[cell] for _, cells in runs), key=lambda c: c[0])
+                                                 for cell in runs[0][1]}
+    (t1, cells1), (t2, cells2) = fastest(samples[sample_trials]), fastest(samples[2 * sample_trials])
 
     def extrapolate(small: float, large: float) -> float:
         return small + (large - small) * (full - sample_trials) / sample_trials
@@ -286,7 +295,8 @@ def grid_time(name: str, sample_trials: int, device: torch.device) -> dict:
         by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + estimate
         by_slice[f"{cell.scenario}/{cell.dim}"] = by_slice.get(f"{cell.scenario}/{cell.dim}", 0.0) + estimate
     return {"grid": name, "cells": len(cells1), "sample_trials": [sample_trials, 2 * sample_trials],
-            "grid_trials": full, "warmup_s": warmup_s, "measured_s": [t1, t2],
+            "grid_trials": full, "repeats": repeats, "warmup_s": warmup_s, "measured_s": [t1, t2],
+            "samples_s": {str(n): [total for total, _ in runs] for n, runs in samples.items()},
             "estimated_grid_s": warmup_s + extrapolate(t1, t2),
             "fixed_s": 2 * t1 - t2, "per_trial_s": (t2 - t1) / sample_trials,
             "trials_per_s": len(cells1) * sample_trials / (t2 - t1) if t2 > t1 else float("inf"),

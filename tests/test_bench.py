@@ -58,26 +58,33 @@ def test_bench_bad_input(capsys):
 
 
 def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
-    """Every cell of the grid is run (twice: n and 2n trials, after a warm-up on one trial of the
-    first scenario); with cell times a + b·trials the estimate is the grid's a + b·12 per cell,
-    summed, plus the warm-up."""
+    """Every cell of the grid is run on n and 2n trials (alternating, twice each, after a warm-up on
+    one trial of the first scenario); with cell times a + b·trials the estimate is the grid's
+    a + b·12 per cell, summed, plus the warm-up, whatever a slow spell adds to one pass."""
     from harness import bench, sweep
     monkeypatch.setitem(sweep.GRIDS, "tiny", {
         "scenarios": ("gaussian", "lowrank_aligned"), "schemes": ("tq-kv", "sq-kv"), "budgets": (2, 3),
         "dims": (16,), "seq_lens": (32,), "queries": (4,), "trials": 12, "calib_tokens": (32,)})
     real = bench._time_cells
-    seen = {}
+    seen, order = {}, []
 
     def synthetic(config, device):
         _, cells = real(config, device)                      # the cells really run ...
         seen[config.trials] = set(cells)
+        order.append(config.trials)
+        # the first pass on each trial count hits a slow spell: every cell 2 s slower
+        pause = 2.0 if config.trials > 1 and order.count(config.trials) == 1 else 0.0
         fixed, per_trial = {"tq-kv": 0.5, "sq-kv": 2.0}, {"tq-kv": 0.1, "sq-kv": 0.3}
-        timed = {c: (fixed[c.scheme] + per_trial[c.scheme] * config.trials, 1.0) for c in cells}
+        timed = {c: (fixed[c.scheme] + per_trial[c.scheme] * config.trials + pause, 1.0) for c in cells}
         return sum(t for t, _ in timed.values()) + 1.0, timed   # ... timed as a + b·trials (+1 s of drawing)
     monkeypatch.setattr(bench, "_time_cells", synthetic)
     assert main(["bench", "--grid", "tiny", "--trials", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert seen[3] == seen[6] and len(seen[3]) == result["cells"] == 2 * 2 * 2
+    # the warm-up, then two alternating passes on each trial count, the fastest of each kept
+    assert order == [1, 3, 6, 3, 6] and result["repeats"] == 2
+    assert result["samples_s"]["3"][0] - result["samples_s"]["3"][1] == pytest.approx(2.0 * 8)
+    order.clear()
     # the warm-up: one trial of the first scenario's cells, counted once in the estimate
     assert seen[1] == {c for c in seen[3] if c.scenario == "gaussian"}
     warmup = 2 * (0.5 + 0.1) + 2 * (2.0 + 0.3) + 1.0

@@ -26,7 +26,9 @@ def add_arguments(p):
     p.add_argument("--seq-len", type=int, default=d.seq_len)
     p.add_argument("--queries", type=int, default=d.queries)
     p.add_argument("--trials", type=int, default=d.trials)
-    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed repeats of each figure, the fastest kept (default {d.repeats}; with --grid 2: "
+                        f"alternating passes on each trial count)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--grid", choices=tuple(GRIDS), default=None,
                    help="time a whole preset grid instead (paper: the AMD paper's), on --trials and twice as "
@@ -38,6 +40,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    if args.repeats is None:
+        args.repeats = 2 if args.grid else BenchShape().repeats
     for flag in ("budget", "dim", "seq_len", "queries", "trials", "repeats"):
         if getattr(args, flag) < 1:
             raise UsageError(f"harness bench: --{flag.replace('_', '-')} must be a positive integer")
@@ -50,7 +54,7 @@ def run(args) -> int:
     except ValueError as exc:
         raise UsageError(f"harness bench: {exc}") from None
     if args.grid:
-        return _print_grid(grid_time(args.grid, args.trials, device), args.json)
+        return _print_grid(grid_time(args.grid, args.trials, device, args.repeats), args.json)
     shape = BenchShape(scheme=args.scheme, budget=args.budget, dim=args.dim, seq_len=args.seq_len,
                        queries=args.queries, trials=args.trials, repeats=args.repeats)
     for b in args.budgets or ():
@@ -105,8 +109,9 @@ def _print_grid(result: dict, as_json: bool) -> int:
         print(json.dumps(result, indent=2))
         return 0
     (n1, n2), (t1, t2) = result["sample_trials"], result["measured_s"]
-    print(f"grid {result['grid']}: {result['cells']} cells, timed on {n1} and {n2} trials per cell after a "
-          f"{result['warmup_s']:.1f} s warm-up: {t1:.1f} s and {t2:.1f} s (fixed {result['fixed_s']:.1f} s + "
+    print(f"grid {result['grid']}: {result['cells']} cells, timed on {n1} and {n2} trials per cell "
+          f"({result['repeats']} alternating passes each, the fastest kept) after a {result['warmup_s']:.1f} s "
+          f"warm-up: {t1:.1f} s and {t2:.1f} s (fixed {result['fixed_s']:.1f} s + "
           f"{result['per_trial_s']:.2f} s per trial of every cell, {result['trials_per_s']:.1f} trials/s)")
     print(f"  estimated at {result['grid_trials']} trials: {result['estimated_grid_s'] / 60:.1f} min")
     for title, table in (("scheme family", result["estimated_s_by_family"]), ("head dim", result["estimated_s_by_dim"])):
