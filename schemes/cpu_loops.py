@@ -282,7 +282,7 @@ def count_pack(y: torch.Tensor, thresholds: torch.Tensor, width: int,
     if y.numel():
         yr, t, cr, pr = _rows(y), thresholds.detach().contiguous().numpy(), _rows(codes), _rows(packed)
         by_row_blocks(yr.shape[0], y.numel(),
-                       lambda a, b: _count_rows(yr[a:b], t, width, cr[a:b], pr[a:b]))
+                      lambda a, b: _count_rows(yr[a:b], t, width, cr[a:b], pr[a:b]))
     return packed, codes
 
 
@@ -295,7 +295,7 @@ def grid_pack(y: torch.Tensor, lo: float, hi: float, inv_h: float, origin: float
     if y.numel():
         yr, f, c, cr, pr = _rows(y), first.numpy(), cand.numpy(), _rows(codes), _rows(packed)
         by_row_blocks(yr.shape[0], y.numel(),
-                       lambda a, b: _grid_rows(yr[a:b], lo, hi, inv_h, origin, f, c, width, cr[a:b], pr[a:b]))
+                      lambda a, b: _grid_rows(yr[a:b], lo, hi, inv_h, origin, f, c, width, cr[a:b], pr[a:b]))
     return packed, codes
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .loops import taking
 from .packing import pack_bits, packed_size, unpack_codes
 
 
@@ -93,17 +94,6 @@ def quantize(y: torch.Tensor, thresholds: np.ndarray) -> torch.Tensor:
     return codes.reshape(y.shape)
 
 
-def _loops():
-    """schemes.cpu_loops, imported on first use (numba's import costs most of a second)."""
-    from . import cpu_loops
-    return cpu_loops
-
-
-def _on_loops(t: torch.Tensor) -> bool:
-    """Whether the compiled CPU loops take a tensor: on the CPU, in a dtype they read in place."""
-    return t.device.type == "cpu" and t.dtype in _loops().SUPPORTED
-
-
 @functools.lru_cache(maxsize=64)
 def _byte_codes(width: int, device: str) -> torch.Tensor:
     """(256, 8 // width) int32: the codes a byte holds, the first in its most significant bits."""
@@ -116,8 +106,9 @@ def _byte_codes(width: int, device: str) -> torch.Tensor:
 def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int, n: int) -> torch.Tensor:
     """Centroid values (..., n) of the codes packed by packing.pack_bits (..., bytes), in the
     centroids' dtype and device; the same values as centroids[unpack_bits(packed, width, n)]."""
-    if _on_loops(centroids) and packed.device.type == "cpu":
-        return _loops().dequantize_packed(packed, centroids, width, n)
+    cpu_loops = taking(centroids) if packed.device.type == "cpu" else None
+    if cpu_loops is not None:
+        return cpu_loops.dequantize_packed(packed, centroids, width, n)
     lead = packed.shape[:-1]
     if 8 % width == 0:
         table = centroids[_byte_codes(width, str(centroids.device))]     # (256, 8 // width)
@@ -130,8 +121,8 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
 
 def quantize_pack(y: torch.Tensor, thresholds: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 (..., packed_size(d, width)), codes uint8 (..., d)) of y (..., d)."""
-    if _on_loops(y):
-        cpu_loops = _loops()
+    cpu_loops = taking(y)
+    if cpu_loops is not None:
         n_bytes = packed_size(y.shape[-1], width)
         if len(thresholds) <= cpu_loops.COUNT_MAX_THRESHOLDS:
             t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(y.dtype)

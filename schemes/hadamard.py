@@ -17,14 +17,7 @@ import functools
 
 import torch
 
-
-def _loops(x: torch.Tensor):
-    """schemes.cpu_loops (numba, imported on first use) when its compiled butterflies take x: on
-    the CPU, in a dtype they read in place; else None."""
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return None
-    from . import cpu_loops
-    return cpu_loops if x.dtype in cpu_loops.SUPPORTED else None
+from .loops import taking
 
 
 def _vector_signs(signs: torch.Tensor, x: torch.Tensor) -> bool:
@@ -53,7 +46,7 @@ def fwht(x: torch.Tensor, *, normalize: bool = True) -> torch.Tensor:
     """
     d = x.shape[-1]
     check_power_of_two(d)
-    loops = _loops(x)
+    loops = taking(x)
     if loops is not None:
         return loops.hadamard(x, normalize=normalize)
     if d <= DENSE_MAX_DIM:
@@ -97,7 +90,7 @@ def rht(x: torch.Tensor, signs: torch.Tensor, *, mult: float = 1.0) -> torch.Ten
     """Randomized Hadamard transform y = H (s ⊙ x) / sqrt(d) (· mult); signs (..., d) in {-1, +1}
     broadcast to x."""
     check_power_of_two(x.shape[-1])
-    loops = _loops(x)
+    loops = taking(x)
     if loops is not None and _vector_signs(signs, x):
         return loops.hadamard(x, pre=signs, mult=mult)
     y = fwht(x * signs)
@@ -109,7 +102,7 @@ def rht_inverse(y: torch.Tensor, signs: torch.Tensor, *, mult: float = 1.0,
     """Inverse of rht: x = s ⊙ H y / sqrt(d), times mult and then, given scale (...,) (one factor a
     vector, e.g. its norm), times scale[..., None]: the products in that order."""
     check_power_of_two(y.shape[-1])
-    loops = _loops(y)
+    loops = taking(y)
     if loops is not None and _vector_signs(signs, y) and (scale is None or scale.shape == y.shape[:-1]):
         return loops.hadamard(y, post=signs, mult=mult, scale=scale)
     x = fwht(y)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .loops import taking
+
 INITS = ("k-means++", "random")
 _CHUNK_ELEMENTS = 1 << 20  # distance-matrix entries per chunk (4 MiB of float32: stays in cache)
 
@@ -23,15 +25,6 @@ class KMeansResult:
     the first column after initialisation, non-increasing along each row."""
     centroids: torch.Tensor
     objective: torch.Tensor
-
-
-def _loops(points: torch.Tensor):
-    """schemes.cpu_loops (numba, imported on first use) when it takes the points: on the CPU in
-    float32/float64; else None."""
-    if points.device.type != "cpu" or points.dtype not in (torch.float32, torch.float64):
-        return None
-    from . import cpu_loops
-    return cpu_loops if points.dtype in cpu_loops.SUPPORTED else None
 
 
 def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +38,7 @@ def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor,
     c_sq = (centroids ** 2).sum(-1)                                   # (B, k)
     step = max(1, _CHUNK_ELEMENTS // max(1, b * k))
     indices = torch.empty(b, n, dtype=torch.int64, device=points.device)
-    loops = _loops(points)
+    loops = taking(points)
     for start in range(0, n, step):
         x = points[:, start:start + step]
         xc = x @ centroids.transpose(1, 2)

@@ -63,6 +63,7 @@ from . import qjl
 from .base import Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
+from .loops import taking
 from kvcommon.memo import IdentityMemo
 from .packing import MAX_BITS, pack_bits, pack_variable, unpack_bits, unpack_variable
 from .registry import register_variant
@@ -245,8 +246,8 @@ def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor
 def _search_and_pack(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """_nearest_centroids and pack_variable: in one compiled pass on the CPU in float32
     (schemes/cpu_loops.py: the same table, comparisons and stream), by torch passes elsewhere."""
-    if scaled.device.type == "cpu" and scaled.dtype == torch.float32:
-        from . import cpu_loops   # imports numba: on first use
+    cpu_loops = taking(scaled) if scaled.dtype == torch.float32 else None
+    if cpu_loops is not None:
         table, last, block_cell, per_unit = _threshold_grid_float32("cpu")
         return cpu_loops.variable_codes(scaled, widths, _CLAMP, per_unit, block_cell, table, last)
     idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
@@ -474,10 +475,9 @@ class SpectralQuant(PerTensorScheme):
                     table.append(enc.side[key].to(dtype))
                     position += 2 ** width
             values = torch.cat(table)
-            if idx.device.type == "cpu" and dtype in (torch.float32, torch.float64):
-                from . import cpu_loops   # imports numba: on first use
-                if dtype in cpu_loops.SUPPORTED:   # the same values as the two passes below, in one
-                    return cpu_loops.dequantise_variable(idx, widths, offsets, values, sigma)
+            cpu_loops = taking(values)
+            if cpu_loops is not None:   # the same values as the two passes below, in one
+                return cpu_loops.dequantise_variable(idx, widths, offsets, values, sigma)
             flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
             return values.index_select(0, flat).view(idx.shape) * sigma
         # not the set of stored books: each code reads its own width's book (Gaussian Lloyd–Max, fixed)
