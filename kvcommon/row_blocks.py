@@ -1,6 +1,7 @@
 """Rows of a compiled loop split across this process's threads: the loops (numba, GIL released)
-of schemes/cpu_loops.py and stats' compiled reductions run a large call as one block of rows per
-torch thread (the harness's thread budget) on one shared pool."""
+of schemes/cpu_loops.py run a large call as one block of rows per torch thread (the harness's
+thread budget) on one shared pool; kept apart from the codecs so that any stage's compiled loop
+can share it."""
 from __future__ import annotations
 
 import concurrent.futures
