@@ -9,18 +9,18 @@ the same cell arithmetic, the same comparison, the same big-endian layout as pac
 the butterflies the same bits as hadamard.fwht_butterfly.
 
 Each loop runs over rows (..., n) made contiguous, a large call's rows split into one block per
-torch thread (kvcommon/row_blocks.py); numba compiles a loop once per dtype on first use
+torch thread (the harness's thread budget); numba compiles a loop once per dtype on first use
 (cached on disk beside this file, or in numba's user cache where that is not writable).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
 
 import numba
 import numpy as np
 import torch
-
-from kvcommon.row_blocks import by_row_blocks
 
 _JIT = {"nopython": True, "nogil": True, "cache": True, "boundscheck": False}
 
@@ -34,6 +34,19 @@ SUPPORTED = (torch.float32, torch.float64)
 # vectorised). One thread, 1 M float32 elements, on a 2-core AMD EPYC: 0.3 / 1.0 / 2.0 ms at
 # 1 / 15 / 31 thresholds by counting, 3.8 ms at 63; 3.3 ms by the grid at any count.
 COUNT_MAX_THRESHOLDS = 31
+
+# Rows split across threads (the kernels release the GIL) when a call has at least this many elements.
+_THREADED_MIN_ELEMENTS = 1 << 16
+_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool (a forked worker gets its own: the parent's threads do not follow a fork)."""
+    pid = os.getpid()
+    if pid not in _POOLS:
+        _POOLS.clear()
+        _POOLS[pid] = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvharness-loops")
+    return _POOLS[pid]
 
 @numba.jit(**_JIT)
 def _pack_row(q, width, out):  # pragma: no cover - compiled
@@ -267,6 +280,19 @@ def _rows(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1, t.shape[-1]).numpy()
 
 
+def _by_row_blocks(n_rows: int, n_elements: int, run) -> None:
+    """run(start, stop) over contiguous blocks of rows, one per torch thread (the harness's
+    thread budget) on the loops' pool when the call is large enough to pay for the hand-off;
+    blocks write disjoint rows, so the result does not depend on the split."""
+    parts = min(torch.get_num_threads(), n_rows) if n_elements >= _THREADED_MIN_ELEMENTS else 1
+    if parts <= 1:
+        run(0, n_rows)
+        return
+    bounds = [n_rows * i // parts for i in range(parts + 1)]
+    for done in [_pool().submit(run, bounds[i], bounds[i + 1]) for i in range(parts)]:
+        done.result()                                  # re-raises a block's exception here
+
+
 def _outputs(y: torch.Tensor, packed_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.empty(*y.shape[:-1], packed_bytes, dtype=torch.uint8),
             torch.empty(y.shape, dtype=torch.uint8))
@@ -281,8 +307,8 @@ def count_pack(y: torch.Tensor, thresholds: torch.Tensor, width: int,
     packed, codes = _outputs(y, packed_bytes)
     if y.numel():
         yr, t, cr, pr = _rows(y), thresholds.detach().contiguous().numpy(), _rows(codes), _rows(packed)
-        by_row_blocks(yr.shape[0], y.numel(),
-                      lambda a, b: _count_rows(yr[a:b], t, width, cr[a:b], pr[a:b]))
+        _by_row_blocks(yr.shape[0], y.numel(),
+                       lambda a, b: _count_rows(yr[a:b], t, width, cr[a:b], pr[a:b]))
     return packed, codes
 
 
@@ -294,8 +320,8 @@ def grid_pack(y: torch.Tensor, lo: float, hi: float, inv_h: float, origin: float
     packed, codes = _outputs(y, packed_bytes)
     if y.numel():
         yr, f, c, cr, pr = _rows(y), first.numpy(), cand.numpy(), _rows(codes), _rows(packed)
-        by_row_blocks(yr.shape[0], y.numel(),
-                      lambda a, b: _grid_rows(yr[a:b], lo, hi, inv_h, origin, f, c, width, cr[a:b], pr[a:b]))
+        _by_row_blocks(yr.shape[0], y.numel(),
+                       lambda a, b: _grid_rows(yr[a:b], lo, hi, inv_h, origin, f, c, width, cr[a:b], pr[a:b]))
     return packed, codes
 
 
@@ -313,7 +339,7 @@ def variable_codes(y: torch.Tensor, widths: torch.Tensor, clamp: float, per_unit
     if y.numel():
         yn, wn, cn, sn = y.numpy(), widths.numpy(), codes.numpy(), stream.numpy()
         bc, tb, la = block_cell.numpy(), table.numpy(), last.numpy()
-        by_row_blocks(yn.shape[0], y.numel(), lambda a, b: _variable_rows(
+        _by_row_blocks(yn.shape[0], y.numel(), lambda a, b: _variable_rows(
             yn[a:b], wn[a:b], clamp, per_unit, bc, tb, la, cn[a:b], sn[a:b]))
     return codes, stream
 
@@ -325,7 +351,7 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
     out = torch.empty(*packed.shape[:-1], n, dtype=centroids.dtype)
     if out.numel():
         pr, c, o = _rows(packed), centroids.detach().contiguous().numpy(), _rows(out)
-        by_row_blocks(pr.shape[0], out.numel(), lambda a, b: _dequantize_rows(pr[a:b], c, width, o[a:b]))
+        _by_row_blocks(pr.shape[0], out.numel(), lambda a, b: _dequantize_rows(pr[a:b], c, width, o[a:b]))
     return out
 
 
@@ -348,14 +374,12 @@ def hadamard(x: torch.Tensor, *, normalize: bool = True, pre: torch.Tensor | Non
     x = x.detach().contiguous()
     out = torch.empty_like(x)
     if x.numel():
-        kind = x.numpy().dtype.type
         xr, o = _rows(x), _rows(out)
-        if (pre is not None or post is not None) and x.dim() < 2:
-            raise ValueError("signs broadcast over the vectors of x (..., n, d): x needs two dims at least")
+        kind = xr.dtype.type
         p, q = _sign_rows(pre, shape, x.dtype), _sign_rows(post, shape, x.dtype)
         sc = np.empty(0, dtype=xr.dtype) if scale is None else scale.to(x.dtype).reshape(-1).contiguous().numpy()
         per_sign, div, m = shape[-2] if x.dim() >= 2 else 1, kind(math.sqrt(d) if normalize else 1.0), kind(mult)
-        by_row_blocks(xr.shape[0], x.numel(), lambda a, b: _hadamard_rows(
+        _by_row_blocks(xr.shape[0], x.numel(), lambda a, b: _hadamard_rows(
             xr[a:b], a, p, q, per_sign, div, m, sc[a:b] if sc.shape[0] else sc, o[a:b]))
     return out
 
@@ -367,7 +391,7 @@ def nearest_centroids(xc: torch.Tensor, c_sq: torch.Tensor, out: torch.Tensor) -
     xc, c_sq = xc.contiguous(), c_sq.contiguous()
     if xc.numel():
         xn, cn, on = xc.numpy(), c_sq.numpy(), out.numpy()
-        by_row_blocks(xn.shape[0], xc.numel(), lambda a, b: _argmin_rows(xn[a:b], cn[a:b], on[a:b]))
+        _by_row_blocks(xn.shape[0], xc.numel(), lambda a, b: _argmin_rows(xn[a:b], cn[a:b], on[a:b]))
 
 
 def dequantise_variable(idx: torch.Tensor, widths: torch.Tensor, offsets: torch.Tensor, table: torch.Tensor,
@@ -381,5 +405,5 @@ def dequantise_variable(idx: torch.Tensor, widths: torch.Tensor, offsets: torch.
         i, w, o = idx.numpy(), widths.contiguous().numpy(), out.numpy()
         off, tb = offsets.contiguous().numpy(), table.contiguous().numpy()
         sg = sigma.to(table.dtype).reshape(idx.shape[0], idx.shape[1], idx.shape[3]).contiguous().numpy()
-        by_row_blocks(i.shape[0], out.numel(), lambda a, b: _dequantise_variable(i[a:b], w[a:b], off, tb, sg[a:b], o[a:b]))
+        _by_row_blocks(i.shape[0], out.numel(), lambda a, b: _dequantise_variable(i[a:b], w[a:b], off, tb, sg[a:b], o[a:b]))
     return out
