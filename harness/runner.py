@@ -179,12 +179,13 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
         bar.advance(len(rows), int(finished))
 
     try:
-        if client is not None:
-            from .distributed import run_distributed
-            run_distributed(client, config, todo, memory_budget=memory_budget, on_chunk=on_chunk, start=start,
-                            workers=workers, compute_here=workers is not None)
-        else:
-            run_serial(config, todo, device, dtype, memory_budget, start=start, on_chunk=on_chunk)
+        with store.writing():   # one connection for the run's commits
+            if client is not None:
+                from .distributed import run_distributed
+                run_distributed(client, config, todo, memory_budget=memory_budget, on_chunk=on_chunk, start=start,
+                                workers=workers, compute_here=workers is not None)
+            else:
+                run_serial(config, todo, device, dtype, memory_budget, start=start, on_chunk=on_chunk)
     finally:
         bar.close()
     manifest = store.read_manifest()

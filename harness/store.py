@@ -142,6 +142,7 @@ class RunStore:
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.path = self.directory / RESULTS_FILE
+        self._writer: sqlite3.Connection | None = None   # held open by writing()
 
     # --- manifest ---------------------------------------------------------------------------
     def read_manifest(self) -> dict | None:
@@ -214,6 +215,21 @@ class RunStore:
         finally:
             con.close()
 
+    @contextlib.contextmanager
+    def writing(self):
+        """Within the block, write_chunk commits through one connection, opened (and the tables
+        made or migrated) once, instead of one connection per chunk: a run's thousands of chunks
+        each paid the opening and schema checks. Each chunk is still its own transaction."""
+        con = self._connect()
+        try:
+            con.execute(_chunks_schema())
+            con.commit()
+            self._writer = con
+            yield self
+        finally:
+            self._writer = None
+            con.close()
+
     def write_chunk(self, cell: tuple, rows: Iterable[dict], *, first_trial: int, n_trials_cell: int,
                     wall_s: float, finished_at: str, peak_mem_mb: float | None = None,
                     before_commit: Callable[[], None] | None = None) -> bool:
@@ -223,10 +239,12 @@ class RunStore:
         in the same transaction. Returns whether the cell is now finished. before_commit (tests:
         an interruption inside the transaction) is called after the writes, before the commit."""
         rows = list(rows)
-        con = self._connect()
+        held = self._writer is not None
+        con = self._writer if held else self._connect()
         try:
             with con:  # commits on success, rolls back on any exception
-                con.execute(_chunks_schema())
+                if not held:
+                    con.execute(_chunks_schema())
                 match = " AND ".join(f"{c} = ?" for c in CELL_COLUMNS)
                 # entries from this trial on whose rows are gone (a store edited by hand) are stale
                 con.execute(f"DELETE FROM chunks WHERE {match} AND first_trial >= ?", (*cell, first_trial))
@@ -243,7 +261,8 @@ class RunStore:
                     before_commit()
                 return finished
         finally:
-            con.close()
+            if not held:
+                con.close()
 
     def stored_trials(self) -> dict[tuple, int]:
         """Trials stored per cell, finished or not (cell key -> n): a cell's stored trials are

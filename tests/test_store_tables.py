@@ -34,3 +34,47 @@ def test_a_failed_write_keeps_the_old_table(tmp_path):
     with pytest.raises(sqlite3.ProgrammingError):
         store.write_table("claims", pd.DataFrame({"id": [object()]}))   # sqlite cannot store it
     assert store.claims().id.tolist() == [1]
+
+
+def test_chunks_committed_through_one_held_connection_as_one_by_one(tmp_path):
+    """RunStore.writing() holds one connection for a run's commits: the same rows, chunks and
+    finished cells as a connection per chunk, each chunk still its own transaction (one that fails
+    before its commit leaves the others, and the connection, as they were), the connection closed
+    after the block."""
+    from harness.store import CELL_COLUMNS, TRIAL_COLUMNS
+    cells = [("gaussian", scheme, 3, 16, 32, 4, 32) for scheme in ("tq-kv", "sq-kv")]
+
+    def rows(cell, first, n):
+        return [{**dict(zip(CELL_COLUMNS, cell)), "trial": t, "seed": 0, "impl": "torch", "device": "cpu",
+                 "dtype": "float32", "rng": "pcg64", "heads": 1, "bits_per_element": 3.0 + t, "rel_mse_k": 0.1 * t}
+                for t in range(first, first + n)]
+
+    def write_all(store, fail_at=None):
+        for i, (first, n) in enumerate(((0, 2), (2, 2), (4, 1))):
+            for cell in cells:
+                hook = None
+                if (i, cell) == fail_at:
+                    def hook():
+                        raise KeyboardInterrupt
+                try:
+                    store.write_chunk(cell, rows(cell, first, n), first_trial=first, n_trials_cell=5, wall_s=1.0,
+                                      finished_at="now", peak_mem_mb=2.0, before_commit=hook)
+                except KeyboardInterrupt:
+                    pass
+    one_by_one, held = RunStore(tmp_path / "a"), RunStore(tmp_path / "b")
+    write_all(one_by_one)
+    with held.writing() as store:
+        assert store is held and held._writer is not None
+        write_all(held)
+    assert held._writer is None
+    for read in (lambda s: s.trials()[list(TRIAL_COLUMNS)], lambda s: s.cells().drop(columns="finished_at"),
+                 lambda s: s.stored_trials()):
+        a, b = read(one_by_one), read(held)
+        assert a.equals(b) if isinstance(a, pd.DataFrame) else a == b
+    assert len(held.trials()) == 10 and len(held.finished_cells()) == 2
+    # a chunk interrupted inside its transaction: only it is missing, the next chunk still commits
+    broken = RunStore(tmp_path / "c")
+    with broken.writing():
+        write_all(broken, fail_at=(2, cells[0]))
+    assert broken.stored_trials() == {cells[0]: 4, cells[1]: 5} and broken.finished_cells() == {cells[1]}
+    broken.check_integrity()
