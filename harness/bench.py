@@ -10,7 +10,9 @@
 - threads: an SQ cell with its small linear algebra on one thread (kvcommon/threads.py) vs on
   every thread, and SQ's calibration with the eigh vs the power-iteration eigensolver;
 - grid (`--grid NAME`): the wall time of a whole preset grid, every cell run by the runner's
-  own chunk loop on n and 2n trials, extrapolated linearly to the grid's trial count.
+  own chunk loop (its rows written to a scratch store) on n trials, 2n trials and 2n trials in
+  two chunks, modelled per cell and data group as a fixed part + a part per chunk + a part per
+  trial, at the grid's trial count and chunks.
 
 Every timing keeps its raw samples (seconds, after one warm-up call) beside the figure made
 from their minimum, and the result carries the machine's load average (os.getloadavg) before
@@ -19,6 +21,8 @@ and after: on a shared machine the ratios of figures timed alternately are what 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -239,27 +243,51 @@ def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] |
     return result
 
 
-def _time_cells(config: SweepConfig, device: torch.device) -> tuple[float, dict[Cell, tuple[float, float]]]:
-    """(wall time of the whole sweep, {cell: (its own wall time, peak MiB)}) by the runner's own
-    chunk loop, nothing stored."""
+def _time_cells(config: SweepConfig, device: torch.device, chunk_trials: int | None = None
+                ) -> tuple[float, dict[Cell, tuple[float, float]], dict[tuple, float]]:
+    """(wall time of the whole sweep, {cell: (its own wall time, peak MiB)}, {data key: wall time
+    of its data group}) by the runner's own chunk loop, each cell's chunk written to a
+    scratch store as `harness run` writes it (RunStore.write_chunk), in chunks of chunk_trials
+    trials (None: the run's own chunk size). A group's wall time is everything its run pays:
+    drawing, the exact attention, the cells and the store."""
+    import tempfile
+
+    from .cell import bytes_per_trial
+    from .store import RunStore
     cells: dict[Cell, tuple[float, float]] = {}
+    groups: dict[tuple, float] = {}
     t0 = time.perf_counter()
-    run_serial(config, config.cells(), device, torch.float32, None,
-                lambda cell, rows, wall, peak_mb: cells.__setitem__(cell, (wall, peak_mb)))
-    return time.perf_counter() - t0, cells
+    with tempfile.TemporaryDirectory(prefix="kvharness-bench-") as tmp, RunStore(tmp).writing() as store:
+
+        def write(cell, trials, rows, wall, peak_mb):
+            store.write_chunk(cell.key, rows, first_trial=trials.start, n_trials_cell=config.trials, wall_s=wall,
+                              finished_at="", peak_mem_mb=peak_mb)
+        for _, group in itertools.groupby(config.cells(), key=lambda c: c.data_key):
+            group = list(group)
+            budget = None if chunk_trials is None else chunk_trials * bytes_per_trial(config, group[0])
+            g0 = time.perf_counter()
+            run_serial(config, group, device, torch.float32, budget,
+                       lambda cell, rows, wall, peak_mb: cells.__setitem__(cell, (wall, peak_mb)), on_chunk=write)
+            groups[group[0].data_key] = time.perf_counter() - g0
+    return time.perf_counter() - t0, cells, groups
 
 
 def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int = 2) -> dict:
-    """Wall time of the preset grid `name` (as `run --grid NAME` would run it, without the store),
-    from passes over every cell on n = sample_trials and on 2n trials, alternating, `repeats` of
-    each with every cell's fastest kept, after a warm-up pass (one trial of the first scenario's
-    cells; its time added once): time = a + b·trials
-    per cell and in all, extrapolated to the grid's trial count (the fixed part a — scheme
-    set-up, per-cell Python — counted once, not scaled). Also per scheme family, head
-    dimension and (scenario, dim) slice (the cells' own time, without the data draws), and the
-    largest peak memory of a cell."""
+    """Wall time of the preset grid `name` as `run --grid NAME` runs it (its rows written to a
+    scratch store), from three kinds of pass over every cell, after a warm-up pass (one trial of
+    the first scenario's cells; its time added once):
+    n = sample_trials trials in one chunk, 2n trials in one chunk and 2n trials in two chunks of n,
+    alternating, `repeats` of each, every cell and data group keeping its fastest. Each cell and
+    each data group is modelled as time = g + c·chunks + b·trials — g what it pays once (scheme
+    set-up), c what every chunk pays (drawing, Python per call, the store's commits), b per trial
+    — and the model evaluated at the grid's trial count and the number of chunks the run cuts
+    them into (cell.chunk_size). Also per scheme family and head dimension (the cells' own time),
+    per (scenario, dim) slice (what `run --grid NAME --scenario S --dim d` runs: its whole wall
+    time, and the cells' own), and the largest peak memory of a cell."""
+    from .cell import chunk_size
     preset = grid(name)
     full = preset["trials"]
+    n = sample_trials
     load_before = os.getloadavg()
     # What a run pays once (numba loading its compiled loops, the Lloyd–Max codebooks of every d
     # and width, lazy imports) lands in a warm-up pass on one trial of the first scenario's cells,
@@ -268,41 +296,57 @@ def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int 
     warm = SweepConfig(**{**preset, "trials": 1, "scenarios": preset["scenarios"][:1], "device": device.type})
     warm.validate()
     warmup_s = _time_cells(warm, device)[0]
-    # The passes on n and 2n trials alternate, `repeats` times each, and each cell (and each pass's
-    # total) keeps its fastest: a pause of the machine or a slow spell hits one sample, not the
-    # difference that is extrapolated 50-fold.
-    samples: dict[int, list[tuple[float, dict]]] = {sample_trials: [], 2 * sample_trials: []}
+    # The passes alternate, `repeats` times each, and each cell, group and pass total keeps its
+    # fastest: a pause of the machine or a slow spell hits one sample, not the differences that
+    # are extrapolated 50-fold.
+    passes = {"n": (n, 2 * n), "2n": (2 * n, 2 * n), "2n in 2": (2 * n, n)}   # (trials, chunk size)
+    samples: dict[str, list] = {kind: [] for kind in passes}
     for _ in range(repeats):
-        for n in samples:
-            config = SweepConfig(**{**preset, "trials": n, "device": device.type})
+        for kind, (trials, chunk) in passes.items():
+            config = SweepConfig(**{**preset, "trials": trials, "device": device.type})
             config.validate()
-            samples[n].append(_time_cells(config, device))
+            samples[kind].append(_time_cells(config, device, chunk))
+    fastest = {kind: (min(total for total, _, _ in runs),
+                      {cell: min((cells[cell] for _, cells, _ in runs), key=lambda c: c[0]) for cell in runs[0][1]},
+                      {key: min(groups[key] for _, _, groups in runs) for key in runs[0][2]})
+               for kind, runs in samples.items()}
+    full_config = SweepConfig(**{**preset, "device": device.type})
+    chunks = {}     # data key -> chunks of the grid's run
+    for key, group in itertools.groupby(full_config.cells(), key=lambda c: c.data_key):
+        chunks[key] = math.ceil(full / chunk_size(full_config, next(group), device))
 
-    def fastest(runs: list[tuple[float, dict]]) -> tuple[float, dict]:
-        return min(total for total, _ in runs), {cell: min((cells[cell] for _, cells in runs), key=lambda c: c[0])
-                                                 for cell in runs[0][1]}
-    (t1, cells1), (t2, cells2) = fastest(samples[sample_trials]), fastest(samples[2 * sample_trials])
-
-    def extrapolate(small: float, large: float) -> float:
-        return small + (large - small) * (full - sample_trials) / sample_trials
+    def model(one: float, two: float, two_in_two: float, k: int) -> float:
+        per_trial, per_chunk = (two - one) / n, two_in_two - two
+        return one + per_trial * (full - n) + per_chunk * (k - 1)
+    (t1, cells1, groups1), (t2, cells2, groups2), (t3, cells3, groups3) = fastest.values()
     by_family: dict[str, float] = {}
     by_dim: dict[int, float] = {}
-    by_slice: dict[str, float] = {}     # "scenario/dim": what `run --grid NAME --scenario S --dim d` runs
+    by_slice: dict[str, float] = {}           # "scenario/dim": a slice's whole run
+    by_cells_slice: dict[str, float] = {}     # ... and its cells' own time
+    for key, k in chunks.items():
+        name = f"{key[0]}/{key[1]}"
+        by_slice[name] = by_slice.get(name, 0.0) + model(groups1[key], groups2[key], groups3[key], k)
     for cell, (wall1, _) in cells1.items():
-        estimate = extrapolate(wall1, cells2[cell][0])
-        family = cell.scheme.split("-")[0]
+        estimate = model(wall1, cells2[cell][0], cells3[cell][0], chunks[cell.data_key])
+        family, name = cell.scheme.split("-")[0], f"{cell.scenario}/{cell.dim}"
         by_family[family] = by_family.get(family, 0.0) + estimate
         by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + estimate
-        by_slice[f"{cell.scenario}/{cell.dim}"] = by_slice.get(f"{cell.scenario}/{cell.dim}", 0.0) + estimate
-    return {"grid": name, "cells": len(cells1), "sample_trials": [sample_trials, 2 * sample_trials],
+        by_cells_slice[name] = by_cells_slice.get(name, 0.0) + estimate
+    return {"grid": name, "cells": len(cells1), "sample_trials": [n, 2 * n],
             "grid_trials": full, "repeats": repeats, "warmup_s": warmup_s, "measured_s": [t1, t2],
-            "samples_s": {str(n): [total for total, _ in runs] for n, runs in samples.items()},
-            "estimated_grid_s": warmup_s + extrapolate(t1, t2),
-            "fixed_s": 2 * t1 - t2, "per_trial_s": (t2 - t1) / sample_trials,
-            "trials_per_s": len(cells1) * sample_trials / (t2 - t1) if t2 > t1 else float("inf"),
+            "measured_in_two_chunks_s": t3,
+            "samples_s": {str(trials): [total for total, _, _ in samples[kind]]
+                          for kind, (trials, _) in list(passes.items())[:2]},
+            "samples_in_two_chunks_s": [total for total, _, _ in samples["2n in 2"]],
+            "estimated_grid_s": warmup_s + sum(by_slice.values()),
+            "fixed_s": 2 * t1 - t2, "per_trial_s": (t2 - t1) / n, "per_chunk_s": t3 - t2,
+            "chunks_at_grid_trials": sum(chunks.values()),
+            "trials_per_s": len(cells1) * n / (t2 - t1) if t2 > t1 else float("inf"),
             "estimated_s_by_family": by_family, "estimated_s_by_dim": by_dim,
-            "estimated_cell_s_by_scenario_dim": by_slice,
-            "peak_mem_mb_max": max((peak for _, peak in list(cells1.values()) + list(cells2.values())), default=0.0),
+            "estimated_s_by_scenario_dim": by_slice,
+            "estimated_cell_s_by_scenario_dim": by_cells_slice,
+            "peak_mem_mb_max": max((peak for _, cells, _ in fastest.values() for _, peak in cells.values()),
+                                   default=0.0),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
 
 

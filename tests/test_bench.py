@@ -57,48 +57,75 @@ def test_bench_bad_input(capsys):
     assert "unknown scheme 'nope'" in capsys.readouterr().err
 
 
-def test_bench_grid_times_every_cell_and_extrapolates(capsys, monkeypatch):
-    """Every cell of the grid is run on n and 2n trials (alternating, twice each, after a warm-up on
-    one trial of the first scenario); with cell times a + b·trials the estimate is the grid's
-    a + b·12 per cell, summed, plus the warm-up, whatever a slow spell adds to one pass."""
-    from harness import bench, sweep
+def test_bench_grid_models_fixed_chunk_and_trial_parts(capsys, monkeypatch):
+    """Every cell of the grid is run on n trials, 2n trials and 2n trials in two chunks
+    (alternating, twice each, after a warm-up on one trial of the first scenario); with cell and
+    group times g + c·chunks + b·trials the estimate is each one's g + c·k + b·12, k the chunks the
+    grid's own run cuts (here 3, of 5 trials), summed, plus the warm-up, whatever a slow spell
+    adds to one pass; the passes' rows go to a store, as the run's do."""
+    import math
+
+    from harness import bench, cell as cell_engine, sweep
+    from harness.store import RunStore
     monkeypatch.setitem(sweep.GRIDS, "tiny", {
         "scenarios": ("gaussian", "lowrank_aligned"), "schemes": ("tq-kv", "sq-kv"), "budgets": (2, 3),
         "dims": (16,), "seq_lens": (32,), "queries": (4,), "trials": 12, "calib_tokens": (32,)})
+    config12 = sweep.SweepConfig(**sweep.grid("tiny"))
+    monkeypatch.setattr(cell_engine, "DEFAULT_MEMORY_BUDGET", 5 * cell_engine.bytes_per_trial(config12, config12.cells()[0]))
     real = bench._time_cells
-    seen, order = {}, []
+    seen, order, written = {}, [], []
+    real_write = RunStore.write_chunk
 
-    def synthetic(config, device):
-        _, cells = real(config, device)                      # the cells really run ...
-        seen[config.trials] = set(cells)
-        order.append(config.trials)
-        # the first pass on each trial count hits a slow spell: every cell 2 s slower
-        pause = 2.0 if config.trials > 1 and order.count(config.trials) == 1 else 0.0
-        fixed, per_trial = {"tq-kv": 0.5, "sq-kv": 2.0}, {"tq-kv": 0.1, "sq-kv": 0.3}
-        timed = {c: (fixed[c.scheme] + per_trial[c.scheme] * config.trials + pause, 1.0) for c in cells}
-        return sum(t for t, _ in timed.values()) + 1.0, timed   # ... timed as a + b·trials (+1 s of drawing)
+    def counting_write(self, cell, rows, **kw):
+        written.append((cell, len(rows)))
+        return real_write(self, cell, rows, **kw)
+    monkeypatch.setattr(RunStore, "write_chunk", counting_write)
+    fixed, per_chunk, per_trial = {"tq-kv": 0.5, "sq-kv": 2.0}, {"tq-kv": 0.2, "sq-kv": 0.4}, {"tq-kv": 0.1, "sq-kv": 0.3}
+    draw_chunk = 0.25    # a group's draw, per chunk, beside its cells
+
+    def synthetic(config, device, chunk_trials=None):
+        total, cells, groups = real(config, device, chunk_trials)   # the cells really run ...
+        chunks = math.ceil(config.trials / (chunk_trials or config.trials))
+        seen[(config.trials, chunks)] = set(cells)
+        order.append((config.trials, chunks))
+        # the first pass of each kind hits a slow spell: every cell 2 s slower
+        pause = 2.0 if config.trials > 1 and order.count((config.trials, chunks)) == 1 else 0.0
+        timed = {c: (fixed[c.scheme] + per_chunk[c.scheme] * chunks + per_trial[c.scheme] * config.trials + pause, 1.0)
+                 for c in cells}
+        groups = {key: sum(t for c, (t, _) in timed.items() if c.data_key == key) + draw_chunk * chunks
+                  for key in groups}
+        return sum(groups.values()), timed, groups   # ... timed as g + c·chunks + b·trials
     monkeypatch.setattr(bench, "_time_cells", synthetic)
     assert main(["bench", "--grid", "tiny", "--trials", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert seen[3] == seen[6] and len(seen[3]) == result["cells"] == 2 * 2 * 2
-    # the warm-up, then two alternating passes on each trial count, the fastest of each kept
-    assert order == [1, 3, 6, 3, 6] and result["repeats"] == 2
+    assert seen[(3, 1)] == seen[(6, 1)] == seen[(6, 2)] and len(seen[(3, 1)]) == result["cells"] == 2 * 2 * 2
+    # every chunk of every cell of every pass was written (warm-up: 1 trial of 4 cells)
+    assert len(written) == 4 + 2 * 8 * (1 + 1 + 2) and sum(n for _, n in written) == 4 + 2 * 8 * (3 + 6 + 6)
+    # the warm-up, then the three kinds of pass alternating twice, the fastest of each kept
+    assert order == [(1, 1)] + [(3, 1), (6, 1), (6, 2)] * 2 and result["repeats"] == 2
     assert result["samples_s"]["3"][0] - result["samples_s"]["3"][1] == pytest.approx(2.0 * 8)
-    order.clear()
+    assert result["samples_in_two_chunks_s"][0] - result["samples_in_two_chunks_s"][1] == pytest.approx(2.0 * 8)
     # the warm-up: one trial of the first scenario's cells, counted once in the estimate
-    assert seen[1] == {c for c in seen[3] if c.scenario == "gaussian"}
-    warmup = 2 * (0.5 + 0.1) + 2 * (2.0 + 0.3) + 1.0
-    assert abs(result["warmup_s"] - warmup) < 1e-9
+    assert seen[(1, 1)] == {c for c in seen[(3, 1)] if c.scenario == "gaussian"}
+    warmup = 2 * (0.5 + 0.2 + 0.1) + 2 * (2.0 + 0.4 + 0.3) + draw_chunk
+    assert result["warmup_s"] == pytest.approx(warmup)
     assert result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
-    per_cell = {"tq": 0.5 + 0.1 * 12, "sq": 2.0 + 0.3 * 12}
-    assert abs(result["estimated_grid_s"] - (4 * per_cell["tq"] + 4 * per_cell["sq"] + 1.0 + warmup)) < 1e-9
-    assert result["estimated_s_by_family"] == pytest.approx({k: 4 * v for k, v in per_cell.items()})
-    slice_s = 2 * per_cell["tq"] + 2 * per_cell["sq"]      # a scenario at d = 16: 2 schemes x 2 budgets
-    assert result["estimated_cell_s_by_scenario_dim"] == pytest.approx({"gaussian/16": slice_s,
-                                                                        "lowrank_aligned/16": slice_s})
-    assert abs(result["per_trial_s"] - 4 * (0.1 + 0.3)) < 1e-12 and abs(result["fixed_s"] - (4 * 2.5 + 1)) < 1e-9
+    k = 3   # 12 trials in chunks of 5
+    assert result["chunks_at_grid_trials"] == 2 * k
+    per_cell = {family: fixed[f"{family}-kv"] + per_chunk[f"{family}-kv"] * k + per_trial[f"{family}-kv"] * 12
+                for family in ("tq", "sq")}
+    slice_cells = 2 * per_cell["tq"] + 2 * per_cell["sq"]      # a scenario at d = 16: 2 schemes x 2 budgets
+    assert result["estimated_cell_s_by_scenario_dim"] == pytest.approx({"gaussian/16": slice_cells,
+                                                                        "lowrank_aligned/16": slice_cells})
+    slice_s = slice_cells + draw_chunk * k
+    assert result["estimated_s_by_scenario_dim"] == pytest.approx({"gaussian/16": slice_s, "lowrank_aligned/16": slice_s})
+    assert result["estimated_grid_s"] == pytest.approx(2 * slice_s + warmup)
+    assert result["estimated_s_by_family"] == pytest.approx({k_: 4 * v for k_, v in per_cell.items()})
+    assert result["per_trial_s"] == pytest.approx(4 * (0.1 + 0.3))
+    assert result["per_chunk_s"] == pytest.approx(4 * (0.2 + 0.4) + 2 * draw_chunk)
+    assert result["fixed_s"] == pytest.approx(4 * (0.5 + 2.0) + result["per_chunk_s"])
     assert main(["bench", "--grid", "tiny", "--trials", "3"]) == 0
-    assert "estimated at 12 trials" in capsys.readouterr().out
+    assert "estimated at 12 trials (6 chunks)" in capsys.readouterr().out
 
 
 def test_bench_times_a_sweep_serially_and_with_workers_in_one_run(capsys):

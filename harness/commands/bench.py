@@ -32,7 +32,8 @@ def add_arguments(p):
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--grid", choices=tuple(GRIDS), default=None,
                    help="time a whole preset grid instead (paper: the AMD paper's), on --trials and twice as "
-                        "many trials per cell, extrapolated linearly to the grid's trial count")
+                        "many trials per cell (in one chunk and in two), modelled as fixed + per chunk + per "
+                        "trial and evaluated at the grid's trial count and chunks")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="also time a 12-cell sweep serially and with --workers N, in this run (the ratio, and the "
                         "load average, which sways both)")
@@ -111,11 +112,15 @@ def _print_grid(result: dict, as_json: bool) -> int:
     (n1, n2), (t1, t2) = result["sample_trials"], result["measured_s"]
     print(f"grid {result['grid']}: {result['cells']} cells, timed on {n1} and {n2} trials per cell "
           f"({result['repeats']} alternating passes each, the fastest kept) after a {result['warmup_s']:.1f} s "
-          f"warm-up: {t1:.1f} s and {t2:.1f} s (fixed {result['fixed_s']:.1f} s + "
-          f"{result['per_trial_s']:.2f} s per trial of every cell, {result['trials_per_s']:.1f} trials/s)")
-    print(f"  estimated at {result['grid_trials']} trials: {result['estimated_grid_s'] / 60:.1f} min")
+          f"warm-up: {t1:.1f} s and {t2:.1f} s, {result['measured_in_two_chunks_s']:.1f} s in two chunks (of every "
+          f"cell: {result['per_trial_s']:.2f} s per trial, {result['trials_per_s']:.1f} trials/s; "
+          f"{result['per_chunk_s']:.1f} s per chunk; {result['fixed_s'] - result['per_chunk_s']:.1f} s once)")
+    print(f"  estimated at {result['grid_trials']} trials ({result['chunks_at_grid_trials']} chunks): "
+          f"{result['estimated_grid_s'] / 60:.1f} min")
     for title, table in (("scheme family", result["estimated_s_by_family"]), ("head dim", result["estimated_s_by_dim"])):
         print(f"  by {title}: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in table.items()))
+    print("  by slice (scenario/dim, the whole run): " + ", ".join(
+        f"{k} {v:.0f} s" for k, v in result["estimated_s_by_scenario_dim"].items()))
     print(f"  largest peak memory of a cell: {result['peak_mem_mb_max']:.0f} MiB")
     load = result["load_average"]
     print(f"  load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after")
