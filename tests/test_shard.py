@@ -363,6 +363,56 @@ def test_compiled_nearest_centroid_equals_torch_min(dtype):
         assert torch.equal(out, (c_sq[:, None, :] - 2 * xc).min(-1).indices)
 
 
+def _fma_chain(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """x @ cᵀ (B, n, k) for float32 x (B, n, g), c (B, k, g) as the chain fma(x_g-1, c_g-1, …
+    fma(x_1, c_1, x_0·c_0)), emulated in float64: the products are exact there and each step is
+    rounded to float32 once (double rounding is off by one ulp only at a float32 midpoint)."""
+    x, c = x.double(), c.double().transpose(1, 2)
+    acc = (x[..., :1] @ c[:, :1]).float()
+    for t in range(1, x.shape[-1]):
+        acc = (x[..., t:t + 1] @ c[:, t:t + 1] + acc.double()).float()
+    return acc
+
+
+def test_compiled_nearest_point_pass_is_the_fma_chain_and_torch_min():
+    """cpu_loops.nearest_points gives (c² − 2·x·c).min(-1).indices with each x·c the fma chain over
+    the point's g coordinates in order (as an independent float64 emulation forms it), among many
+    ties, duplicated centroids, NaN and infinite points, for point dimensions 1 to 8; rows split
+    across threads."""
+    from schemes import cpu_loops
+    gen = torch.Generator().manual_seed(5)
+    for g, k, n in ((1, 7, 50), (3, 256, 500), (4, 256, 4000), (8, 33, 300)):
+        x = torch.randn(3, n, g, generator=gen) * torch.rand(3, n, 1, generator=gen) * 4
+        c = torch.randn(3, k, g, generator=gen)
+        nan, inf = x.clone(), x.clone()
+        nan[0, 1, 0] = nan[2, 7, g - 1] = float("nan")
+        inf[1, :3] = float("inf")
+        inf[2, 4, 0] = float("-inf")
+        for points, centroids in ((x, c), (x.round(), c.round()), (x, torch.cat((c[:, :5], c[:, :5]), 1)),
+                                  (nan, c), (inf, c)):
+            c_sq = (centroids ** 2).sum(-1)
+            out = torch.empty(points.shape[:2], dtype=torch.int64)
+            cpu_loops.nearest_points(points, centroids, c_sq, out)
+            assert torch.equal(out, (c_sq[:, None, :] - 2 * _fma_chain(points, centroids)).min(-1).indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_nearest_point_pass_equals_the_matmul_at_shards_shape(dtype):
+    """At Shard's shape (g = 4, 256 centroids, points in multiples of 16) torch's CPU matmul (MKL)
+    forms x·c by the same fma chain, so the compiled pass assigns as the matmul path did: Shard's
+    rows did not change (main job: 300 rows identical)."""
+    from schemes import cpu_loops
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 30592, 4, generator=gen, dtype=dtype) * torch.rand(5, 30592, 1, generator=gen, dtype=dtype)
+    c = torch.randn(5, 256, 4, generator=gen, dtype=dtype)
+    c_sq = (c ** 2).sum(-1)
+    out = torch.empty(x.shape[:2], dtype=torch.int64)
+    cpu_loops.nearest_points(x, c, c_sq, out)
+    assert torch.equal(out, (c_sq[:, None, :] - 2 * (x @ c.transpose(1, 2))).min(-1).indices)
+    if dtype == torch.float32:
+        assert torch.equal(x @ c.transpose(1, 2), _fma_chain(x, c))
+
+
 def test_kmeans_same_with_the_compiled_assignment(monkeypatch):
     """k-means on the compiled nearest-centroid pass and on torch's gives the same centroids and objective."""
     from schemes import kmeans as kmeans_module
