@@ -313,6 +313,61 @@ def _nearest_rows(x, ct, c_sq, out):  # pragma: no cover - compiled
 
 
 @numba.jit(**_JIT)
+def _kmeans_pp_rows(points, u, first, picks):  # pragma: no cover - compiled
+    """k-means++ seeding of each problem b of points (B, n, g), g <= 4: picks[b, 0] = first, then
+    picks[b, j] = the first index whose running sum of D² exceeds u[j]·ΣD² (upper bound, by the
+    binary search torch.searchsorted(right=True) runs, clamped to n − 1; the index ⌊u[j]·n⌋ where
+    ΣD² is not positive), D² each point's least squared distance to the picks so far — in
+    torch's arithmetic: the squared differences summed in order in the points' dtype, then in
+    float64, the running sum sequential, the minimum NaN-propagating."""
+    n_problems, n, g = points.shape
+    k = picks.shape[1]
+    d2 = np.empty(n, np.float64)
+    cum = np.empty(n, np.float64)
+    for b in range(n_problems):
+        p = points[b]
+        picks[b, 0] = first
+        c = p[first]
+        for i in range(n):
+            e = p[i, 0] - c[0]
+            s = e * e
+            for t in range(1, g):
+                e = p[i, t] - c[t]
+                s = s + e * e
+            d2[i] = s
+        for j in range(1, k):
+            acc = 0.0
+            for i in range(n):
+                acc += d2[i]
+                cum[i] = acc
+            total = cum[n - 1]
+            target = u[j] * total
+            lo, hi = 0, n
+            while lo < hi:
+                mid = lo + ((hi - lo) >> 1)
+                if not (cum[mid] > target):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            pick = min(lo, n - 1)
+            if not (total > 0):   # every point covered (duplicates): the uniform pick
+                pick = min(int(u[j] * n), n - 1)
+            picks[b, j] = pick
+            c = p[pick]
+            for i in range(n):
+                e = p[i, 0] - c[0]
+                s = e * e
+                for t in range(1, g):
+                    e = p[i, t] - c[t]
+                    s = s + e * e
+                s64 = np.float64(s)
+                if s64 != s64 or d2[i] != d2[i]:
+                    d2[i] = np.nan
+                elif s64 < d2[i]:
+                    d2[i] = s64
+
+
+@numba.jit(**_JIT)
 def _dequantise_variable(idx, widths, offsets, table, sigma, out):  # pragma: no cover - compiled
     """out[b, h, s, i] = table[offsets[widths[b, h, i]] + idx[b, h, s, i]] · sigma[b, h, i]."""
     n_trials, n_heads, n_tokens, d = idx.shape
@@ -454,6 +509,17 @@ def nearest_points(points: torch.Tensor, centroids: torch.Tensor, c_sq: torch.Te
         xn, tn, cn, on = x.numpy(), ct.numpy(), c_sq.numpy(), out.numpy()
         _by_row_blocks(xn.shape[0], x.shape[0] * x.shape[1] * ct.shape[2],
                        lambda a, b: _nearest_rows(xn[a:b], tn[a:b], cn[a:b], on[a:b]))
+
+
+def kmeans_pp_picks(points: torch.Tensor, uniforms: np.ndarray, first: int) -> torch.Tensor:
+    """The k = len(uniforms) point indices (B, k) int64 that kmeans._init_kmeans_pp's torch passes
+    pick for points (B, n, g), g <= 4, a CPU tensor of one SUPPORTED dtype (_kmeans_pp_rows): the
+    same arithmetic, per problem in cache, instead of 2k passes over the (B, n) distances."""
+    x = points.contiguous()
+    picks = torch.empty(x.shape[0], len(uniforms), dtype=torch.int64)
+    xn, u, pn = x.numpy(), np.ascontiguousarray(uniforms, dtype=np.float64), picks.numpy()
+    _by_row_blocks(xn.shape[0], x.numel() * len(uniforms), lambda a, b: _kmeans_pp_rows(xn[a:b], u, first, pn[a:b]))
+    return picks
 
 
 def dequantise_variable(idx: torch.Tensor, widths: torch.Tensor, offsets: torch.Tensor, table: torch.Tensor,

@@ -60,8 +60,12 @@ def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor,
 
 def _init_kmeans_pp(points: torch.Tensor, k: int, uniforms: np.ndarray) -> torch.Tensor:
     b, n, g = points.shape
-    u = torch.as_tensor(uniforms, dtype=torch.float64, device=points.device)
     first = min(int(uniforms[0] * n), n - 1)
+    loops = taking(points)
+    if loops is not None and g <= 4:   # the same picks, each problem's in cache (schemes/cpu_loops.py)
+        picks = loops.kmeans_pp_picks(points, uniforms[:k], first)
+        return torch.gather(points, 1, picks[..., None].expand(-1, -1, g))
+    u = torch.as_tensor(uniforms, dtype=torch.float64, device=points.device)
     centroids = points[:, first:first + 1].clone()
     d2 = ((points - centroids) ** 2).sum(-1).to(torch.float64)      # (B, N)
     for j in range(1, k):

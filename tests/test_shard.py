@@ -413,6 +413,26 @@ def test_compiled_nearest_point_pass_equals_the_matmul_at_shards_shape(dtype):
         assert torch.equal(x @ c.transpose(1, 2), _fma_chain(x, c))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_kmeans_pp_seeding_picks_as_the_torch_passes(dtype, monkeypatch):
+    """cpu_loops.kmeans_pp_picks picks the centres _init_kmeans_pp's torch passes pick, for point
+    dimensions 1 to 4: on random points, on a problem of duplicates (ΣD² = 0: the uniform pick),
+    with NaN and infinite points; rows split across threads."""
+    from schemes import kmeans as kmeans_module
+    gen = torch.Generator().manual_seed(7)
+    uniforms = np.random.default_rng(8).random(64)
+    for g in (1, 2, 3, 4):
+        pts = torch.randn(4, 700, g, generator=gen, dtype=dtype)
+        pts[1] = pts[1, :1]                                   # one point 700 times
+        pts[2, 5, 0] = float("nan")
+        pts[3, 9] = float("inf")
+        fast = kmeans_module._init_kmeans_pp(pts, 64, uniforms)
+        with monkeypatch.context() as m:
+            m.setattr(kmeans_module, "taking", lambda points: None)
+            slow = kmeans_module._init_kmeans_pp(pts, 64, uniforms)
+        assert torch.equal(fast.isnan(), slow.isnan()) and torch.equal(fast.nan_to_num(), slow.nan_to_num())
+
+
 def test_kmeans_same_with_the_compiled_assignment(monkeypatch):
     """k-means on the compiled nearest-centroid pass and on torch's gives the same centroids and objective."""
     from schemes import kmeans as kmeans_module
