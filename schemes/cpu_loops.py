@@ -394,8 +394,12 @@ def _by_row_blocks(n_rows: int, n_elements: int, run) -> None:
         run(0, n_rows)
         return
     bounds = [n_rows * i // parts for i in range(parts + 1)]
-    for done in [_pool().submit(run, bounds[i], bounds[i + 1]) for i in range(parts)]:
-        done.result()                                  # re-raises a block's exception here
+    others = [_pool().submit(run, bounds[i], bounds[i + 1]) for i in range(parts - 1)]
+    try:
+        run(bounds[-2], bounds[-1])                    # the last block here, not waiting idle
+    finally:
+        for done in others:
+            done.result()                              # every block finished before leaving; re-raises
 
 
 def _outputs(y: torch.Tensor, packed_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
