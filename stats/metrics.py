@@ -92,9 +92,9 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> 
     return torch.where(den > 0, ratio, torch.where(num > 0, math.inf, zero_over_zero))
 
 
-def _energies(x: torch.Tensor, x_hat: torch.Tensor):
-    """(‖x‖², ‖x̂‖², ‖x − x̂‖²) per trial."""
-    return _exact(_sum_sq, x), _sum_sq(x_hat), _sum_sq(x - x_hat)
+def _energies(x: torch.Tensor, x_hat: torch.Tensor, diff: torch.Tensor | None = None):
+    """(‖x‖², ‖x̂‖², ‖x − x̂‖²) per trial; diff: x − x̂ when the caller has it."""
+    return _exact(_sum_sq, x), _sum_sq(x_hat), _sum_sq(x - x_hat if diff is None else diff)
 
 
 def _rel_and_direction(xx, hh, ee):
@@ -125,18 +125,22 @@ def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     return 1 - direction_error(x, x_hat)
 
 
-def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
+def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor, diff: torch.Tensor | None = None) -> torch.Tensor:
     """Mean over the token vectors (B, H, S, d) -> (B,) of each vector's cosine with its
     reconstruction: the paper's ptcosine (§2). Every token of every head weighs the same,
     whatever its norm. A token that is zero and reproduced as zero has cosine 1, one whose
-    original or reconstruction alone is zero (e.g. an evicted token) has cosine 0."""
-    _, direction = _rel_and_direction(_exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(x - x_hat))
+    original or reconstruction alone is zero (e.g. an evicted token) has cosine 0. diff: x − x̂
+    when the caller has it."""
+    diff = x - x_hat if diff is None else diff
+    _, direction = _rel_and_direction(_exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(diff))
     return 1 - _flat(direction).mean(dim=1)
 
 
-def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str) -> dict[str, torch.Tensor]:
-    """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`."""
-    rel, direction = _rel_and_direction(*_energies(x, x_hat))
+def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str, diff: torch.Tensor | None = None
+                ) -> dict[str, torch.Tensor]:
+    """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`; diff: x − x̂
+    when the caller has it."""
+    rel, direction = _rel_and_direction(*_energies(x, x_hat, diff))
     snr = torch.where(torch.isinf(rel), 1.0, rel / (1 + rel))
     return {f"rel_mse_{suffix}": rel, f"cos_{suffix}": 1 - direction, f"snr_err_{suffix}": snr,
             f"dir_err_{suffix}": direction, f"d2_{suffix}": torch.sqrt(direction ** 2 + snr ** 2)}
@@ -193,16 +197,19 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
 
 
 def key_metrics(k: torch.Tensor, k_hat: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The metrics of K and its reconstruction alone: error_point(·, "k") and ptcosine_k."""
-    return {**error_point(k, k_hat, "k"), "ptcosine_k": per_token_cosine(k, k_hat)}
+    """The metrics of K and its reconstruction alone: error_point(·, "k") and ptcosine_k (one
+    difference k − k̂ for both)."""
+    diff = k - k_hat
+    return {**error_point(k, k_hat, "k", diff), "ptcosine_k": per_token_cosine(k, k_hat, diff)}
 
 
 def value_metrics(v: torch.Tensor, v_hat: torch.Tensor, probs: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics of V̂ against the exact attention (probs, T): error_point(·, "v"), ptcosine_v and
-    t_rel_mse_vonly (T̂ with exact probabilities and V̂)."""
-    out = error_point(v, v_hat, "v")
+    t_rel_mse_vonly (T̂ with exact probabilities and V̂); one difference v − v̂ for both of V's."""
+    diff = v - v_hat
+    out = error_point(v, v_hat, "v", diff)
     out["t_rel_mse_vonly"] = relative_mse(t, probs @ v_hat)
-    out["ptcosine_v"] = per_token_cosine(v, v_hat)
+    out["ptcosine_v"] = per_token_cosine(v, v_hat, diff)
     return out
 
 
