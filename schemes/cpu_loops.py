@@ -238,30 +238,35 @@ def _smallest(values):  # pragma: no cover - compiled
 
 
 @numba.jit(**_JIT)
+def _first_nearest(c, products, buf):  # pragma: no cover - compiled
+    """argmin_j (c[j] − 2·products[j]) (buf: a scratch row): the first
+    index of the minimum, or of the first NaN where there is one, as torch's min(dim).indices
+    gives it. The differences are formed into the row buffer, its minimum found by a vectorised
+    reduction, then its first index."""
+    nan = False
+    for j in range(c.shape[0]):
+        v = c[j] - (products[j] + products[j])       # 2·products exactly, in their dtype
+        buf[j] = v
+        nan |= v != v
+    at = 0
+    if nan:
+        while buf[at] == buf[at]:
+            at += 1
+    else:
+        m = _smallest(buf)
+        while buf[at] != m:
+            at += 1
+    return at
+
+
+@numba.jit(**_JIT)
 def _argmin_rows(xc, c_sq, out):  # pragma: no cover - compiled
-    """out[b, i] = argmin_j (c_sq[b, j] − 2·xc[b, i, j]): the first index of the minimum, or of
-    the first NaN where there is one, as torch's min(dim).indices gives it. The differences are
-    formed into a row buffer, its minimum found by a vectorised reduction, then its first index."""
+    """out[b, i] = argmin_j (c_sq[b, j] − 2·xc[b, i, j]) (_first_nearest)."""
     n_problems, n_points, k = xc.shape
     buf = np.empty(k, xc.dtype)
     for b in range(n_problems):
-        c = c_sq[b]
         for i in range(n_points):
-            row = xc[b, i]
-            nan = False
-            for j in range(k):
-                v = c[j] - (row[j] + row[j])       # 2·xc exactly, in xc's dtype
-                buf[j] = v
-                nan |= v != v
-            at = 0
-            if nan:
-                while buf[at] == buf[at]:
-                    at += 1
-            else:
-                m = _smallest(buf)
-                while buf[at] != m:
-                    at += 1
-            out[b, i] = at
+            out[b, i] = _first_nearest(c_sq[b], xc[b, i], buf)
 
 
 @intrinsic
@@ -280,10 +285,10 @@ def _nearest_rows(x, ct, c_sq, out):  # pragma: no cover - compiled
     given as ct = cᵀ (B, g, k), without the (B, n, k) products: each point's dot products with
     all k centroids are formed in a row buffer by the chain fma(x_g-1, c_g-1, … fma(x_1, c_1,
     x_0·c_0)) — the order and single roundings of the GEMM micro-kernel that `x @ cᵀ` runs here
-    (MKL, float32 and float64; tests) — then the minimum taken as in _argmin_rows."""
+    (MKL, float32 and float64; tests) — then the minimum taken by _first_nearest."""
     n_problems, n_points, g = x.shape
     k = ct.shape[2]
-    buf = np.empty(k, x.dtype)
+    prod, buf = np.empty(k, x.dtype), np.empty(k, x.dtype)
     for b in range(n_problems):
         c, cb = c_sq[b], ct[b]
         for i in range(n_points):
@@ -291,25 +296,23 @@ def _nearest_rows(x, ct, c_sq, out):  # pragma: no cover - compiled
             x0 = p[0]
             first = cb[0]
             for j in range(k):
-                buf[j] = x0 * first[j]
+                prod[j] = x0 * first[j]
             for t in range(1, g):
                 xt, col = p[t], cb[t]
                 for j in range(k):
-                    buf[j] = _fma(xt, col[j], buf[j])
-            nan = False
-            for j in range(k):
-                v = c[j] - (buf[j] + buf[j])       # 2·x·c exactly, in x's dtype
-                buf[j] = v
-                nan |= v != v
-            at = 0
-            if nan:
-                while buf[at] == buf[at]:
-                    at += 1
-            else:
-                m = _smallest(buf)
-                while buf[at] != m:
-                    at += 1
-            out[b, i] = at
+                    prod[j] = _fma(xt, col[j], prod[j])
+            out[b, i] = _first_nearest(c, prod, buf)
+
+
+@numba.jit(**_JIT)
+def _squared_distance(x, c):  # pragma: no cover - compiled
+    """Σ (x_t − c_t)² in x's dtype, the squares added in order (torch's sum over a last dim of <= 4)."""
+    e = x[0] - c[0]
+    s = e * e
+    for t in range(1, x.shape[0]):
+        e = x[t] - c[t]
+        s = s + e * e
+    return s
 
 
 @numba.jit(**_JIT)
@@ -320,7 +323,7 @@ def _kmeans_pp_rows(points, u, first, picks):  # pragma: no cover - compiled
     ΣD² is not positive), D² each point's least squared distance to the picks so far — in
     torch's arithmetic: the squared differences summed in order in the points' dtype, then in
     float64, the running sum sequential, the minimum NaN-propagating."""
-    n_problems, n, g = points.shape
+    n_problems, n, _ = points.shape
     k = picks.shape[1]
     d2 = np.empty(n, np.float64)
     cum = np.empty(n, np.float64)
@@ -329,12 +332,7 @@ def _kmeans_pp_rows(points, u, first, picks):  # pragma: no cover - compiled
         picks[b, 0] = first
         c = p[first]
         for i in range(n):
-            e = p[i, 0] - c[0]
-            s = e * e
-            for t in range(1, g):
-                e = p[i, t] - c[t]
-                s = s + e * e
-            d2[i] = s
+            d2[i] = _squared_distance(p[i], c)
         for j in range(1, k):
             acc = 0.0
             for i in range(n):
@@ -355,12 +353,7 @@ def _kmeans_pp_rows(points, u, first, picks):  # pragma: no cover - compiled
             picks[b, j] = pick
             c = p[pick]
             for i in range(n):
-                e = p[i, 0] - c[0]
-                s = e * e
-                for t in range(1, g):
-                    e = p[i, t] - c[t]
-                    s = s + e * e
-                s64 = np.float64(s)
+                s64 = np.float64(_squared_distance(p[i], c))
                 if s64 != s64 or d2[i] != d2[i]:
                     d2[i] = np.nan
                 elif s64 < d2[i]:
