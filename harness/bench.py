@@ -324,14 +324,14 @@ def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int 
     by_slice: dict[str, float] = {}           # "scenario/dim": a slice's whole run
     by_cells_slice: dict[str, float] = {}     # ... and its cells' own time
     for key, k in chunks.items():
-        name = f"{key[0]}/{key[1]}"
-        by_slice[name] = by_slice.get(name, 0.0) + model(groups1[key], groups2[key], groups3[key], k)
+        where = f"{key[0]}/{key[1]}"
+        by_slice[where] = by_slice.get(where, 0.0) + model(groups1[key], groups2[key], groups3[key], k)
     for cell, (wall1, _) in cells1.items():
         estimate = model(wall1, cells2[cell][0], cells3[cell][0], chunks[cell.data_key])
-        family, name = cell.scheme.split("-")[0], f"{cell.scenario}/{cell.dim}"
+        family, where = cell.scheme.split("-")[0], f"{cell.scenario}/{cell.dim}"
         by_family[family] = by_family.get(family, 0.0) + estimate
         by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + estimate
-        by_cells_slice[name] = by_cells_slice.get(name, 0.0) + estimate
+        by_cells_slice[where] = by_cells_slice.get(where, 0.0) + estimate
     return {"grid": name, "cells": len(cells1), "sample_trials": [n, 2 * n],
             "grid_trials": full, "repeats": repeats, "warmup_s": warmup_s, "measured_s": [t1, t2],
             "measured_in_two_chunks_s": t3,

@@ -109,7 +109,7 @@ def test_bench_grid_models_fixed_chunk_and_trial_parts(capsys, monkeypatch):
     assert seen[(1, 1)] == {c for c in seen[(3, 1)] if c.scenario == "gaussian"}
     warmup = 2 * (0.5 + 0.2 + 0.1) + 2 * (2.0 + 0.4 + 0.3) + draw_chunk
     assert result["warmup_s"] == pytest.approx(warmup)
-    assert result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
+    assert result["grid"] == "tiny" and result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
     k = 3   # 12 trials in chunks of 5
     assert result["chunks_at_grid_trials"] == 2 * k
     per_cell = {family: fixed[f"{family}-kv"] + per_chunk[f"{family}-kv"] * k + per_trial[f"{family}-kv"] * 12
