@@ -22,6 +22,9 @@ _CHUNK_ELEMENTS = 1 << 20  # distance-matrix entries per chunk (4 MiB of float32
 # traffic. Shard's V points (g = 4), B = 17 trials of 32,768 points, 256 centroids: 87-104 ms vs
 # 318-390 ms for the matmul and the compiled minimum (2-core AMD EPYC, one run, three repeats).
 _FUSED_MAX_DIM = 16
+# Up to this point dimension torch sums a point's squared differences in order, which the CPU's
+# compiled k-means++ seeding reproduces (cpu_loops.kmeans_pp_picks; tests)
+_SEEDING_MAX_DIM = 4
 
 
 @dataclass(frozen=True)
@@ -35,19 +38,20 @@ class KMeansResult:
 def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of every point: indices (B, N) int64 and squared distances (B, N).
 
-    The argmin uses ‖x‖² − 2x·c + ‖c‖² in chunks of points; the returned distance is recomputed
+    The argmin uses ‖x‖² − 2x·c + ‖c‖² (per point in cache for small g on the CPU, else by matmul
+    in chunks of points); the returned distance is recomputed
     exactly as ‖x − c‖² for the chosen centroid.
     """
     b, n, g = points.shape
     k = centroids.shape[1]
     c_sq = (centroids ** 2).sum(-1)                                   # (B, k)
-    step = max(1, _CHUNK_ELEMENTS // max(1, b * k))
     indices = torch.empty(b, n, dtype=torch.int64, device=points.device)
     loops = taking(points)
     if loops is not None and g <= _FUSED_MAX_DIM and centroids.dtype == points.dtype:
         # the same products and indices, each point's in cache (schemes/cpu_loops.py)
         loops.nearest_points(points, centroids, c_sq, indices)
     else:
+        step = max(1, _CHUNK_ELEMENTS // max(1, b * k))
         for start in range(0, n, step):
             xc = points[:, start:start + step] @ centroids.transpose(1, 2)
             if loops is not None:   # the same indices in one compiled pass over xc (schemes/cpu_loops.py)
@@ -62,7 +66,7 @@ def _init_kmeans_pp(points: torch.Tensor, k: int, uniforms: np.ndarray) -> torch
     b, n, g = points.shape
     first = min(int(uniforms[0] * n), n - 1)
     loops = taking(points)
-    if loops is not None and g <= 4:   # the same picks, each problem's in cache (schemes/cpu_loops.py)
+    if loops is not None and g <= _SEEDING_MAX_DIM:   # the same picks, each problem's in cache (schemes/cpu_loops.py)
         picks = loops.kmeans_pp_picks(points, uniforms[:k], first)
         return torch.gather(points, 1, picks[..., None].expand(-1, -1, g))
     u = torch.as_tensor(uniforms, dtype=torch.float64, device=points.device)
