@@ -272,18 +272,38 @@ def _time_cells(config: SweepConfig, device: torch.device, chunk_trials: int | N
     return time.perf_counter() - t0, cells, groups
 
 
+def _time_chunk_pass(preset: dict, device: torch.device, trials_of: dict[tuple, int]
+                     ) -> tuple[float, dict[Cell, tuple[float, float]], dict[tuple, float]]:
+    """_time_cells over every data group of the preset, group `key` on trials_of[key] trials in
+    one chunk (the run's own chunk size): the three results of _time_cells, summed and merged."""
+    total, cells, groups = 0.0, {}, {}
+    for key, trials in trials_of.items():
+        scenario, dim, seq_len, queries, calib = key
+        config = SweepConfig(**{**preset, "scenarios": (scenario,), "dims": (dim,), "seq_lens": (seq_len,),
+                                "queries": (queries,), "calib_tokens": (calib,), "trials": trials,
+                                "device": device.type})
+        config.validate()
+        t, c, g = _time_cells(config, device, trials)
+        total += t
+        cells.update(c)
+        groups.update(g)
+    return total, cells, groups
+
+
 def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int = 2) -> dict:
     """Wall time of the preset grid `name` as `run --grid NAME` runs it (its rows written to a
     scratch store), from three kinds of pass over every cell, after a warm-up pass (one trial of
-    the first scenario's cells; its time added once):
-    n = sample_trials trials in one chunk, 2n trials in one chunk and 2n trials in two chunks of n,
-    alternating, `repeats` of each, every cell and data group keeping its fastest. Each cell and
-    each data group is modelled as time = g + c·chunks + b·trials — g what it pays once (scheme
-    set-up), c what every chunk pays (drawing, Python per call, the store's commits), b per trial
-    — and the model evaluated at the grid's trial count and the number of chunks the run cuts
-    them into (cell.chunk_size). Also per scheme family and head dimension (the cells' own time),
-    per (scenario, dim) slice (what `run --grid NAME --scenario S --dim d` runs: its whole wall
-    time, and the cells' own), and the largest peak memory of a cell."""
+    the first scenario's cells; its time added once): n = sample_trials trials in one chunk; one
+    chunk of the run's own size (cell.chunk_size at the grid's trials; at least 2n) for each data
+    group; 2n trials in two chunks of n; alternating, `repeats` of each, every cell and data group
+    keeping its fastest. Each cell and each data group is modelled as time = g + c·chunks +
+    b·trials — g what it pays once (scheme set-up), c what every chunk pays (drawing, Python per
+    call, the store's commits), b per trial: b from the n-trial pass and the run-sized chunk, so
+    the per-trial cost is measured on the chunks the run computes (working set, caches), c from
+    the two-chunk pass — and the model evaluated at the grid's trial count and the number of
+    chunks the run cuts them into. Also per scheme family and head dimension (the cells' own
+    time), per (scenario, dim) slice (what `run --grid NAME --scenario S --dim d` runs: its whole
+    wall time, and the cells' own), and the largest peak memory of a cell."""
     from .cell import chunk_size
     preset = grid(name)
     full = preset["trials"]
@@ -296,58 +316,79 @@ def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int 
     warm = SweepConfig(**{**preset, "trials": 1, "scenarios": preset["scenarios"][:1], "device": device.type})
     warm.validate()
     warmup_s = _time_cells(warm, device)[0]
+    full_config = SweepConfig(**{**preset, "device": device.type})
+    chunk_trials, chunks = {}, {}   # data key -> the run's chunk size and its number of chunks
+    for key, group in itertools.groupby(full_config.cells(), key=lambda c: c.data_key):
+        size = chunk_size(full_config, next(group), device)
+        chunk_trials[key], chunks[key] = size, math.ceil(full / size)
+    big = {key: max(size, 2 * n) for key, size in chunk_trials.items()}   # the run-sized pass's trials
     # The passes alternate, `repeats` times each, and each cell, group and pass total keeps its
     # fastest: a pause of the machine or a slow spell hits one sample, not the differences that
-    # are extrapolated 50-fold.
-    passes = {"n": (n, 2 * n), "2n": (2 * n, 2 * n), "2n in 2": (2 * n, n)}   # (trials, chunk size)
+    # are extrapolated.
+    passes = {"n": lambda: _time_cells(_config(preset, n, device), device, n),
+              "chunk": lambda: _time_chunk_pass(preset, device, big),
+              "2n in 2": lambda: _time_cells(_config(preset, 2 * n, device), device, n)}
     samples: dict[str, list] = {kind: [] for kind in passes}
     for _ in range(repeats):
-        for kind, (trials, chunk) in passes.items():
-            config = SweepConfig(**{**preset, "trials": trials, "device": device.type})
-            config.validate()
-            samples[kind].append(_time_cells(config, device, chunk))
+        for kind, timed in passes.items():
+            samples[kind].append(timed())
     fastest = {kind: (min(total for total, _, _ in runs),
                       {cell: min((cells[cell] for _, cells, _ in runs), key=lambda c: c[0]) for cell in runs[0][1]},
                       {key: min(groups[key] for _, _, groups in runs) for key in runs[0][2]})
                for kind, runs in samples.items()}
-    full_config = SweepConfig(**{**preset, "device": device.type})
-    chunks = {}     # data key -> chunks of the grid's run
-    for key, group in itertools.groupby(full_config.cells(), key=lambda c: c.data_key):
-        chunks[key] = math.ceil(full / chunk_size(full_config, next(group), device))
 
-    def model(one: float, two: float, two_in_two: float, k: int) -> float:
-        per_trial, per_chunk = (two - one) / n, two_in_two - two
-        return one + per_trial * (full - n) + per_chunk * (k - 1)
-    (t1, cells1, groups1), (t2, cells2, groups2), (t3, cells3, groups3) = fastest.values()
+    def parts(one: float, chunk: float, two_in_two: float, key: tuple) -> tuple[float, float, float]:
+        """(g, c, b) of a cell or group from its n-trial, run-sized and two-chunk times."""
+        per_trial = (chunk - one) / (big[key] - n)
+        per_chunk = two_in_two - one - per_trial * n
+        return one - per_chunk - per_trial * n, per_chunk, per_trial
+
+    def at_grid(g_c_b: tuple[float, float, float], key: tuple) -> float:
+        once, per_chunk, per_trial = g_c_b
+        return once + per_chunk * chunks[key] + per_trial * full
+    (t1, cells1, groups1), (tc, cellsc, groupsc), (t3, cells3, groups3) = fastest.values()
+    group_parts = {key: parts(groups1[key], groupsc[key], groups3[key], key) for key in chunks}
+    cell_parts = {cell: parts(wall1, cellsc[cell][0], cells3[cell][0], cell.data_key)
+                  for cell, (wall1, _) in cells1.items()}
     by_family: dict[str, float] = {}
     by_dim: dict[int, float] = {}
     by_slice: dict[str, float] = {}           # "scenario/dim": a slice's whole run
     by_cells_slice: dict[str, float] = {}     # ... and its cells' own time
-    for key, k in chunks.items():
+    for key, g_c_b in group_parts.items():
         where = f"{key[0]}/{key[1]}"
-        by_slice[where] = by_slice.get(where, 0.0) + model(groups1[key], groups2[key], groups3[key], k)
-    for cell, (wall1, _) in cells1.items():
-        estimate = model(wall1, cells2[cell][0], cells3[cell][0], chunks[cell.data_key])
+        by_slice[where] = by_slice.get(where, 0.0) + at_grid(g_c_b, key)
+    for cell, g_c_b in cell_parts.items():
+        estimate = at_grid(g_c_b, cell.data_key)
         family, where = cell.scheme.split("-")[0], f"{cell.scenario}/{cell.dim}"
         by_family[family] = by_family.get(family, 0.0) + estimate
         by_dim[cell.dim] = by_dim.get(cell.dim, 0.0) + estimate
         by_cells_slice[where] = by_cells_slice.get(where, 0.0) + estimate
-    return {"grid": name, "cells": len(cells1), "sample_trials": [n, 2 * n],
-            "grid_trials": full, "repeats": repeats, "warmup_s": warmup_s, "measured_s": [t1, t2],
+    per_trial_cells = sum(b for _, _, b in cell_parts.values())
+    return {"grid": name, "cells": len(cells1), "sample_trials": n,
+            "chunk_trials_by_scenario_dim": {f"{key[0]}/{key[1]}": size for key, size in big.items()},
+            "grid_trials": full, "repeats": repeats, "warmup_s": warmup_s, "measured_s": [t1, tc],
             "measured_in_two_chunks_s": t3,
-            "samples_s": {str(trials): [total for total, _, _ in samples[kind]]
-                          for kind, (trials, _) in list(passes.items())[:2]},
+            "samples_s": {"n": [total for total, _, _ in samples["n"]],
+                          "chunk": [total for total, _, _ in samples["chunk"]]},
             "samples_in_two_chunks_s": [total for total, _, _ in samples["2n in 2"]],
             "estimated_grid_s": warmup_s + sum(by_slice.values()),
-            "fixed_s": 2 * t1 - t2, "per_trial_s": (t2 - t1) / n, "per_chunk_s": t3 - t2,
+            "fixed_s": sum(g for g, _, _ in group_parts.values()),
+            "per_trial_s": sum(b for _, _, b in group_parts.values()),
+            "per_chunk_s": sum(c for _, c, _ in group_parts.values()),
             "chunks_at_grid_trials": sum(chunks.values()),
-            "trials_per_s": len(cells1) * n / (t2 - t1) if t2 > t1 else float("inf"),
+            "trials_per_s": len(cells1) / per_trial_cells if per_trial_cells > 0 else float("inf"),
             "estimated_s_by_family": by_family, "estimated_s_by_dim": by_dim,
             "estimated_s_by_scenario_dim": by_slice,
             "estimated_cell_s_by_scenario_dim": by_cells_slice,
             "peak_mem_mb_max": max((peak for _, cells, _ in fastest.values() for _, peak in cells.values()),
                                    default=0.0),
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
+
+
+def _config(preset: dict, trials: int, device: torch.device) -> SweepConfig:
+    config = SweepConfig(**{**preset, "trials": trials, "device": device.type})
+    config.validate()
+    return config
 
 
 def workers_speedup(shape: BenchShape, device: torch.device, workers: int = 2) -> dict:

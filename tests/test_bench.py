@@ -58,11 +58,13 @@ def test_bench_bad_input(capsys):
 
 
 def test_bench_grid_models_fixed_chunk_and_trial_parts(capsys, monkeypatch):
-    """Every cell of the grid is run on n trials, 2n trials and 2n trials in two chunks
-    (alternating, twice each, after a warm-up on one trial of the first scenario); with cell and
-    group times g + c·chunks + b·trials the estimate is each one's g + c·k + b·12, k the chunks the
-    grid's own run cuts (here 3, of 5 trials), summed, plus the warm-up, whatever a slow spell
-    adds to one pass; the passes' rows go to a store, as the run's do."""
+    """Every cell of the grid is run on n trials, on one chunk of the run's own size (each data
+    group on its own) and on 2n trials in two chunks (alternating, twice each, after a warm-up on
+    one trial of the first scenario); with cell and group times g + c·chunks + b·trials the
+    estimate is each one's g + c·k + b·12, k the chunks the grid's own run cuts (here 3, of 5
+    trials), summed, plus the warm-up, whatever a slow spell adds to one repeat; the passes' rows
+    go to a store, as the run's do. Where the run's chunks are no larger than 2n, the sized pass
+    takes 2n trials."""
     import math
 
     from harness import bench, cell as cell_engine, sweep
@@ -82,34 +84,37 @@ def test_bench_grid_models_fixed_chunk_and_trial_parts(capsys, monkeypatch):
     monkeypatch.setattr(RunStore, "write_chunk", counting_write)
     fixed, per_chunk, per_trial = {"tq-kv": 0.5, "sq-kv": 2.0}, {"tq-kv": 0.2, "sq-kv": 0.4}, {"tq-kv": 0.1, "sq-kv": 0.3}
     draw_chunk = 0.25    # a group's draw, per chunk, beside its cells
+    slow = {"calls": range(1, 5)}
 
     def synthetic(config, device, chunk_trials=None):
         total, cells, groups = real(config, device, chunk_trials)   # the cells really run ...
         chunks = math.ceil(config.trials / (chunk_trials or config.trials))
-        seen[(config.trials, chunks)] = set(cells)
-        order.append((config.trials, chunks))
-        # the first pass of each kind hits a slow spell: every cell 2 s slower
-        pause = 2.0 if config.trials > 1 and order.count((config.trials, chunks)) == 1 else 0.0
+        seen.setdefault((config.trials, chunks), set()).update(cells)
+        order.append((config.trials, chunks, len(cells)))
+        # the first repeat (calls 1-4 after the warm-up: n, the sized pass's two groups, 2n in 2)
+        # hits a slow spell: every cell 2 s slower
+        pause = 2.0 if len(order) - 1 in slow["calls"] else 0.0
         timed = {c: (fixed[c.scheme] + per_chunk[c.scheme] * chunks + per_trial[c.scheme] * config.trials + pause, 1.0)
                  for c in cells}
         groups = {key: sum(t for c, (t, _) in timed.items() if c.data_key == key) + draw_chunk * chunks
                   for key in groups}
         return sum(groups.values()), timed, groups   # ... timed as g + c·chunks + b·trials
     monkeypatch.setattr(bench, "_time_cells", synthetic)
-    assert main(["bench", "--grid", "tiny", "--trials", "3", "--json"]) == 0
+    assert main(["bench", "--grid", "tiny", "--trials", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert seen[(3, 1)] == seen[(6, 1)] == seen[(6, 2)] and len(seen[(3, 1)]) == result["cells"] == 2 * 2 * 2
+    assert seen[(2, 1)] == seen[(5, 1)] == seen[(4, 2)] and len(seen[(2, 1)]) == result["cells"] == 2 * 2 * 2
     # every chunk of every cell of every pass was written (warm-up: 1 trial of 4 cells)
-    assert len(written) == 4 + 2 * 8 * (1 + 1 + 2) and sum(n for _, n in written) == 4 + 2 * 8 * (3 + 6 + 6)
-    # the warm-up, then the three kinds of pass alternating twice, the fastest of each kept
-    assert order == [(1, 1)] + [(3, 1), (6, 1), (6, 2)] * 2 and result["repeats"] == 2
-    assert result["samples_s"]["3"][0] - result["samples_s"]["3"][1] == pytest.approx(2.0 * 8)
-    assert result["samples_in_two_chunks_s"][0] - result["samples_in_two_chunks_s"][1] == pytest.approx(2.0 * 8)
+    assert len(written) == 4 + 2 * 8 * (1 + 1 + 2) and sum(n for _, n in written) == 4 + 2 * 8 * (2 + 5 + 4)
+    # the warm-up, then the three kinds of pass alternating twice (the sized one group by group)
+    assert order == [(1, 1, 4)] + [(2, 1, 8), (5, 1, 4), (5, 1, 4), (4, 2, 8)] * 2 and result["repeats"] == 2
+    for samples in (result["samples_s"]["n"], result["samples_s"]["chunk"], result["samples_in_two_chunks_s"]):
+        assert samples[0] - samples[1] == pytest.approx(2.0 * 8)
     # the warm-up: one trial of the first scenario's cells, counted once in the estimate
-    assert seen[(1, 1)] == {c for c in seen[(3, 1)] if c.scenario == "gaussian"}
+    assert seen[(1, 1)] == {c for c in seen[(2, 1)] if c.scenario == "gaussian"}
     warmup = 2 * (0.5 + 0.2 + 0.1) + 2 * (2.0 + 0.4 + 0.3) + draw_chunk
     assert result["warmup_s"] == pytest.approx(warmup)
-    assert result["grid"] == "tiny" and result["sample_trials"] == [3, 6] and result["grid_trials"] == 12
+    assert result["grid"] == "tiny" and result["sample_trials"] == 2 and result["grid_trials"] == 12
+    assert result["chunk_trials_by_scenario_dim"] == {"gaussian/16": 5, "lowrank_aligned/16": 5}
     k = 3   # 12 trials in chunks of 5
     assert result["chunks_at_grid_trials"] == 2 * k
     per_cell = {family: fixed[f"{family}-kv"] + per_chunk[f"{family}-kv"] * k + per_trial[f"{family}-kv"] * 12
@@ -122,10 +127,19 @@ def test_bench_grid_models_fixed_chunk_and_trial_parts(capsys, monkeypatch):
     assert result["estimated_grid_s"] == pytest.approx(2 * slice_s + warmup)
     assert result["estimated_s_by_family"] == pytest.approx({k_: 4 * v for k_, v in per_cell.items()})
     assert result["per_trial_s"] == pytest.approx(4 * (0.1 + 0.3))
+    assert result["trials_per_s"] == pytest.approx(8 / (4 * (0.1 + 0.3)))
     assert result["per_chunk_s"] == pytest.approx(4 * (0.2 + 0.4) + 2 * draw_chunk)
-    assert result["fixed_s"] == pytest.approx(4 * (0.5 + 2.0) + result["per_chunk_s"])
-    assert main(["bench", "--grid", "tiny", "--trials", "3"]) == 0
-    assert "estimated at 12 trials (6 chunks)" in capsys.readouterr().out
+    assert result["fixed_s"] == pytest.approx(4 * (0.5 + 2.0))
+    assert main(["bench", "--grid", "tiny", "--trials", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "one chunk of the run's own size (5 trials)" in out and "estimated at 12 trials (6 chunks)" in out
+    order.clear()
+    slow["calls"] = range(0)
+    assert main(["bench", "--grid", "tiny", "--trials", "3", "--repeats", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["chunk_trials_by_scenario_dim"] == {"gaussian/16": 6, "lowrank_aligned/16": 6}
+    assert order == [(1, 1, 4), (3, 1, 8), (6, 1, 4), (6, 1, 4), (6, 2, 8)]
+    assert result["estimated_s_by_scenario_dim"] == pytest.approx({"gaussian/16": slice_s, "lowrank_aligned/16": slice_s})
 
 
 def test_bench_times_a_sweep_serially_and_with_workers_in_one_run(capsys):

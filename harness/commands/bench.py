@@ -31,9 +31,9 @@ def add_arguments(p):
                         f"alternating passes on each trial count)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--grid", choices=tuple(GRIDS), default=None,
-                   help="time a whole preset grid instead (paper: the AMD paper's), on --trials and twice as "
-                        "many trials per cell (in one chunk and in two), modelled as fixed + per chunk + per "
-                        "trial and evaluated at the grid's trial count and chunks")
+                   help="time a whole preset grid instead (paper: the AMD paper's), on --trials per cell, one chunk "
+                        "of the run's own size and twice --trials in two chunks, modelled as fixed + per chunk "
+                        "+ per trial and evaluated at the grid's trial count and chunks")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="also time a 12-cell sweep serially and with --workers N, in this run (the ratio, and the "
                         "load average, which sways both)")
@@ -109,12 +109,14 @@ def _print_grid(result: dict, as_json: bool) -> int:
     if as_json:
         print(json.dumps(result, indent=2))
         return 0
-    (n1, n2), (t1, t2) = result["sample_trials"], result["measured_s"]
-    print(f"grid {result['grid']}: {result['cells']} cells, timed on {n1} and {n2} trials per cell "
+    n, (t1, t2) = result["sample_trials"], result["measured_s"]
+    sizes = sorted(set(result["chunk_trials_by_scenario_dim"].values()))
+    print(f"grid {result['grid']}: {result['cells']} cells, timed on {n} trials per cell, on one chunk of the "
+          f"run's own size ({', '.join(map(str, sizes))} trials) and on {2 * n} trials in two chunks "
           f"({result['repeats']} alternating passes each, the fastest kept) after a {result['warmup_s']:.1f} s "
-          f"warm-up: {t1:.1f} s and {t2:.1f} s, {result['measured_in_two_chunks_s']:.1f} s in two chunks (of every "
+          f"warm-up: {t1:.1f} s, {t2:.1f} s and {result['measured_in_two_chunks_s']:.1f} s (of every "
           f"cell: {result['per_trial_s']:.2f} s per trial, {result['trials_per_s']:.1f} trials/s; "
-          f"{result['per_chunk_s']:.1f} s per chunk; {result['fixed_s'] - result['per_chunk_s']:.1f} s once)")
+          f"{result['per_chunk_s']:.1f} s per chunk; {result['fixed_s']:.1f} s once)")
     print(f"  estimated at {result['grid_trials']} trials ({result['chunks_at_grid_trials']} chunks): "
           f"{result['estimated_grid_s'] / 60:.1f} min")
     for title, table in (("scheme family", result["estimated_s_by_family"]), ("head dim", result["estimated_s_by_dim"])):
