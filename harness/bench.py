@@ -279,10 +279,8 @@ def _time_chunk_pass(preset: dict, device: torch.device, trials_of: dict[tuple, 
     total, cells, groups = 0.0, {}, {}
     for key, trials in trials_of.items():
         scenario, dim, seq_len, queries, calib = key
-        config = SweepConfig(**{**preset, "scenarios": (scenario,), "dims": (dim,), "seq_lens": (seq_len,),
-                                "queries": (queries,), "calib_tokens": (calib,), "trials": trials,
-                                "device": device.type})
-        config.validate()
+        config = _config(preset, trials, device, scenarios=(scenario,), dims=(dim,), seq_lens=(seq_len,),
+                         queries=(queries,), calib_tokens=(calib,))
         t, c, g = _time_cells(config, device, trials)
         total += t
         cells.update(c)
@@ -313,10 +311,8 @@ def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int 
     # and width, lazy imports) lands in a warm-up pass on one trial of the first scenario's cells,
     # not in the first timed pass, whose excess the differencing would extrapolate as a negative
     # per-trial cost; the estimate counts the warm-up once, as the run pays it.
-    warm = SweepConfig(**{**preset, "trials": 1, "scenarios": preset["scenarios"][:1], "device": device.type})
-    warm.validate()
-    warmup_s = _time_cells(warm, device)[0]
-    full_config = SweepConfig(**{**preset, "device": device.type})
+    warmup_s = _time_cells(_config(preset, 1, device, scenarios=preset["scenarios"][:1]), device)[0]
+    full_config = _config(preset, full, device)
     chunk_trials, chunks = {}, {}   # data key -> the run's chunk size and its number of chunks
     for key, group in itertools.groupby(full_config.cells(), key=lambda c: c.data_key):
         size = chunk_size(full_config, next(group), device)
@@ -385,8 +381,9 @@ def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int 
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())}}
 
 
-def _config(preset: dict, trials: int, device: torch.device) -> SweepConfig:
-    config = SweepConfig(**{**preset, "trials": trials, "device": device.type})
+def _config(preset: dict, trials: int, device: torch.device, **fields) -> SweepConfig:
+    """The preset on `trials` trials and the device, with `fields` replaced; validated."""
+    config = SweepConfig(**{**preset, **fields, "trials": trials, "device": device.type})
     config.validate()
     return config
 
