@@ -4,7 +4,9 @@ deterministic, with no race against the run's speed; and Ctrl-C at a chosen chun
 (interrupt_at_chunk)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -48,8 +50,25 @@ def start_held(args: list[str], marker: Path, commit: int, phase: str, chunk_tri
     extra = {HOLD_ENV: f"{commit}:{phase}:{marker}"}
     if chunk_trials:
         extra[CHUNK_TRIALS_ENV] = chunk_trials
-    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cwd or ROOT, env=harness_env(**extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _interruptible_children():
+        return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cwd or ROOT, env=harness_env(**extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def _interruptible_children():
+    """Children started inside take SIGINT as a terminal's Ctrl-C delivers it (Python's
+    KeyboardInterrupt), even where this process inherited SIGINT ignored — as commands started
+    in the background of a shell without job control do (a CI runner's `cmd &`), and an ignored
+    signal stays ignored across exec, where a handled one is reset to the default."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def wait_for_hold(proc: subprocess.Popen, marker: Path, timeout: float = 600) -> None:
