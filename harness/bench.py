@@ -313,11 +313,10 @@ def grid_time(name: str, sample_trials: int, device: torch.device, repeats: int 
     # per-trial cost; the estimate counts the warm-up once, as the run pays it.
     warmup_s = _time_cells(_config(preset, 1, device, scenarios=preset["scenarios"][:1]), device)[0]
     full_config = _config(preset, full, device)
-    chunk_trials, chunks = {}, {}   # data key -> the run's chunk size and its number of chunks
+    chunks, big = {}, {}   # data key -> the run's number of chunks; the run-sized pass's trials (>= 2n)
     for key, group in itertools.groupby(full_config.cells(), key=lambda c: c.data_key):
         size = chunk_size(full_config, next(group), device)
-        chunk_trials[key], chunks[key] = size, math.ceil(full / size)
-    big = {key: max(size, 2 * n) for key, size in chunk_trials.items()}   # the run-sized pass's trials
+        chunks[key], big[key] = math.ceil(full / size), max(size, 2 * n)
     # The passes alternate, `repeats` times each, and each cell, group and pass total keeps its
     # fastest: a pause of the machine or a slow spell hits one sample, not the differences that
     # are extrapolated.

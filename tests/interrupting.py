@@ -61,14 +61,14 @@ def _interruptible_children():
     KeyboardInterrupt), even where this process inherited SIGINT ignored — as commands started
     in the background of a shell without job control do (a CI runner's `cmd &`), and an ignored
     signal stays ignored across exec, where a handled one is reset to the default."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def wait_for_hold(proc: subprocess.Popen, marker: Path, timeout: float = 600) -> None:
