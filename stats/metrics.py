@@ -58,14 +58,25 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], -1)
 
 
-def _sum_sq(x: torch.Tensor) -> torch.Tensor:
-    """Σx² per trial in one fused pass (cascade summation in the tensor's dtype), as float64."""
-    return torch.square(torch.linalg.vector_norm(_flat(x), dim=1)).double()
+# Every per-trial sum runs in two stages: along each row (a token vector, a query's logits) in
+# the tensor's dtype, then over the trial's rows in float64. Torch reduces a row within one
+# thread and splits only the many rows between threads, so the sums are the same bits whatever
+# the thread count; a single reduction over a whole flattened trial is split across threads
+# and is not (logit_slope changed its last bits between 1 and 2 threads at S = 777, d = 64).
+# The rows' energies are also what the per-token cosines use, so one pass gives both.
+def _trial_sum(rows: torch.Tensor) -> torch.Tensor:
+    """The per-row values (B, ...) summed per trial, float64 (B,)."""
+    return _flat(rows.double()).sum(dim=1)
 
 
 def _per_token_sq(x: torch.Tensor) -> torch.Tensor:
-    """‖x_s‖² per token vector, (..., S) float64."""
+    """‖x_s‖² per row (token vector) of x (..., d), (...) float64."""
     return torch.square(torch.linalg.vector_norm(x, dim=-1)).double()
+
+
+def _sum_sq(x: torch.Tensor) -> torch.Tensor:
+    """Σx² per trial, float64 (B,): the rows' squared norms summed."""
+    return _trial_sum(_per_token_sq(x))
 
 
 def _log_probs(logits: torch.Tensor) -> torch.Tensor:
@@ -92,9 +103,9 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> 
     return torch.where(den > 0, ratio, torch.where(num > 0, math.inf, zero_over_zero))
 
 
-def _energies(x: torch.Tensor, x_hat: torch.Tensor, diff: torch.Tensor | None = None):
-    """(‖x‖², ‖x̂‖², ‖x − x̂‖²) per trial; diff: x − x̂ when the caller has it."""
-    return _exact(_sum_sq, x), _sum_sq(x_hat), _sum_sq(x - x_hat if diff is None else diff)
+def _token_energies(x: torch.Tensor, x_hat: torch.Tensor):
+    """(‖x_s‖², ‖x̂_s‖², ‖x_s − x̂_s‖²) per row, float64 (x's remembered for the very x)."""
+    return _exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(x - x_hat)
 
 
 def _rel_and_direction(xx, hh, ee):
@@ -117,7 +128,7 @@ def relative_mse(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
 
 def direction_error(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     """1 − cos(x, x̂) per trial, accurate for tiny errors (see _rel_and_direction)."""
-    return _rel_and_direction(*_energies(x, x_hat))[1]
+    return _rel_and_direction(*map(_trial_sum, _token_energies(x, x_hat)))[1]
 
 
 def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
@@ -125,22 +136,21 @@ def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     return 1 - direction_error(x, x_hat)
 
 
-def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor, diff: torch.Tensor | None = None) -> torch.Tensor:
+def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor, energies: tuple | None = None) -> torch.Tensor:
     """Mean over the token vectors (B, H, S, d) -> (B,) of each vector's cosine with its
     reconstruction: the paper's ptcosine (§2). Every token of every head weighs the same,
     whatever its norm. A token that is zero and reproduced as zero has cosine 1, one whose
-    original or reconstruction alone is zero (e.g. an evicted token) has cosine 0. diff: x − x̂
-    when the caller has it."""
-    diff = x - x_hat if diff is None else diff
-    _, direction = _rel_and_direction(_exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(diff))
+    original or reconstruction alone is zero (e.g. an evicted token) has cosine 0. energies:
+    _token_energies(x, x̂) when the caller has them."""
+    _, direction = _rel_and_direction(*(energies or _token_energies(x, x_hat)))
     return 1 - _flat(direction).mean(dim=1)
 
 
-def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str, diff: torch.Tensor | None = None
+def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str, energies: tuple | None = None
                 ) -> dict[str, torch.Tensor]:
-    """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`; diff: x − x̂
-    when the caller has it."""
-    rel, direction = _rel_and_direction(*_energies(x, x_hat, diff))
+    """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`; energies:
+    _token_energies(x, x̂) when the caller has them."""
+    rel, direction = _rel_and_direction(*map(_trial_sum, energies or _token_energies(x, x_hat)))
     snr = torch.where(torch.isinf(rel), 1.0, rel / (1 + rel))
     return {f"rel_mse_{suffix}": rel, f"cos_{suffix}": 1 - direction, f"snr_err_{suffix}": snr,
             f"dir_err_{suffix}": direction, f"d2_{suffix}": torch.sqrt(direction ** 2 + snr ** 2)}
@@ -198,18 +208,18 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
 
 def key_metrics(k: torch.Tensor, k_hat: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics of K and its reconstruction alone: error_point(·, "k") and ptcosine_k (one
-    difference k − k̂ for both)."""
-    diff = k - k_hat
-    return {**error_point(k, k_hat, "k", diff), "ptcosine_k": per_token_cosine(k, k_hat, diff)}
+    pass of the rows' energies for both)."""
+    energies = _token_energies(k, k_hat)
+    return {**error_point(k, k_hat, "k", energies=energies), "ptcosine_k": per_token_cosine(k, k_hat, energies=energies)}
 
 
 def value_metrics(v: torch.Tensor, v_hat: torch.Tensor, probs: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics of V̂ against the exact attention (probs, T): error_point(·, "v"), ptcosine_v and
-    t_rel_mse_vonly (T̂ with exact probabilities and V̂); one difference v − v̂ for both of V's."""
-    diff = v - v_hat
-    out = error_point(v, v_hat, "v", diff)
+    t_rel_mse_vonly (T̂ with exact probabilities and V̂); one pass of the rows' energies for V's two."""
+    energies = _token_energies(v, v_hat)
+    out = error_point(v, v_hat, "v", energies=energies)
     out["t_rel_mse_vonly"] = relative_mse(t, probs @ v_hat)
-    out["ptcosine_v"] = per_token_cosine(v, v_hat, diff)
+    out["ptcosine_v"] = per_token_cosine(v, v_hat, energies=energies)
     return out
 
 
@@ -225,8 +235,7 @@ def score_metrics(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Te
         pairs = kept[:, :, None, :].expand_as(logits)
         logits, logits_hat = torch.where(pairs, logits, 0.0), torch.where(pairs, logits_hat, 0.0)
     out["logit_rel_mse"] = relative_mse(logits, logits_hat)
-    out["logit_slope"] = _safe_ratio(torch.sum(_flat(logits_hat) * _flat(logits), dim=1).double(),
-                                     _exact(_sum_sq, logits), 1.0)
+    out["logit_slope"] = _safe_ratio(_trial_sum(torch.sum(logits_hat * logits, dim=-1)), _exact(_sum_sq, logits), 1.0)
     return out, probs_hat
 
 
