@@ -9,14 +9,22 @@ schedule — so the rows equal a serial run's. The writer commits each cell's ch
 order as they arrive. A task whose worker dies is retried elsewhere (dask reschedules it;
 `retries` covers exceptions), so a dead worker costs only its chunk.
 
-Speed. Each worker runs torch with the serial run's thread count (reductions split over
-threads, so another count would change the last bits of some codecs' rows, and their k-means
-and eigen-solvers' choices with them). The workers' environment is the serial process's, not
-dask's defaults: dask sets MALLOC_TRIM_THRESHOLD_=65536, which stops glibc from raising its
-mmap threshold, so every large tensor is mmap'ed, zero-filled and unmapped again (a serial
-cell took 7.0 s without it, 31.1 s with it); and OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE)
-instead of spinning, which on a machine with more runnable threads than cores (two workers of
-two threads on two cores, or any loaded machine) costs several times the work.
+Speed. A local cluster shares this process's torch threads out over its processes (this one
+among them; shared_threads): on two cores, two one-thread processes rather than two two-thread
+ones, whose four threads oversubscribed the cores (1.06-1.14x over a serial run in earlier
+measurements). The paper grid's gaussian and outlier_channels scenarios at 40 trials (576
+cells) swept in 108.8 and 114.3 s serially against 90.6 and 97.4 s on two one-thread processes
+(alternating; about 10 s of it the worker's start; load 1.5-2.2).
+Rows do not depend on the thread count (every built-in codec at 1 and 3 threads,
+tests/test_threads.py; the metrics at 1, 2 and 3, tests/test_metrics.py), so they equal a
+serial run's; the manifest records the count a process ran with (`torch_threads`). A remote
+cluster's workers run torch with this process's count. The
+workers' environment is the serial process's, not dask's defaults: dask sets
+MALLOC_TRIM_THRESHOLD_=65536, which stops glibc from raising its mmap threshold, so every large
+tensor is mmap'ed, zero-filled and unmapped again (a serial cell took 7.0 s without it, 31.1 s
+with it); and OpenMP threads sleep when idle (OMP_WAIT_POLICY=PASSIVE) instead of spinning,
+which on a machine with more runnable threads than cores (any loaded machine) costs several
+times the work.
 """
 from __future__ import annotations
 
@@ -39,6 +47,15 @@ FAULT_ENV = "KVHARNESS_FAULT_KILL_WORKER_ONCE"
 # but no task of fewer than MIN_TASK_TRIALS trials (each draws its data and runs every cell's
 # fixed costs once).
 TASKS_PER_WORKER, MIN_TASK_TRIALS = 3, 8
+
+# Tasks kept queued per remote worker. This process hands out tasks only between its own, so
+# where it computes too a worker's queue must outlast one of its tasks: a worker can finish
+# several d = 64 tasks while this process runs a d = 256 one. With 2 queued, the worker of a
+# two-process run sat idle for a third of the sweep (the 576 cells of the module docstring, one
+# thread a process: 106-115 s in three runs, against 89 s with 8 queued); the tasks still queued
+# when this process runs out of its own are taken back newest first (run_distributed), so a
+# deep queue costs no tail.
+QUEUED, QUEUED_WHILE_COMPUTING = 2, 8
 
 
 def _maybe_inject_fault() -> None:
@@ -92,6 +109,20 @@ def compute_chunk_task(config_json: dict, cell_keys: list[tuple], first: int, st
     return [(cell.key, rows, wall, peak) for cell, rows, wall, peak in
             run_chunk(config, cells, range(first, stop), resolve_device(config.device), resolve_dtype(config.dtype),
                       _SCHEMES.of(config, cells))]
+
+
+@contextlib.contextmanager
+def shared_threads(workers: int):
+    """For the block, this process's torch threads shared out over the `workers` processes of a
+    local cluster (this one among them), at least one each: the count every process of the run
+    uses (compute_chunk_task, worker_environment); restored afterwards."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, before // workers))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def worker_environment(n_threads: int) -> dict:
@@ -192,7 +223,7 @@ def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_bu
 
     from .devices import resolve_device, resolve_dtype
     start = start or {}
-    n_threads = torch.get_num_threads()  # the serial run's thread count: same reduction order, same rows
+    n_threads = torch.get_num_threads()  # this process's count (shared_threads with a local cluster)
     config_json = config.to_json()
     workers = workers or max(1, n_workers(client))
     tasks = deque(plan_tasks(config, cells, start, memory_budget, workers))
@@ -218,7 +249,7 @@ def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_bu
                                    resolve_dtype(config.dtype), local_schemes.of(config, task_cells))])
 
     while tasks or pending:
-        depth = 2 * (remote if compute_here else max(1, n_workers(client)))
+        depth = QUEUED_WHILE_COMPUTING * remote if compute_here else QUEUED * max(1, n_workers(client))
         while tasks and len(pending) < depth:
             trials, task_cells = tasks.popleft()
             future = client.submit(compute_chunk_task, config_json, [c.key for c in task_cells], trials.start,

@@ -115,8 +115,9 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
         try:
             client = None
             if scheduler or (workers or 1) > 1:  # --workers 1 is the serial run
-                from .distributed import cluster
-                # with a local cluster this process is one of the workers
+                from .distributed import cluster, shared_threads
+                if not scheduler:   # a local cluster: this process is one of the workers, sharing the cores
+                    stack.enter_context(shared_threads(workers))
                 client = stack.enter_context(cluster(workers, scheduler, spare=0 if scheduler else 1))
             prepare_store(config, store, resume=resume)
             kept = _run_cells(config, store, todo, device, dtype, progress, memory_budget, client,

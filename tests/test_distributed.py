@@ -20,11 +20,16 @@ def test_distributed_rows_equal_serial_and_survive_a_dead_worker(tmp_path):
     import os
 
     from dask.distributed import LocalCluster
+    import torch
+    threads = torch.get_num_threads()
     assert main(ARGS + ["--out", str(tmp_path / "serial")]) == 0
     assert main(ARGS + ["--out", str(tmp_path / "dask"), "--workers", "2"]) == 0
     serial, dask = RunStore(tmp_path / "serial").trials(), RunStore(tmp_path / "dask").trials()
     assert len(dask) == 2 * 2 * 2 * 5
     pd.testing.assert_frame_equal(serial, dask)
+    # the two processes shared this one's threads (at least one each), and it has its own back
+    assert RunStore(tmp_path / "dask").read_manifest()["provenance"]["torch_threads"] == max(1, threads // 2)
+    assert torch.get_num_threads() == threads
 
     saved = dict(os.environ)
     os.environ[distributed.FAULT_ENV] = str(tmp_path / "killed-once")   # inherited by the workers
@@ -53,6 +58,23 @@ def test_unreachable_scheduler_is_one_line_exit_1_and_writes_nothing(tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no Dask scheduler answered at tcp://127.0.0.1:9" in err
     assert not out.exists()
+
+
+def test_shared_threads_shares_out_this_process_threads_and_restores_them():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(5)
+    try:
+        with distributed.shared_threads(2):
+            assert torch.get_num_threads() == 2
+        with distributed.shared_threads(8):
+            assert torch.get_num_threads() == 1            # at least one each
+        assert torch.get_num_threads() == 5
+        with pytest.raises(RuntimeError), distributed.shared_threads(2):
+            raise RuntimeError("inside")
+        assert torch.get_num_threads() == 5
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_workers_run_in_the_serial_environment_not_dasks():
