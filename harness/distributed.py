@@ -111,18 +111,14 @@ def compute_chunk_task(config_json: dict, cell_keys: list[tuple], first: int, st
                       _SCHEMES.of(config, cells))]
 
 
-@contextlib.contextmanager
 def shared_threads(workers: int):
-    """For the block, this process's torch threads shared out over the `workers` processes of a
-    local cluster (this one among them), at least one each: the count every process of the run
-    uses (compute_chunk_task, worker_environment); restored afterwards."""
+    """A block (context manager) with this process's torch threads shared out over the `workers`
+    processes of a local cluster (this one among them), at least one each: the count every
+    process of the run uses (compute_chunk_task, worker_environment); restored afterwards."""
     import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(max(1, before // workers))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+
+    from kvcommon.threads import torch_threads
+    return torch_threads(max(1, torch.get_num_threads() // workers))
 
 
 def worker_environment(n_threads: int) -> dict:

@@ -50,20 +50,29 @@ def _blas_controller():
 
 
 @contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads at n for the block, the previous count restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
 def small_linalg():
     """Run the block's linear algebra on one thread (torch and NumPy/SciPy BLAS), restoring
     the previous thread counts afterwards. Also usable as a decorator: `@small_linalg()`."""
     if not _ENABLED[0]:
         yield
         return
-    before = torch.get_num_threads()
     controller = _blas_controller()
     limiter = controller.limit(limits=1, user_api="blas") if controller is not None else None
-    torch.set_num_threads(1)
     try:
-        yield
+        with torch_threads(1):
+            yield
     finally:
-        torch.set_num_threads(before)
         if limiter is not None:
             limiter.restore_original_limits()
 

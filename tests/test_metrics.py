@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvcommon.threads import torch_threads
 from stats.metrics import (EVICTION_METRIC_NAMES, METRIC_NAMES, SIX_D, cosine, kl_attention, per_token_cosine,
                            relative_mse, trial_metrics)
 
@@ -226,18 +227,14 @@ def test_trial_metrics_are_the_same_bits_at_any_thread_count(b, s, d):
     worker process with fewer threads than a serial run gives its rows. (A single reduction over
     the flattened trial gave logit_slope other last bits at 1, 2 and 3 threads for seeds 2 and 3
     of (1, 777, 64) and seed 2 of (1, 1024, 128).)"""
-    before = torch.get_num_threads()
-    try:
-        for seed in range(4):
-            runs = []
-            for n in (1, 2, 3):
-                torch.set_num_threads(n)
+    for seed in range(4):
+        runs = []
+        for n in (1, 2, 3):
+            with torch_threads(n):
                 runs.append(trial_metrics(*(x.clone() for x in _noisy_trial(b, s, d, seed))))
-            for other in runs[1:]:
-                assert all(torch.equal(runs[0][name], other[name]) for name in METRIC_NAMES), \
-                    (seed, [name for name in METRIC_NAMES if not torch.equal(runs[0][name], other[name])])
-    finally:
-        torch.set_num_threads(before)
+        for other in runs[1:]:
+            assert all(torch.equal(runs[0][name], other[name]) for name in METRIC_NAMES), \
+                (seed, [name for name in METRIC_NAMES if not torch.equal(runs[0][name], other[name])])
 
 
 def test_float32_trial_sums_agree_with_float64_brute_force():

@@ -1,6 +1,5 @@
 """kvcommon.threads.small_linalg: scoped single-threading of small linear algebra, restored
 afterwards, and rows identical with it and without it."""
-import contextlib
 
 import numpy as np
 import pandas as pd
@@ -12,21 +11,12 @@ import schemes
 from harness.cell import run_serial
 from harness.sweep import SweepConfig
 from kvcommon import threads
+from kvcommon.threads import torch_threads
 from schemes.reference import available as reference_available
 
 
 def _blas_threads() -> list[int]:
     return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_small_linalg_limits_and_restores_threads():
