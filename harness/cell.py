@@ -212,8 +212,8 @@ def _diagnostics(scheme: schemes.Scheme, n_trials: int) -> dict[str, torch.Tenso
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
     """The cell's scheme from the chosen implementation (torch, or the independent reference)."""
-    seed = scheme_seed(config.seed, schemes.registry.seed_family(cell.scheme), cell.budget, cell.dim)
-    return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.rng, seed=seed)
+    seed = scheme_seed(config.codec_seed, schemes.registry.seed_family(cell.scheme), cell.budget, cell.dim)
+    return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.codec_rng, seed=seed)
 
 def _storage_columns(config: SweepConfig, bits: TrialBits) -> dict[str, np.ndarray]:
     """bits_per_element (per cache) and store.STORAGE_COLUMNS, (B,) each: storage_bits_per_element

@@ -102,6 +102,10 @@ class SweepConfig:
     # N caches per layer-head over which the per-model constants are amortised in the rows'
     # storage_bits_per_element (None: per-cache bits only; 1: each cache stands alone)
     model_caches: int | None = None
+    # the root of the codecs' own draws and their RNG family (None: seed and rng, as the data's):
+    # `harness validate` changes them alone for a null on the same data as its paired comparison
+    scheme_seed: int | None = None
+    scheme_rng: str | None = None
 
     def validate(self) -> None:
         """ValueError naming the first bad value and what is valid; builds every scheme once."""
@@ -130,6 +134,11 @@ class SweepConfig:
         create = implementation(self.impl)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"--seed {self.seed!r} must be a non-negative integer")
+        if self.scheme_seed is not None and (isinstance(self.scheme_seed, bool) or not isinstance(self.scheme_seed, int)
+                                             or self.scheme_seed < 0):
+            raise ValueError(f"scheme seed {self.scheme_seed!r} must be a non-negative integer")
+        if self.scheme_rng is not None and self.scheme_rng not in RNG_FAMILIES:
+            raise ValueError(f"unknown scheme RNG family {self.scheme_rng!r}; valid: {', '.join(RNG_FAMILIES)}")
         for name in self.scenarios:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
             for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,
@@ -138,7 +147,7 @@ class SweepConfig:
                                                           self.decode_tokens))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
-                scheme = create(name, budget=budget, dim=dim, rng=self.rng)
+                scheme = create(name, budget=budget, dim=dim, rng=self.codec_rng)
                 for seq_len in self.seq_lens:
                     getattr(scheme, "check_cache", lambda n: None)(seq_len + self.decode_tokens)
             except ValueError as exc:
@@ -148,6 +157,16 @@ class SweepConfig:
         """Every cell, grouped so that cells sharing data are adjacent."""
         return [Cell(sc, sch, b, d, s, nq, cal) for sc, d, s, nq, cal, sch, b in itertools.product(
             self.scenarios, self.dims, self.seq_lens, self.queries, self.calib_tokens, self.schemes, self.budgets)]
+
+    @property
+    def codec_seed(self) -> int:
+        """The root seed of the codecs' own draws."""
+        return self.seed if self.scheme_seed is None else self.scheme_seed
+
+    @property
+    def codec_rng(self) -> str:
+        """The RNG family of the codecs' own draws."""
+        return self.rng if self.scheme_rng is None else self.scheme_rng
 
     def to_json(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

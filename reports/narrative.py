@@ -130,20 +130,39 @@ def lede(findings: Findings) -> str:
     return (f"{t.scheme.nunique()} codecs × {t.scenario.nunique()} scenario(s) × budgets "
             f"{', '.join(map(str, sorted(t.budget.unique())))} bits; {fixed}" + (f"; {varying}" if varying else "")
             + f"; {t.groupby(list(CELL_KEY)).size().min()} paired trials per cell. Codecs are ranked at equal "
-            f"measured storage (±{TOLERANCE / 2:.1%}), never per nominal budget; tests are paired.")
+            f"measured storage (±{TOLERANCE / 2:.1%}), never per nominal budget; tests are paired. "
+            + attribution(findings))
+
+
+def attributes(findings: Findings) -> bool:
+    """Whether the report can attribute a difference to the codec: an implementation null run was given."""
+    w = findings.winners
+    return "n_null" in w.columns and bool((w["n_null"].fillna(0) > 0).any())
+
+
+def attribution(findings: Findings) -> str:
+    """One sentence on what the verdicts can say: with a null run, codec or implementation;
+    without one, only whether the best codec and the runner-up differ."""
+    if attributes(findings):
+        return ("Verdicts set each difference against the null run's implementation variance (stats.validation, "
+                "margin half a standard deviation).")
+    return ("No implementation null run: the tests say whether the best codec and the runner-up differ, not "
+            "whether a difference is the codec's; to attribute, rerun with --seed 1 into another directory and "
+            "give it as report --null.")
 
 
 HEADLINE_HEADER = ("bits/el", "best", "d₂(T) [95% CI]", "runner-up", "d₂(T) [95% CI]", "paired test", "verdict")
 
 
 def headline_header(findings: Findings) -> tuple[str, ...]:
-    return tuple(_SHORT[c] for c in _varying(findings)) + HEADLINE_HEADER
+    header = tuple(_SHORT[c] for c in _varying(findings)) + HEADLINE_HEADER
+    return header if attributes(findings) else header[:-1]
 
 
 def headline_rows(findings: Findings, scenario: str) -> list[tuple[str, ...]]:
     """The first screen's table for one scenario: the best codec at each storage level, its
-    runner-up at the same storage, the paired test between them (Holm p and what it says) and the
-    verdict; setting columns only for what varies in the run."""
+    runner-up at the same storage, the paired test between them (Holm p and what it says) and,
+    when a null run was given, the verdict; setting columns only for what varies in the run."""
     varying = _varying(findings)
     rows = []
     wins = findings.winners[findings.winners.scenario == scenario]
@@ -153,7 +172,7 @@ def headline_rows(findings: Findings, scenario: str) -> list[tuple[str, ...]]:
         rows.append((*(str(getattr(w, c)) for c in varying), num(w.storage_level), w.winner,
                      with_ci(w.winner_mean, w.winner_low, w.winner_high), w.runner_up if has_runner else "—",
                      with_ci(w.runner_up_mean, w.runner_up_low, w.runner_up_high) if has_runner else "—", test,
-                     w.validation if has_runner else "—"))
+                     w.validation if has_runner else "—")[:len(headline_header(findings))])
     return rows
 
 

@@ -877,8 +877,12 @@ def claim_separable(main: pd.DataFrame | None, by_variable: dict[str, pd.DataFra
                 r = unpaired_row(changed[METRIC], base[METRIC], f"{scheme} {variable} changed: {res.verdict}",
                                  part="implementation", expect="differs", budget=cell["budget"],
                                  scenario=cell["scenario"], dim=cell["dim"])
+            # not a codec difference: equivalent, negligible, explained by the other changes, or no
+            # effect beyond the margin found (inconclusive only because the trials cannot place it inside)
+            harmless = res.verdict in ("equivalent", "negligible", "implementation-variance") or (
+                res.verdict == "inconclusive" and not res.beyond_margin)
             r.update(p_value=np.nan, outcome="opposite" if res.verdict == "codec-difference" else
-                     "as claimed" if res.verdict in ("equivalent", "implementation-variance") else "not significant")
+                     "as claimed" if harmless else "not significant")
             rows.append(r)
             notes.append(f"{scheme} {variable} changed: {res.verdict}")
     tests = _family(rows, 11)

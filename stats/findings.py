@@ -24,7 +24,7 @@ from .inference import holm, mean_ci, tost
 from .metrics import SIX_D
 from .paired import two_sample
 from .levels import ALPHA, EQUIVALENCE_MARGIN
-from .validation import same_data, validate_samples
+from .validation import same_data, validate_family
 
 SETTING = SETTING_COLUMNS
 CELL = CELL_COLUMNS  # = SETTING[:1] + ("scheme", "budget") + SETTING[1:]
@@ -164,26 +164,25 @@ def _samples(equal: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
 
 def validations(equal: pd.DataFrame, winners_frame: pd.DataFrame, null_equal: pd.DataFrame | None,
                 n_permutations: int) -> pd.DataFrame:
-    """The codec-difference / implementation-variance verdict (stats.validation's rule) of the
-    winner against the runner-up at each (setting, storage level), on their six-D errors at that
-    storage. The implementation null is the same two schemes at the same level in `null_equal`,
-    a second run that differs only in an implementation variable (RNG family, seed, impl,
-    device, dtype); without one, a detected difference stays 'inconclusive' (nothing to
-    attribute it to)."""
+    """The verdict (stats.validation's rule) of the winner against the runner-up at each (setting,
+    storage level), on their six-D errors at that storage, every level's tests one family (Holm).
+    The implementation null is the same two schemes at the same level in `null_equal`, a second
+    run that differs only in an implementation variable (RNG family, seed, impl, device, dtype);
+    without one, a difference beyond the margin stays 'inconclusive' (nothing to attribute it to)."""
     main = _samples(equal)
     null = _samples(null_equal) if null_equal is not None else {}
-    records = []
-    for i, w in enumerate(winners_frame.itertuples()):
+    keys, cases = [], []
+    for w in winners_frame.itertuples():
         if not isinstance(w.runner_up, str):
             continue
         key = tuple(getattr(w, c) for c in SETTING_LEVEL)
         key_a, key_b = key + (w.winner,), key + (w.runner_up,)
-        pairs = [(main[k], null[k]) for k in (key_a, key_b) if k in null]
-        result = validate_samples(main[key_a], main[key_b], pairs, alpha=ALPHA,
-                                  n_permutations=n_permutations, seed=i)
-        records.append(dict(zip(SETTING_LEVEL, key), validation=result.verdict,
-                            validation_reason=result.reason, n_null=len(pairs),
-                            energy_p=result.main.energy.p_value))
+        keys.append(key)
+        cases.append((main[key_a], main[key_b], [(main[k], null[k]) for k in (key_a, key_b) if k in null]))
+    results = validate_family(cases, alpha=ALPHA, n_permutations=n_permutations) if cases else []
+    records = [dict(zip(SETTING_LEVEL, key), validation=result.verdict, validation_reason=result.reason,
+                    n_null=len(result.nulls), energy_p=result.main.energy.p_value)
+               for key, result in zip(keys, results)]
     columns = SETTING_LEVEL + ["validation", "validation_reason", "n_null", "energy_p"]
     return pd.DataFrame.from_records(records, columns=columns)
 

@@ -1,71 +1,68 @@
-"""The implementation null and verdicts: is a difference between two configurations a property
-of the codec or of the implementation (RNG family, seed, implementation, device, dtype)?
+"""The implementation null and verdicts: is a difference between two configurations a codec
+difference, implementation variance, or too small to matter?
 
 Samples are per-trial frames (columns as harness/store.py TRIAL_COLUMNS) of one cell each.
 Two samples are *paired* when they ran on the same data trial by trial (same_data: one seed,
 RNG family, scenario, dim, seq_len and queries, the same trial indices); others are independent.
 
-The test family of one comparison X vs Y, seven tests, Holm's correction over them; the family
-*rejects* when any Holm-adjusted p ≤ α:
-- paired ("paired: Wilcoxon signed-rank + sign-flip energy"): a Wilcoxon signed-rank test on
-  the per-trial differences of each six-D metric (stats.metrics.SIX_D; all differences zero:
-  p = 1) and the sign-flip energy test on the six-D points (stats.energy.paired_energy_test,
-  statistic "pairs": E(X, Y) under random swaps within pairs, which sees a change of spread as
-  well as a shift; E(D, −D) on the differences would miss the spread);
-- unpaired ("unpaired: KS + permutation energy"): a two-sample KS test per metric and the
-  permutation energy test.
-The six-D points are divided by one common scale, the pooled standard deviation over every
-sample of the validation, so the statistics of all comparisons are on the same footing. KS
-p-values are always computed and reported (`ks`), as information.
+Tests of one comparison X vs Y, twelve, on the six-D metrics m (stats.metrics.SIX_D):
+- location of m: Δ = mean(X) − mean(Y); paired, the mean of the per-trial differences with
+  SE sd/√n (t, n − 1 df); unpaired, Welch's SE and Satterthwaite's df (location_effect);
+- spread of m ("sd:m"): λ = log(sd(X)/sd(Y)), the log ratio of the trial-to-trial standard
+  deviations, with a delete-one-trial jackknife SE (Miller 1968's jackknife test of scale; a
+  paired comparison deletes the trial from both samples at once, so their correlation enters
+  the SE; spread_effect). A codec that became noisier at the same mean error, or flaky from
+  trial to trial, moves λ and not Δ.
+The rank tests (paired Wilcoxon signed-rank, or KS), the KS test and the six-D energy test
+(sign-flip when paired, permutation otherwise) are computed and reported as information.
 
-Effects. A metric's location effect of X vs Y is Δ = mean(X) − mean(Y): paired, the mean of
-the per-trial differences with SE sd/√n; unpaired, Welch's SE. Effects of several comparisons
-are combined the same way (location_effect): samples on the same data are combined trial by
-trial, so the correlation of paired samples, and the sample that a main and a null comparison
-share (A in A vs B and in A vs A′), enter the SE exactly; independent data groups add their
-variances (Satterthwaite degrees of freedom). The six-D effect is E_U(X, Y), the unbiased
-squared energy distance (i = j cross pairs left out when paired), with a delete-one-trial
-jackknife SE (energy_effect); it carries differences that move no mean, such as a wider spread
-(sq-qkv against sq-kv at d = 64).
+A difference that matters. Each test has a smallest effect of interest (the *margin*):
+- location: δ·σ_m, σ_m = √((var X_m + var Y_m)/2) the metric's pooled trial-to-trial standard
+  deviation and δ = `margin` (default SMALLEST_EFFECT = 0.5: half a standard deviation, Cohen's
+  "medium" effect). A scale in standard deviations makes the margin equally reachable on every
+  metric at a given trial count (the cache errors vary ~1 % of their mean between trials, the
+  output's ~10 %: a margin in percent of the mean is ~9 sd on K and V and ~1 sd on T);
+- spread: |λ| ≤ log(`spread_margin`) (default SPREAD_MARGIN = 1.25: a 25 % change of the sd).
+For every test three p-values: p₀ (two-sided, effect = 0), p_beyond (minimum-effect test,
+H0 |effect| ≤ margin: the effect's CI lies beyond the margin when it rejects) and p_inside
+(TOST, H0 |effect| ≥ margin; Schuirmann 1987).
 
-Null comparisons X vs X′ differ from X only in an implementation variable (IMPLEMENTATION
-VARIABLES). The decision rule asks, of each test on which the main comparison rejects, whether
-an implementation change alone produces a difference of that size. A rejected test is
-*explained* by a null comparison when that null's own family rejects (it shows an effect at
-all) AND the main effect on the test is not shown to exceed the null's effect on it. "Shown to
-exceed": for metric j, H0 |μ_main| ≤ |μ_null| rejected by the intersection of two one-sided
-t-tests, s(Δ_main − Δ_null) > 0 and s(Δ_main + Δ_null) > 0 with s = sign(Δ_main) (together:
-|Δ_main| − |Δ_null| > t·SE with the SE of whichever combination binds, so the null's noise counts
-once, not twice); for energy, H0 E_main ≤ E_null, a one-sided z-test on E_U(main) − E_U(null);
-Holm over the main's rejected tests, per null.
+One family per question. A command's family is every test of every cell it judges (validate:
+one cell, twelve tests; compare and the report: all matched cells × twelve): Holm's step-down
+adjustment of p₀ and, separately, of p_beyond over the whole family controls the family-wise
+rate of a false "significant" and of a false "beyond the margin" at α (no codec-difference
+anywhere in a 30-cell seed-only compare in ≥ 95 % of repetitions). Equivalence is an
+intersection-union test per cell (every TOST at α; no correction needed).
 
-1. `codec-difference` iff the main family rejects AND some rejected test is explained by no null
-   comparison: every null either rejects nothing or has an effect the main one exceeds.
-2. `implementation-variance` iff the main family rejects AND every rejected test is explained by
-   some null comparison: the nulls themselves show effects of the size of the main one.
-3. `equivalent` iff the main family does not reject AND a TOST on the mean of every six-D
-   metric is inside ±margin·|pooled mean| (relative margin, default 10 %) at level α
-   (intersection-union test: no multiplicity correction needed). The TOST is paired (on
-   per-trial differences) when the samples are paired, else Welch.
-4. `inconclusive` otherwise: no detected difference but equivalence not shown, or a detected
-   difference with no null comparison to attribute it to (without a null, a difference cannot
-   be called a codec difference: e.g. the FULL-projection TQ variants change their one fixed
-   projection matrix with the seed, which alone separates runs).
+Nulls. A null comparison X vs X′ differs from X only in an implementation variable
+(IMPLEMENTATION_VARIABLES) and is built with the same design as the comparison it judges:
+paired on the same data when that is paired (`harness validate` changes only the codec's own
+seed there, or dtype/impl/device which keep the data), unpaired when that is unpaired. A null
+of the other design still enters, and the reason says it is not like for like. A test beyond
+its margin is *explained* by a null when that null's own test of it is significant (Holm over
+the null's twelve) AND the main effect is not shown to exceed the null's (location:
+H0 |Δ_main| ≤ |Δ_null| by the intersection of two one-sided t-tests on Δ_main ∓ Δ_null with
+the SE of the combination, samples on the same data combined trial by trial; spread: the same on
+λ with the jackknife; Holm over the main's beyond tests, per null).
 
-Operating characteristics (stats/operating.py; the full table is in README.md, printed by
-`python -m stats.operating --repetitions 200`): six-D frames of n = 40 trials, N(10, 1) in every
-coordinate; a codec shift c and an implementation shift i (in standard deviations) of one
-coordinate; main comparison A vs B = A + c, null comparisons A vs A + i and B vs B + i;
-unpaired (four independent draws) or paired (one data draw, correlation 0.7 between frames).
-A codec-difference needs a main rejection, which Holm keeps at α when A and B behave alike; with
-clean nulls nearly every main rejection is one (the nulls reject in about α and, when they do,
-their effect is small); when a null's effect is as large as the main one the null rejects about
-as often as the main comparison does and explains it. Measured (see README for every cell):
-no codec and no implementation difference: codec-difference 2 % unpaired, 4 % paired (≤ α);
-c = 1, i = 0: 92 % unpaired, 99 % paired; c ≥ 2: 100 %; i = c ≥ 1: codec-difference 0–4 %,
-implementation-variance 84–100 %. The price of that power: between the two (e.g. c = 1,
-i = 0.5) both verdicts occur, since a null shift half the codec shift is often detected and
-not always shown to be smaller.
+Verdicts of a cell:
+1. `codec-difference`: some test is beyond its margin (family Holm) and no null explains it.
+2. `implementation-variance`: some test is beyond its margin, and every such test is explained
+   by a null.
+3. `negligible`: no test beyond its margin, some test significant (family Holm), and every
+   location effect and every significant spread effect shown inside its margin (TOST).
+4. `equivalent`: no test significant, and every location effect shown inside its margin.
+5. `inconclusive` otherwise: a difference beyond the margin with no null to attribute it to (a
+   run without a null cannot attribute), or an effect whose size the trials cannot place.
+
+Storage. When the frames carry their measured storage, every verdict states both sides' bits
+per element; when they differ by more than the equal-storage tolerance (stats.equal_storage,
+5 %) the reason says that the comparison is at unequal storage.
+
+Operating characteristics: stats/operating.py measures the rule on resampled real rows of
+harmless-change pairs (false alarms) with known shifts and spread changes injected (power);
+harness/known_answers.py runs bugs injected into real codecs and harmless changes through
+`validate` and `compare`.
 """
 from __future__ import annotations
 
@@ -80,17 +77,17 @@ from scipy.spatial.distance import cdist
 
 from .cells import CELL_COLUMNS
 from .energy import EnergyResult, energy_test, paired_energy_test
-from .inference import holm, tost, wilcoxon_signed_rank
-from .levels import ALPHA, EQUIVALENCE_MARGIN
+from .equal_storage import TOLERANCE, storage_column
+from .inference import holm, wilcoxon_signed_rank
+from .levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
 from .metrics import SIX_D
 
 IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")
-VERDICTS = ("codec-difference", "implementation-variance", "equivalent", "inconclusive")
-PAIRED_TESTS = "paired: Wilcoxon signed-rank + sign-flip energy"
-UNPAIRED_TESTS = "unpaired: KS + permutation energy"
+VERDICTS = ("codec-difference", "implementation-variance", "negligible", "equivalent", "inconclusive")
+PAIRED_TESTS = "paired: t on the differences + jackknife scale"
+UNPAIRED_TESTS = "unpaired: Welch t + jackknife scale"
 # a trial's K, V and Q are a function of these and the trial index alone (harness/cell.py)
 DATA_COLUMNS = ("seed", "rng", "scenario", "dim", "seq_len", "queries")
-TESTS = SIX_D + ("energy",)
 
 
 def six_d_points(frame: pd.DataFrame) -> np.ndarray:
@@ -278,14 +275,95 @@ def _energy_u(x: np.ndarray, y: np.ndarray, key_x, key_y) -> tuple[float, dict]:
     return full, out
 
 
+# --- spread ----------------------------------------------------------------------------------
+def _log_sd(x: np.ndarray) -> tuple[float, np.ndarray]:
+    """log sd(x) (ddof 1) and its n delete-one values, in closed form: removing x_i takes
+    n/(n − 1)·(x_i − x̄)² from the sum of squares. Zero spread gives −inf."""
+    n = len(x)
+    dev = x - x.mean()
+    total = float((dev ** 2).sum())
+    left = np.maximum((total - n / (n - 1) * dev ** 2) / (n - 2), np.finfo(float).tiny)
+    with np.errstate(divide="ignore"):
+        return 0.5 * float(np.log(total / (n - 1))), 0.5 * np.log(left)
+
+
+def spread_effect(terms, column: int) -> Effect:
+    """Σ c · log(sd(x)/sd(y)) of six-D column `column` over terms (c, x, y) of TrialSamples, with
+    the delete-one-trial jackknife SE (Miller 1968): a trial is deleted from every sample on its
+    data at once (samples on the same data are correlated trial by trial), the groups on
+    different data are independent and their variances add; normal reference (df = inf). A
+    sample of zero spread: a term 0 when both sides have none, else an infinite estimate."""
+    coefs: dict = {}
+    for c, x, y in terms:
+        coefs[id(x)] = coefs.get(id(x), 0.0) + c
+        coefs[id(y)] = coefs.get(id(y), 0.0) - c
+    samples = [s for _, x, y in terms for s in (x, y)]
+    estimate, pieces = 0.0, []
+    for members in _groups(samples).values():
+        members = [s for s in members if coefs[id(s)] != 0]
+        if not members:
+            continue
+        keep = np.logical_and.reduce([np.isfinite(s.values[:, column]) for s in members])
+        if keep.sum() < 3:
+            return Effect(np.nan, np.nan, np.nan)
+        logs = [(coefs[id(s)], *_log_sd(s.values[keep, column])) for s in members]
+        pieces.append(logs)
+    full = [(c, f) for logs in pieces for c, f, _ in logs]
+    if any(np.isinf(f) for _, f in full):
+        # zero spread somewhere: only the signs of the infinite parts are known
+        infinite = sum(c * np.sign(f) for c, f in full if np.isinf(f))
+        return Effect(0.0, 0.0, np.inf) if infinite == 0 else Effect(float(np.inf * np.sign(-infinite)), 0.0, np.inf)
+    estimate = sum(c * f for c, f in full)
+    variance = 0.0
+    for logs in pieces:
+        replicate = sum(c * loo for c, _, loo in logs)
+        n = len(replicate)
+        variance += (n - 1) / n * float(((replicate - replicate.mean()) ** 2).sum())
+    return Effect(float(estimate), float(np.sqrt(variance)), np.inf)
+
+
+def _p_values(effect: Effect, margin: float) -> tuple[float, float, float]:
+    """(p₀, p_beyond, p_inside) of an effect (module doc): two-sided for effect = 0; the
+    minimum-effect test of H0 |effect| ≤ margin (both tails at the boundary, so exact at
+    margin 0 too); the TOST of H0 |effect| ≥ margin. Zero SE: 0 or 1 by the estimate alone."""
+    estimate, se, df = effect.estimate, effect.se, effect.df
+    if np.isnan(estimate):
+        return np.nan, np.nan, np.nan
+    a = abs(estimate)
+    if not se > 0 or np.isinf(a):
+        return (0.0 if a > 0 else 1.0, 0.0 if a > margin else 1.0, 0.0 if a < margin or a == 0 else 1.0)
+    sf = (lambda z: float(_sps.t.sf(z, df))) if np.isfinite(df) else (lambda z: float(_sps.norm.sf(z)))
+    return (min(1.0, 2 * sf(a / se)), min(1.0, sf((a - margin) / se) + sf((a + margin) / se)),
+            sf((margin - a) / se))
+
+
+def effect_ci(effect: Effect, level: float = 0.95) -> tuple[float, float]:
+    """The two-sided confidence interval of an effect (t with its df, or normal)."""
+    if not np.isfinite(effect.estimate) or not np.isfinite(effect.se):
+        return (effect.estimate, effect.estimate) if np.isinf(effect.estimate) else (np.nan, np.nan)
+    q = float(_sps.t.ppf((1 + level) / 2, effect.df) if np.isfinite(effect.df) else _sps.norm.ppf((1 + level) / 2))
+    return effect.estimate - q * effect.se, effect.estimate + q * effect.se
+
+
 # --- one comparison ------------------------------------------------------------------------
+def spread_test(metric: str) -> str:
+    """The name of the spread test of a six-D metric."""
+    return f"sd:{metric}"
+
+
+SPREAD_TESTS = tuple(spread_test(m) for m in SIX_D)
+TESTS = SIX_D + SPREAD_TESTS
+
+
 @dataclass(frozen=True)
 class Comparison:
-    """The test family of one comparison X vs Y (module doc): `p`, the per-metric p-values of
-    the test used (Wilcoxon signed-rank when paired, KS otherwise), the energy test, Holm over
-    the seven; KS is always computed, as information. `effects`: per metric the location
-    effect mean(X) − mean(Y), and under "energy" E_U(X, Y). `samples`: the two TrialSamples
-    and the common scale, for effects that combine comparisons."""
+    """The tests of one comparison X vs Y (module doc). Per test (TESTS: the six location tests
+    named by their metric, the six spread tests "sd:<metric>"): `estimates` (Δ or λ as Effects),
+    `margins` (absolute: δ·σ_m, or log of the spread margin), `p_zero`, `p_beyond`, `p_inside`;
+    `p_holm` Holm over this comparison's twelve p_zero (a null's own significance). Information:
+    `p` (paired Wilcoxon or KS per metric), `ks_p`, `ks_statistic`, the energy test and
+    `effects` (location effects and E_U under "energy"). `samples`: the two TrialSamples and the
+    common scale, for effects that combine comparisons."""
     label: str
     n_a: int
     n_b: int
@@ -294,8 +372,15 @@ class Comparison:
     ks_statistic: dict
     ks_p: dict
     energy: EnergyResult
-    p_holm: dict          # Holm-adjusted p-values of the family: the six metrics and "energy"
     effects: dict
+    estimates: dict
+    margins: dict
+    sigma: dict
+    means: dict
+    p_zero: dict
+    p_beyond: dict
+    p_inside: dict
+    p_holm: dict
     alpha: float
     samples: tuple = field(default=(), repr=False, compare=False)
 
@@ -305,16 +390,11 @@ class Comparison:
 
     @property
     def rejects(self) -> bool:
-        return bool(np.nanmin(list(self.p_holm.values())) <= self.alpha)
+        """Some test significant, Holm over this comparison's twelve."""
+        return any(p <= self.alpha for p in self.p_holm.values())
 
-    @property
-    def rejected(self) -> list[str]:
-        """The tests (six-D metrics, then "energy") rejected at Holm-adjusted alpha."""
-        return [m for m in TESTS if self.p_holm[m] <= self.alpha]
-
-    @property
-    def family_size(self) -> int:
-        return len(self.p_holm)
+    def significant(self, test: str) -> bool:
+        return self.p_holm[test] <= self.alpha
 
     def to_json(self) -> dict:
         return {"label": self.label, "n_a": self.n_a, "n_b": self.n_b, "paired": self.paired, "tests": self.tests,
@@ -323,7 +403,7 @@ class Comparison:
                 "energy": {"statistic": self.energy.statistic, "p_value": self.energy.p_value,
                            "critical": self.energy.critical, "n_permutations": self.energy.n_permutations,
                            "test": self.energy.test},
-                "p_holm": dict(self.p_holm), "effects": {m: e.to_json() for m, e in self.effects.items()}}
+                "p_holm": dict(self.p_holm), "effects": {t: e.to_json() for t, e in self.estimates.items()}}
 
 
 def _ks(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -345,16 +425,25 @@ def _ks(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return statistic, p
 
 
-def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = ALPHA, n_permutations: int = 1000,
+def _pooled_sd(x: np.ndarray, y: np.ndarray) -> float:
+    """√((var x + var y)/2) of the finite values (ddof 1)."""
+    x, y = x[np.isfinite(x)], y[np.isfinite(y)]
+    if len(x) < 2 or len(y) < 2:
+        return np.nan
+    return float(np.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2))
+
+
+def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = ALPHA, margin: float = SMALLEST_EFFECT,
+                    spread_margin: float = SPREAD_MARGIN, n_permutations: int = 1000,
                     seed: int | np.random.Generator = 0, label: str = "") -> Comparison:
-    """The test family of a vs b (trial frames or TrialSamples; module doc): paired when they
-    ran on the same data, else unpaired. The six-D points are divided by `scale` (default the
-    pooled standard deviation of a and b) before the energy test. Holm over the seven."""
+    """The tests of a vs b (trial frames or TrialSamples; module doc): paired when they ran on
+    the same data, else unpaired. margin: the location margin in pooled standard deviations;
+    spread_margin: the largest sd ratio of no interest. The six-D points are divided by `scale`
+    (default the pooled standard deviation of a and b) before the energy test."""
     name = label or "X vs Y"
     sa, sb = TrialSample.of(a), TrialSample.of(b)
     if scale is None:
         scale = common_scale([sa, sb])
-    family = len(TESTS)
     paired = sa.key == sb.key and sa.key[0] != "content"
     ks_statistic, ks_p = _ks(sa.values, sb.values)
     if paired:
@@ -365,180 +454,316 @@ def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = ALP
         xa, xb = sa.values[finite], sb.values[finite]
         if len(xa) < 3:
             raise ValueError(f"comparison {name} needs at least 3 finite paired trials (got {len(xa)})")
-        energy = paired_energy_test(xa / scale, xb / scale, n_permutations, seed, alpha=alpha / family)
+        energy = paired_energy_test(xa / scale, xb / scale, n_permutations, seed, alpha=alpha)
     else:
         p = ks_p
         xa, xb = sa.finite, sb.finite
         if len(xa) < 3 or len(xb) < 3:
             raise ValueError(f"comparison {name} needs at least 3 finite trials per side "
                              f"(got {len(xa)} and {len(xb)})")
-        energy = energy_test(xa / scale, xb / scale, n_permutations, seed, alpha=alpha / family)
-    # a metric without a p-value (no finite value) stays out of the family (holm keeps NaN)
-    adjusted = holm(list(p) + [energy.p_value])
+        energy = energy_test(xa / scale, xb / scale, n_permutations, seed, alpha=alpha)
     effects = {m: location_effect([(1.0, sa), (-1.0, sb)], j) for j, m in enumerate(SIX_D)}
     effects["energy"] = energy_effect([(1.0, sa, sb)], scale)
+    estimates, margins, sigma, means = {}, {}, {}, {}
+    for j, m in enumerate(SIX_D):
+        sigma[m] = _pooled_sd(sa.values[:, j], sb.values[:, j])
+        means[m] = (float(np.nanmean(sa.values[:, j])), float(np.nanmean(sb.values[:, j])))
+        estimates[m], margins[m] = effects[m], margin * sigma[m] if np.isfinite(sigma[m]) else 0.0
+        estimates[spread_test(m)] = spread_effect([(1.0, sa, sb)], j)
+        margins[spread_test(m)] = float(np.log(spread_margin))
+    p_zero, p_beyond, p_inside = {}, {}, {}
+    for t in TESTS:
+        p_zero[t], p_beyond[t], p_inside[t] = _p_values(estimates[t], margins[t])
+    p_holm = dict(zip(TESTS, map(float, holm([p_zero[t] for t in TESTS]))))
     return Comparison(label, len(sa.values), len(sb.values), paired, dict(zip(SIX_D, map(float, p))),
                       dict(zip(SIX_D, map(float, ks_statistic))), dict(zip(SIX_D, map(float, ks_p))), energy,
-                      dict(zip(TESTS, map(float, adjusted))), effects, alpha, (sa, sb, scale))
+                      effects, estimates, margins, sigma, means, p_zero, p_beyond, p_inside, p_holm, alpha,
+                      (sa, sb, scale))
 
 
 def exceeds_null(main: Comparison, null: Comparison, test: str) -> dict:
-    """The test of H0 'the main effect is no larger than the null's' on one test of the family
-    (module doc, rule 1). A metric: H0 |μ_main| ≤ |μ_null|, with s = sign(Δ_main) the
-    intersection of the one-sided tests of s(Δ_main − Δ_null) > 0 and s(Δ_main + Δ_null) > 0,
-    p the larger of the two. "energy": H0 E_main ≤ E_null, one-sided on E_U(main) − E_U(null)."""
-    (xm, ym, scale), (xn, yn, _) = main.samples, null.samples
-    if test == "energy":
-        difference = energy_effect([(1.0, xm, ym), (-1.0, xn, yn)], scale)
-        return {"null": null.label, "effect_null": null.effects[test].estimate,
-                "difference": difference.to_json(), "p_value": difference.p_positive()}
-    j = SIX_D.index(test)
-    s = float(np.sign(main.effects[test].estimate))
-    minus = location_effect([(s, xm), (-s, ym), (-s, xn), (s, yn)], j)
-    plus = location_effect([(s, xm), (-s, ym), (s, xn), (-s, yn)], j)
+    """The test of H0 'the main effect is no larger than the null's' on one test (module doc,
+    'Nulls'): with s = sign(main effect), the intersection of the one-sided tests of
+    s(E_main − E_null) > 0 and s(E_main + E_null) > 0, p the larger of the two; E the location
+    effect Δ or the log sd ratio λ, the combinations' SEs computed on the samples jointly."""
+    (xm, ym, _), (xn, yn, _) = main.samples, null.samples
+    s = float(np.sign(main.estimates[test].estimate))
+    if test in SPREAD_TESTS:
+        j = SIX_D.index(test[3:])
+        minus = spread_effect([(s, xm, ym), (-s, xn, yn)], j)
+        plus = spread_effect([(s, xm, ym), (s, xn, yn)], j)
+    else:
+        j = SIX_D.index(test)
+        minus = location_effect([(s, xm), (-s, ym), (-s, xn), (s, yn)], j)
+        plus = location_effect([(s, xm), (-s, ym), (s, xn), (-s, yn)], j)
     p = max(minus.p_positive(), plus.p_positive()) if s != 0 else 1.0
-    return {"null": null.label, "effect_null": null.effects[test].estimate, "minus": minus.to_json(),
+    return {"null": null.label, "effect_null": null.estimates[test].estimate, "minus": minus.to_json(),
             "plus": plus.to_json(), "p_value": p}
 
 
 # --- the verdict ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Validation:
-    """A verdict with its evidence: the main comparison, the null comparisons, the TOST
-    results (one per six-D metric), the beyond-null tests (one row per test the main family
-    rejects) and the tests on which the main effect exceeds every null's (rule 1)."""
+    """A verdict with its evidence: the main comparison, its nulls, the family-adjusted
+    p-values (`p_holm`: of p₀; `p_holm_beyond`: of p_beyond; Holm over `family_size` tests),
+    the beyond-null tests (one row per test beyond its margin), the tests no null explains
+    (`separated`), and each side's measured storage (`storage`, or None)."""
     verdict: str
     reason: str
     main: Comparison
     nulls: tuple = ()
-    equivalence: tuple = ()
+    p_holm: dict = field(default_factory=dict)
+    p_holm_beyond: dict = field(default_factory=dict)
+    family_size: int = len(TESTS)
     separated: tuple = ()
     beyond: tuple = ()
-    margin: float = EQUIVALENCE_MARGIN
+    storage: dict | None = None
+    margin: float = SMALLEST_EFFECT
+    spread_margin: float = SPREAD_MARGIN
     alpha: float = ALPHA
+
+    @property
+    def beyond_margin(self) -> list[str]:
+        """The tests whose effect is beyond its margin (family-adjusted minimum-effect test)."""
+        return [t for t in TESTS if self.p_holm_beyond.get(t, np.nan) <= self.alpha]
+
+    def effect_rows(self) -> dict:
+        """Per test: the effect, its 95 % CI, the margin, standardised and relative sizes and the
+        three p-values (p₀ and p_beyond family-adjusted), as plain JSON."""
+        main, out = self.main, {}
+        for t in TESTS:
+            e = main.estimates[t]
+            low, high = effect_ci(e)
+            row = {**e.to_json(), "ci95": [_plain(low), _plain(high)], "margin": _plain(main.margins[t]),
+                   "p_zero_holm": _plain(self.p_holm.get(t)), "p_beyond_holm": _plain(self.p_holm_beyond.get(t)),
+                   "p_inside": _plain(main.p_inside[t])}
+            if t in SPREAD_TESTS:
+                row["kind"], row["sd_ratio"] = "spread: log(sd_a / sd_b)", _plain(np.exp(e.estimate))
+            else:
+                sigma, (mean_a, mean_b) = main.sigma[t], main.means[t]
+                row["kind"] = "location: mean_a - mean_b"
+                row["standardised"] = _plain(e.estimate / sigma if sigma > 0 else np.nan)
+                row["relative_to_b"] = _plain(e.estimate / mean_b if mean_b != 0 else np.nan)
+                row["means"] = [_plain(mean_a), _plain(mean_b)]
+            out[t] = row
+        return out
 
     def to_json(self) -> dict:
         main = self.main
         return {"verdict": self.verdict, "reason": self.reason, "alpha": self.alpha, "margin": self.margin,
+                "margin_unit": "pooled trial-to-trial standard deviations of each metric",
+                "spread_margin": self.spread_margin,
+                "family": {"method": "holm", "size": self.family_size, "controls": "family-wise error rate"},
                 "paired": main.paired, "tests": main.tests, "p": dict(main.p),
                 "ks": dict(main.ks_p), "ks_statistic": dict(main.ks_statistic),
                 "energy": {"statistic": main.energy.statistic, "p_value": main.energy.p_value,
                            "critical": main.energy.critical, "n_permutations": main.energy.n_permutations,
-                           "test": main.energy.test, "squared": True},
-                "p_holm": dict(main.p_holm), "effects": {m: e.to_json() for m, e in main.effects.items()},
+                           "test": main.energy.test, "squared": True,
+                           "unbiased": main.effects["energy"].to_json()},
+                "p_holm": dict(self.p_holm), "p_holm_beyond": dict(self.p_holm_beyond),
+                "effects": self.effect_rows(), "storage": self.storage,
                 "separated_beyond_null": list(self.separated),
                 "beyond_null": {r["test"]: {k: v for k, v in r.items() if k != "test"} for r in self.beyond},
-                "equivalence": {e["metric"]: {"difference": e["difference"], "margin": e["margin"], "paired": e["paired"],
-                                              "p_value": e["p_value"], "equivalent": e["equivalent"]}
-                                for e in self.equivalence},
+                "equivalence": {m: {"difference": main.estimates[m].estimate, "margin": main.margins[m],
+                                    "paired": main.paired, "p_value": main.p_inside[m],
+                                    "equivalent": bool(main.p_inside[m] <= self.alpha)} for m in SIX_D},
                 "null": [c.to_json() for c in self.nulls]}
 
     def to_row(self) -> dict:
-        row = {"verdict": self.verdict, "reason": self.reason, "tests": self.main.tests, "n_a": self.main.n_a,
-               "n_b": self.main.n_b, "n_null": len(self.nulls), "energy_statistic": self.main.energy.statistic,
-               "energy_p": self.main.energy.p_value, "min_p_holm": float(np.nanmin(list(self.main.p_holm.values())))}
-        row.update({f"ks_p_{m}": p for m, p in self.main.ks_p.items()})
-        row.update({f"p_{m}": p for m, p in self.main.p.items()})
+        main = self.main
+        row = {"verdict": self.verdict, "reason": self.reason, "tests": main.tests, "n_a": main.n_a,
+               "n_b": main.n_b, "n_null": len(self.nulls), "energy_statistic": main.energy.statistic,
+               "energy_p": main.energy.p_value, "min_p_holm": float(np.nanmin(list(self.p_holm.values()))),
+               "min_p_holm_beyond": float(np.nanmin(list(self.p_holm_beyond.values())))}
+        if self.storage:
+            row.update(bits_a=self.storage["a"], bits_b=self.storage["b"])
+        row.update({f"ks_p_{m}": p for m, p in main.ks_p.items()})
+        row.update({f"p_{m}": p for m, p in main.p.items()})
+        for t in TESTS:
+            low, high = effect_ci(main.estimates[t])
+            row.update({f"effect_{t}": main.estimates[t].estimate, f"effect_low_{t}": low, f"effect_high_{t}": high})
         return row
 
 
-def _why_not_explained(null: Comparison, row: dict) -> str:
-    if not null.rejects:
-        return f"{null.label} rejects nothing (min Holm p {min(null.p_holm.values()):.3g})"
-    return f"{null.label} rejects, but the main effect exceeds its effect (p {row['p_value']:.3g})"
+def _plain(x):
+    return float(x) if x is not None and np.isfinite(x) else None
 
 
 def _listed(values: dict) -> str:
-    return ", ".join(f"{m} (p {p:.3g})" for m, p in values.items())
+    return ", ".join(f"{t} (p {p:.3g})" for t, p in values.items())
 
 
-def decide(main: Comparison, nulls: list[Comparison], margin: float = EQUIVALENCE_MARGIN) -> Validation:
-    """Apply the decision rule of the module doc to a main comparison and its null comparisons."""
+def _size(main: Comparison, test: str) -> str:
+    """An effect in words: 'Δ 0.012 = 1.3 sd' or 'sd ratio 1.52'."""
+    e = main.estimates[test].estimate
+    if test in SPREAD_TESTS:
+        return f"sd ratio {np.exp(e):.3g}"
+    sigma = main.sigma[test]
+    return f"Δ {e:.3g} = {e / sigma:.2g} sd" if sigma > 0 else f"Δ {e:.3g}"
+
+
+def decide(main: Comparison, nulls: list[Comparison], p_holm: dict, p_holm_beyond: dict, *, family_size: int,
+           margin: float = SMALLEST_EFFECT, spread_margin: float = SPREAD_MARGIN, storage: dict | None = None
+           ) -> Validation:
+    """Apply the decision rule of the module doc to a main comparison, its null comparisons and
+    the main's family-adjusted p-values (p_holm of p₀, p_holm_beyond of p_beyond)."""
     nulls, alpha = list(nulls), main.alpha
-    evidence = dict(main=main, nulls=tuple(nulls), margin=margin, alpha=alpha)
-    rejected = (f"the main comparison ({main.tests}) rejects at Holm-corrected alpha {alpha} on "
-                f"{_listed({m: main.p_holm[m] for m in main.rejected})}")
-    if main.rejects and not nulls:
-        # rule 4: nothing to attribute the difference to
-        return Validation("inconclusive", f"{rejected}, but there is no implementation null to attribute the "
-                          f"difference to; give null comparisons", **evidence)
-    if main.rejects:
+    evidence = dict(main=main, nulls=tuple(nulls), p_holm=p_holm, p_holm_beyond=p_holm_beyond,
+                    family_size=family_size, storage=storage, margin=margin, spread_margin=spread_margin,
+                    alpha=alpha)
+    family = f"Holm over a family of {family_size} tests"
+    unequal = _storage_words(storage)
+    significant = [t for t in TESTS if p_holm.get(t, np.nan) <= alpha]
+    beyond_margin = Validation("", "", main, p_holm_beyond=p_holm_beyond, alpha=alpha).beyond_margin
+    margins = f"margins {margin:g} sd, sd ratio {spread_margin:g}"
+    if beyond_margin:
+        found = (f"beyond the smallest effect of interest ({margins}; {family}) on "
+                 + ", ".join(f"{t} ({_size(main, t)}, p {p_holm_beyond[t]:.3g})" for t in beyond_margin))
+        if not nulls:
+            return Validation("inconclusive", f"a difference {found}, but there is no implementation null to "
+                              f"attribute it to: without one a run cannot tell codec from implementation" + unequal,
+                              **evidence)
         beyond = []
-        for test in main.rejected:
+        for test in beyond_margin:
             rows = [exceeds_null(main, n, test) for n in nulls]
-            beyond.append({"test": test, "effect": main.effects[test].to_json(),
+            beyond.append({"test": test, "effect": main.estimates[test].to_json(),
                            "p_value": max(r["p_value"] for r in rows), "nulls": rows})
         for row, q in zip(beyond, holm([r["p_value"] for r in beyond])):
             row["p_holm"] = float(q)
-        for i in range(len(nulls)):  # each null's beyond-null p-values, Holm over the rejected tests
+        for i in range(len(nulls)):  # each null's beyond-null p-values, Holm over the tests beyond the margin
             for row, q in zip(beyond, holm([r["nulls"][i]["p_value"] for r in beyond])):
                 row["nulls"][i]["p_holm_within"] = float(q)
         beyond = tuple(beyond)
-        # a rejected test is explained by a null whose own family rejects and whose effect on that
-        # test the main effect is not shown to exceed; one no null explains is the codec's (rules 1, 2)
         explained = {r["test"]: [(n, row["p_value"]) for n, row in zip(nulls, r["nulls"])
-                                 if n.rejects and row["p_holm_within"] > alpha] for r in beyond}
-        codec = [r["test"] for r in beyond if not explained[r["test"]]]
+                                 if n.significant(r["test"]) and row["p_holm_within"] > alpha] for r in beyond}
+        unlike = [n.label for n in nulls if n.paired != main.paired]
+        design = (f"; {', '.join(unlike)} {'is' if len(unlike) == 1 else 'are'} "
+                  f"{'unpaired' if main.paired else 'paired'} while the main comparison is "
+                  f"{'paired' if main.paired else 'unpaired'}: not a like-for-like null") if unlike else ""
+        codec = [t for t in beyond_margin if not explained[t]]
         if codec:
-            # rule 1
-            words = "; ".join(f"{r['test']}: " + ", ".join(_why_not_explained(n, row)
-                                                           for n, row in zip(nulls, r["nulls"]))
-                              for r in beyond if r["test"] in codec)
-            return Validation("codec-difference", f"{rejected}; no implementation change shows a difference of that "
-                              f"size ({len(nulls)} null comparison(s)) on {', '.join(codec)}: {words}",
+            return Validation("codec-difference", f"a difference {found}; no implementation change shows one of that "
+                              f"size on {', '.join(codec)} ({len(nulls)} null comparison(s))" + design + unequal,
                               separated=tuple(codec), beyond=beyond, **evidence)
-        # rule 2
-        said = "; ".join(f"{test}: {n.label} ({n.tests}) rejects (min Holm p {min(n.p_holm.values()):.3g}) and the "
-                         f"main effect is not shown to exceed its effect (p {p:.3g})"
-                         for test, rows in explained.items() for n, p in rows)
-        return Validation("implementation-variance", f"{rejected}, and a change of an implementation variable alone "
-                          f"shows a difference of that size on every rejected test: {said}", beyond=beyond,
-                          **evidence)
-    xa, xb = (s.values for s in main.samples[:2])
-    equivalence = []
-    for j, m in enumerate(SIX_D):
-        pooled = np.concatenate([xa[:, j], xb[:, j]])
-        pooled = pooled[np.isfinite(pooled)]
-        size = abs(pooled.mean()) if len(pooled) else np.nan
-        # an exactly reproduced tensor has zero error: then only a zero difference is equivalent
-        absolute = margin * size if np.isfinite(size) and size > 0 else 1e-300
-        equivalence.append({"metric": m, "paired": main.paired,
-                            **tost(xa[:, j], xb[:, j], absolute, alpha, paired=main.paired).to_row()})
-    evidence["equivalence"] = tuple(equivalence)
-    quiet = f"no test of the main comparison ({main.tests}) rejects at Holm-corrected alpha {alpha}"
-    if all(e["equivalent"] for e in equivalence):
-        # rule 3
-        return Validation("equivalent", f"{quiet} and every six-D mean is within +-{margin:.0%} "
-                          f"({'paired' if main.paired else 'Welch'} TOST)", **evidence)
-    failing = [e["metric"] for e in equivalence if not e["equivalent"]]
-    # rule 4
-    return Validation("inconclusive", f"{quiet}, but equivalence within +-{margin:.0%} is not shown for "
-                      f"{', '.join(failing)}", **evidence)
+        said = "; ".join(f"{t}: {n.label} shows a significant effect ({_size(n, t)}) the main effect is not shown "
+                         f"to exceed (p {p:.3g})" for t, rows in explained.items() for n, p in rows)
+        return Validation("implementation-variance", f"a difference {found}, and a change of an implementation "
+                          f"variable alone shows one of that size on each: {said}" + design + unequal,
+                          beyond=beyond, **evidence)
+    inside = [t for t in SIX_D if main.p_inside[t] <= alpha]
+    inside_spread = all(main.p_inside[t] <= alpha for t in significant if t in SPREAD_TESTS)
+    paired = "paired" if main.paired else "Welch"
+    if len(inside) == len(SIX_D) and inside_spread:
+        if significant:
+            return Validation("negligible", f"significant ({family}) on {_listed({t: p_holm[t] for t in significant})}"
+                              f", but every effect is shown inside its margin ({margins}; {paired} TOST at "
+                              f"{alpha})" + unequal, **evidence)
+        return Validation("equivalent", f"no test significant ({family}) and every mean difference shown inside "
+                          f"{margin:g} sd ({paired} TOST at {alpha})" + unequal, **evidence)
+    unplaced = [t for t in SIX_D if t not in inside] + [t for t in significant if t in SPREAD_TESTS
+                                                          and main.p_inside[t] > alpha]
+    start = (f"significant ({family}) on {', '.join(significant)} but not beyond the margin" if significant
+             else f"no test significant ({family})")
+    return Validation("inconclusive", f"{start}, and the trials cannot place {', '.join(unplaced)} inside the margin "
+                      f"({margins}): more trials would decide" + unequal, **evidence)
 
 
-def validate_samples(a, b, null_pairs=(), *, alpha: float = ALPHA, margin: float = EQUIVALENCE_MARGIN,
-                     n_permutations: int = 1000, seed: int = 0) -> Validation:
-    """The verdict for sample a vs sample b (trial frames of one cell each, or TrialSamples)
-    against the implementation null given as pairs (x, x′) of samples that differ only in an
-    implementation variable."""
+def _storage_words(storage: dict | None) -> str:
+    if not storage or storage.get("equal", True):
+        return ""
+    return (f"; at unequal storage: {storage['a']:.3g} vs {storage['b']:.3g} bits/element "
+            f"({storage['relative_difference']:+.0%}, beyond the ±{TOLERANCE / 2:.1%} equal-storage tolerance): the "
+            f"codecs are compared as configured, not at equal storage")
+
+
+def measured_storage(a, b) -> dict | None:
+    """Both sides' mean measured bits per element (stats.equal_storage.storage_column) and whether
+    they are equal within the equal-storage tolerance; None when a frame does not carry them."""
+    if not all(isinstance(f, pd.DataFrame) for f in (a, b)):
+        return None
+    if not all("bits_per_element" in f.columns for f in (a, b)):
+        return None
+    both = pd.concat([a, b])
+    column = storage_column(both)
+    bits_a, bits_b = float(a[column].mean()), float(b[column].mean())
+    relative = (bits_b - bits_a) / bits_a if bits_a > 0 else np.nan
+    return {"a": bits_a, "b": bits_b, "column": column, "relative_difference": relative,
+            "equal": bool(abs(bits_b - bits_a) <= TOLERANCE / 2 * max(bits_a, bits_b)), "tolerance": TOLERANCE / 2}
+
+
+def _check_levels(alpha: float, margin: float, spread_margin: float) -> None:
     if not 0 < alpha < 1:
         raise ValueError(f"alpha {alpha!r} must lie in (0, 1)")
-    if not margin > 0:
-        raise ValueError(f"margin {margin!r} must be positive (a fraction of the pooled mean)")
-    # one TrialSample per distinct frame, so a frame in two comparisons is one random variable
-    memo: dict = {}
+    if not (np.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin {margin!r} must be a positive number of standard deviations")
+    if not (np.isfinite(spread_margin) and spread_margin > 1):
+        raise ValueError(f"spread margin {spread_margin!r} must be a finite sd ratio above 1")
 
-    def sample(frame):
-        if id(frame) not in memo:
-            memo[id(frame)] = (frame, TrialSample.of(frame))
-        return memo[id(frame)][1]
-    sa, sb = sample(a), sample(b)
-    null_pairs = [(sample(x), sample(y)) for x, y in null_pairs]
-    scale = common_scale([sa, sb] + [s for pair in null_pairs for s in pair])
-    main = compare_samples(sa, sb, scale=scale, alpha=alpha, n_permutations=n_permutations, seed=seed, label="main")
-    nulls = [compare_samples(x, y, scale=scale, alpha=alpha, n_permutations=n_permutations, seed=seed + 1 + i,
-                             label=f"null {i}") for i, (x, y) in enumerate(null_pairs)]
-    return decide(main, nulls, margin)
+
+def decide_family(items, *, margin: float = SMALLEST_EFFECT, spread_margin: float = SPREAD_MARGIN,
+                  storages=None) -> list[Validation]:
+    """Verdicts of several main comparisons judged as one family (module doc, 'One family per
+    question'): items is a list of (main, nulls); Holm over every main's twelve p₀ and,
+    separately, p_beyond; storages, optional, one measured_storage per item."""
+    items = list(items)
+    storages = list(storages) if storages is not None else [None] * len(items)
+    keys = [(i, t) for i in range(len(items)) for t in TESTS]
+    zero = holm([items[i][0].p_zero[t] for i, t in keys])
+    beyond = holm([items[i][0].p_beyond[t] for i, t in keys])
+    adjusted_zero, adjusted_beyond = {}, {}
+    for (i, t), z, b in zip(keys, zero, beyond):
+        adjusted_zero.setdefault(i, {})[t] = float(z)
+        adjusted_beyond.setdefault(i, {})[t] = float(b)
+    return [decide(main, nulls, adjusted_zero.get(i, {}), adjusted_beyond.get(i, {}), family_size=len(keys),
+                   margin=margin, spread_margin=spread_margin, storage=storages[i])
+            for i, (main, nulls) in enumerate(items)]
+
+
+class _Samples:
+    """One TrialSample per distinct frame (by identity), so a frame in two comparisons is one
+    random variable."""
+
+    def __init__(self):
+        self.memo: dict = {}
+
+    def __call__(self, frame) -> TrialSample:
+        if id(frame) not in self.memo:
+            self.memo[id(frame)] = (frame, TrialSample.of(frame))
+        return self.memo[id(frame)][1]
+
+
+def _comparisons(a, b, null_pairs, samples: _Samples, *, alpha, margin, spread_margin, n_permutations, seed):
+    sa, sb = samples(a), samples(b)
+    pairs = [(samples(x), samples(y)) for x, y in null_pairs]
+    scale = common_scale([sa, sb] + [s for pair in pairs for s in pair])
+    options = dict(scale=scale, alpha=alpha, margin=margin, spread_margin=spread_margin,
+                   n_permutations=n_permutations)
+    main = compare_samples(sa, sb, seed=seed, label="main", **options)
+    nulls = [compare_samples(x, y, seed=seed + 1 + i, label=f"null {i}", **options) for i, (x, y) in enumerate(pairs)]
+    return main, nulls
+
+
+def validate_samples(a, b, null_pairs=(), *, alpha: float = ALPHA, margin: float = SMALLEST_EFFECT,
+                     spread_margin: float = SPREAD_MARGIN, n_permutations: int = 1000, seed: int = 0) -> Validation:
+    """The verdict for sample a vs sample b (trial frames of one cell each, or TrialSamples)
+    against the implementation null given as pairs (x, x′) of samples that differ only in an
+    implementation variable; the family is this comparison's twelve tests."""
+    return validate_family([(a, b, null_pairs)], alpha=alpha, margin=margin, spread_margin=spread_margin,
+                           n_permutations=n_permutations, seed=seed)[0]
+
+
+def validate_family(cases, *, alpha: float = ALPHA, margin: float = SMALLEST_EFFECT,
+                    spread_margin: float = SPREAD_MARGIN, n_permutations: int = 1000, seed: int = 0
+                    ) -> list[Validation]:
+    """The verdicts of several comparisons judged as one family (module doc): cases are
+    (a, b, null_pairs) as for validate_samples; case i draws its permutations from seed + 1000·i."""
+    _check_levels(alpha, margin, spread_margin)
+    items, storages = [], []
+    for i, (a, b, null_pairs) in enumerate(cases):
+        items.append(_comparisons(a, b, null_pairs, _Samples(), alpha=alpha, margin=margin,
+                                  spread_margin=spread_margin, n_permutations=n_permutations, seed=seed + 1000 * i))
+        storages.append(measured_storage(a, b))
+    return decide_family(items, margin=margin, spread_margin=spread_margin, storages=storages)
 
 
 def differing_variables(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[str]:
@@ -547,16 +772,24 @@ def differing_variables(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[st
             and set(frame_a[v].unique()) != set(frame_b[v].unique())]
 
 
+ROW_COLUMNS = (["verdict", "reason", "tests", "n_a", "n_b", "n_null", "energy_statistic", "energy_p", "min_p_holm",
+                "min_p_holm_beyond", "bits_a", "bits_b"] + [f"ks_p_{m}" for m in SIX_D] + [f"p_{m}" for m in SIX_D]
+               + [f"effect{part}_{t}" for t in TESTS for part in ("", "_low", "_high")])
+
+
 def compare_runs(frame_a: pd.DataFrame, frame_b: pd.DataFrame, null: pd.DataFrame | None = None, *,
-                 alpha: float = ALPHA, margin: float = EQUIVALENCE_MARGIN, n_permutations: int = 1000,
-                 seed: int = 0) -> pd.DataFrame:
+                 alpha: float = ALPHA, margin: float = SMALLEST_EFFECT, spread_margin: float = SPREAD_MARGIN,
+                 n_permutations: int = 1000, seed: int = 0) -> pd.DataFrame:
     """One verdict per cell present in both runs (matched on CELL_COLUMNS: scenario, scheme,
-    budget, dim, seq_len, queries, calib_tokens). `null`, optional, is a third run whose cells
-    differ from frame_a's only in an implementation variable: cell by cell, frame_a vs null is
-    the null comparison; without it a detected difference is `inconclusive` (module doc, rule
-    4). Returns the cell columns, verdict, reason, tests (the family used: paired or unpaired),
-    n_a, n_b, n_null, energy_statistic, energy_p, min_p_holm, and per six-D metric ks_p_<metric>
-    and p_<metric> (the p-value of the test used)."""
+    budget, dim, seq_len, queries, calib_tokens), every cell's tests one family. `null`,
+    optional, is a third run whose cells differ from frame_a's only in an implementation
+    variable: cell by cell, frame_a vs null is the null comparison; without it a difference
+    beyond the margin is `inconclusive` (module doc, rule 5). Returns the cell columns and
+    ROW_COLUMNS: verdict, reason, the family used, sizes, the energy test, the smallest
+    family-adjusted p-values, both sides' bits per element, per six-D metric ks_p_<metric> and
+    p_<metric> (the rank test), and per test its effect with the 95 % CI (effect_<test>,
+    effect_low_<test>, effect_high_<test>; the spread tests on log(sd_a/sd_b))."""
+    _check_levels(alpha, margin, spread_margin)
     for name, frame in (("frame_a", frame_a), ("frame_b", frame_b)) + ((("null", null),) if null is not None else ()):
         missing = [c for c in CELL_COLUMNS + SIX_D if c not in frame.columns]
         if missing:
@@ -564,14 +797,12 @@ def compare_runs(frame_a: pd.DataFrame, frame_b: pd.DataFrame, null: pd.DataFram
     keys = list(CELL_COLUMNS)
     groups_b = {k: g for k, g in frame_b.groupby(keys, sort=False)}
     groups_null = {k: g for k, g in null.groupby(keys, sort=False)} if null is not None else {}
-    rows = []
-    for i, (key, a) in enumerate(frame_a.groupby(keys, sort=True)):
-        if key not in groups_b:
-            continue
-        pairs = [(a, groups_null[key])] if key in groups_null else []
-        result = validate_samples(a, groups_b[key], pairs, alpha=alpha, margin=margin,
-                                  n_permutations=n_permutations, seed=seed + 1000 * i)
-        rows.append({**dict(zip(keys, key)), **result.to_row()})
-    columns = keys + ["verdict", "reason", "tests", "n_a", "n_b", "n_null", "energy_statistic", "energy_p",
-                      "min_p_holm"] + [f"ks_p_{m}" for m in SIX_D] + [f"p_{m}" for m in SIX_D]
-    return pd.DataFrame(rows, columns=columns)
+    cells, cases = [], []
+    for key, a in frame_a.groupby(keys, sort=True):
+        if key in groups_b:
+            cases.append((a, groups_b[key], [(a, groups_null[key])] if key in groups_null else []))
+            cells.append(key)
+    results = validate_family(cases, alpha=alpha, margin=margin, spread_margin=spread_margin,
+                              n_permutations=n_permutations, seed=seed)
+    rows = [{**dict(zip(keys, key)), **result.to_row()} for key, result in zip(cells, results)]
+    return pd.DataFrame(rows, columns=keys + ROW_COLUMNS)

@@ -60,27 +60,19 @@ def test_no_codec_difference_without_one(table):
 
 
 @pytest.mark.parametrize("paired", [False, True])
-@pytest.mark.parametrize("shift", [1.0, 2.0, 3.0])
+@pytest.mark.parametrize("shift", [2.0, 3.0])
 def test_a_codec_difference_is_found(table, paired, shift):
-    if not paired and shift == 1.0:
-        # the hardest target cell (unpaired, 1 sd, n = 40: the main family rejects in about 93 %, the
-        # rate is near 87 %): 100 repetitions cannot show ≥ 80 % with 95 % confidence, 300 can
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            study = operating_characteristics([(1.0, 0.0)], repetitions=300, pairings=(False,), seed=2027)
-        finally:
-            torch.set_num_threads(before)
-        found = round(study["codec-difference"].iloc[0] * 300)
-        assert lower(found, 300) >= 0.80, found
-        return
+    # a codec-difference needs the effect's CI beyond the margin (half an sd): at n = 40 a 1 sd
+    # shift is found in about a third of repetitions unpaired (the CI's half-width is ~0.45 sd at
+    # Holm's 0.05/12) and in ~85 % paired (correlation 0.7), so the target starts at 2 sd
     [found] = events(table, [(paired, shift, 0.0)], "codec-difference")
     assert lower(found, REPETITIONS) >= 0.80, found
 
 
 @pytest.mark.parametrize("paired", [False, True])
 def test_an_implementation_effect_of_the_same_size_is_recognised(table, paired):
-    cells = [(paired, shift, shift) for shift in (1.0, 2.0, 3.0)]
+    # from 2 sd, where the main effect is found beyond the margin (at 1 sd mostly not: no attribution needed)
+    cells = [(paired, shift, shift) for shift in (2.0, 3.0)]
     false_alarms = events(table, cells, "codec-difference")
     recognised = events(table, cells, "implementation-variance")
     n = REPETITIONS * len(cells)

@@ -88,3 +88,11 @@ def check_test_options(args, command: str) -> None:
         raise UsageError(f"harness {command}: --margin {args.margin} must be positive")
     if args.permutations < 1:
         raise UsageError(f"harness {command}: --permutations {args.permutations} must be a positive integer")
+
+
+def check_spread_margin(args, command: str) -> None:
+    """--spread-margin of the commands that give verdicts: a finite sd ratio above 1."""
+    from ..errors import UsageError
+    if not 1 < args.spread_margin < float("inf"):
+        raise UsageError(f"harness {command}: --spread-margin {args.spread_margin} must be a finite ratio of "
+                         f"standard deviations above 1, e.g. 1.25")

@@ -1,16 +1,18 @@
 """harness compare: two stored runs, cells matched by configuration, one verdict per cell
-(stats/validation.py compare_runs). --null RUN_C, a run of the same cells that differs from
-RUN_A only in an implementation variable (seed, rng, ...), supplies the implementation null;
-without it a detected difference is reported as inconclusive."""
+(stats/validation.py compare_runs), every matched cell's tests one family (Holm). --null RUN_C,
+a run of the same cells that differs from RUN_A only in an implementation variable (seed, rng,
+...), supplies the implementation null; it should have the design of the main comparison (on
+the same data as RUN_A when RUN_A and RUN_B share it). Without a null a difference beyond the
+margin is reported as inconclusive."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from stats.levels import ALPHA, EQUIVALENCE_MARGIN
+from stats.levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
 
 from ..errors import UsageError
-from ._args import check_test_options
+from ._args import check_spread_margin, check_test_options
 from ..store import RESULTS_FILE, RunStore
 
 NAME = "compare"
@@ -22,9 +24,14 @@ def add_arguments(p):
     p.add_argument("run_b", type=Path, metavar="RUN_B")
     p.add_argument("--null", type=Path, default=None, metavar="RUN_C",
                    help="a run differing from RUN_A only in an implementation variable (the null)")
-    p.add_argument("--alpha", type=float, default=ALPHA, help=f"family-wise level per cell (default {ALPHA})")
-    p.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN,
-                   help=f"equivalence margin, a fraction of each metric's pooled mean (default {EQUIVALENCE_MARGIN})")
+    p.add_argument("--alpha", type=float, default=ALPHA,
+                   help=f"family-wise level over every matched cell's tests (default {ALPHA})")
+    p.add_argument("--margin", type=float, default=SMALLEST_EFFECT,
+                   help=f"smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard "
+                        f"deviations (default {SMALLEST_EFFECT})")
+    p.add_argument("--spread-margin", type=float, default=SPREAD_MARGIN,
+                   help=f"smallest change of interest of a metric's spread, a ratio of standard deviations "
+                        f"(default {SPREAD_MARGIN})")
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the permutation draws (default 0)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per cell")
@@ -39,13 +46,14 @@ def _trials(directory: Path):
 
 
 def run(args) -> int:
-    from stats.validation import CELL_COLUMNS, compare_runs, differing_variables
+    from stats.validation import CELL_COLUMNS, TESTS, compare_runs, differing_variables
 
     check_test_options(args, "compare")
+    check_spread_margin(args, "compare")
     a, b = _trials(args.run_a), _trials(args.run_b)
     null = _trials(args.null) if args.null is not None else None
-    table = compare_runs(a, b, null, alpha=args.alpha, margin=args.margin, n_permutations=args.permutations,
-                         seed=args.seed)
+    table = compare_runs(a, b, null, alpha=args.alpha, margin=args.margin, spread_margin=args.spread_margin,
+                         n_permutations=args.permutations, seed=args.seed)
     if table.empty:
         raise UsageError(f"harness compare: {args.run_a} and {args.run_b} share no cell "
                          f"(cells are matched on {', '.join(CELL_COLUMNS)})")
@@ -57,10 +65,13 @@ def run(args) -> int:
     differ = differing_variables(a, b)
     print(f"{len(table)} matched cells ({n_a - len(table)} only in RUN_A, {n_b - len(table)} only in RUN_B); "
           f"runs differ in: {', '.join(differ) or 'no implementation variable'}; "
-          f"null: {args.null if args.null else 'none'}")
+          f"null: {args.null if args.null else 'none'}; one family: Holm over {len(table) * len(TESTS)} tests "
+          f"({len(table)} cells x {len(TESTS)}), margins {args.margin:g} sd, sd ratio {args.spread_margin:g}")
     several = table["calib_tokens"].nunique() > 1  # name the calibration size only then, as the report does
     for row in table.itertuples(index=False):
         cell = " ".join(f"{getattr(row, c)}" for c in CELL_COLUMNS if c != "calib_tokens")
         cell += f" n_cal={row.calib_tokens}" if several else ""
-        print(f"{cell}: {row.verdict} ({row.tests}; energy p {row.energy_p:.3g}, min Holm p {row.min_p_holm:.3g})")
+        bits = f"; bits {row.bits_a:.3g} vs {row.bits_b:.3g}" if row.bits_a == row.bits_a else ""
+        print(f"{cell}: {row.verdict} (min Holm p {row.min_p_holm:.3g}, beyond the margin {row.min_p_holm_beyond:.3g}"
+              f"{bits}) {row.reason}")
     return 0

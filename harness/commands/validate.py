@@ -1,13 +1,18 @@
-"""harness validate: is the difference between two configurations a codec difference or
-implementation variance? Runs the small sweeps it needs and prints a verdict (stats/validation.py).
+"""harness validate: is the difference between two configurations a codec difference,
+implementation variance, or too small to matter? Runs the small sweeps it needs and prints a
+verdict (stats/validation.py).
 
-Runs (each a run directory under --out, or a temporary directory):
-- with --against B: `base` holds A and B on the base configuration (same data); `variant`
-  holds A and B with the --vary variable changed. Main comparison A vs B on `base`; null
-  comparisons A(base) vs A(variant) and B(base) vs B(variant).
-- without --against: `base` and `variant` hold A; the main comparison is A(base) vs
-  A(variant). The null is a seed change: `null` holds A with the root seed + 1 (+ 2 when the
-  varied variable is the seed itself), compared with A(base).
+Runs (each a run directory under --out, or a temporary directory). Every null has the design of
+the comparison it judges (stats/validation.py, 'Nulls'): paired on the same data when that is.
+- with --against B: `base` holds A and B on the base configuration (same data: a paired main
+  comparison A vs B). The nulls A(base) vs A(variant) and B(base) vs B(variant) change one
+  implementation variable on the same data: --vary dtype, impl or device change it in `variant`;
+  --vary seed and rng change the codecs' own seed or RNG family in `variant` (scheme_seed,
+  scheme_rng), the data staying as they are.
+- without --against: `base` and `variant` hold A with the --vary variable changed; the main
+  comparison is A(base) vs A(variant). dtype, impl and device keep the data (paired): `null`
+  holds A with only the codec's own seed changed (paired). seed and rng change the data
+  (unpaired): `null` holds A with the root seed + 1 (+ 2 when the seed is varied), unpaired.
 """
 from __future__ import annotations
 
@@ -18,11 +23,11 @@ from pathlib import Path
 
 import scenarios
 import schemes
-from stats.levels import ALPHA, EQUIVALENCE_MARGIN
+from stats.levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
-from ._args import check_test_options
+from ._args import check_spread_margin, check_test_options
 from ..sweep import IMPLS, SweepConfig
 
 NAME = "validate"
@@ -49,8 +54,12 @@ def add_arguments(p):
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--alpha", type=float, default=ALPHA, help=f"family-wise level (default {ALPHA})")
-    p.add_argument("--margin", type=float, default=EQUIVALENCE_MARGIN,
-                   help=f"equivalence margin, a fraction of each metric's pooled mean (default {EQUIVALENCE_MARGIN})")
+    p.add_argument("--margin", type=float, default=SMALLEST_EFFECT,
+                   help=f"smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard "
+                        f"deviations (default {SMALLEST_EFFECT})")
+    p.add_argument("--spread-margin", type=float, default=SPREAD_MARGIN,
+                   help=f"smallest change of interest of a metric's spread, a ratio of standard deviations "
+                        f"(default {SPREAD_MARGIN})")
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
     p.add_argument("--out", type=Path, default=None, help="directory for the runs (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -60,11 +69,19 @@ def _other(value, choices):
     return next(c for c in choices if c != value)
 
 
-def variant_of(config: SweepConfig, vary: str) -> SweepConfig:
-    """The base configuration with the implementation variable `vary` changed."""
+PAIRED_VARIABLES = ("dtype", "impl", "device")  # changes that keep the data
+
+
+def variant_of(config: SweepConfig, vary: str, same_data: bool = False) -> SweepConfig:
+    """The base configuration with the implementation variable `vary` changed; with same_data,
+    seed and rng change only the codecs' own draws (scheme_seed, scheme_rng), not the data."""
     if vary == "seed":
+        if same_data:
+            return dataclasses.replace(config, scheme_seed=config.codec_seed + 1)
         return dataclasses.replace(config, seed=config.seed + 1)
     if vary == "rng":
+        if same_data:
+            return dataclasses.replace(config, scheme_rng=_other(config.codec_rng, RNGS))
         return dataclasses.replace(config, rng=_other(config.rng, RNGS))
     if vary == "dtype":
         return dataclasses.replace(config, dtype=_other(config.dtype, tuple(DTYPES)))
@@ -90,6 +107,7 @@ def _check(args) -> None:
         raise UsageError("harness validate: --against names the same scheme as --scheme; omit it to compare "
                          "A with itself under --vary")
     check_test_options(args, "validate")
+    check_spread_margin(args, "validate")
     if args.trials < 3:
         raise UsageError(f"harness validate: --trials {args.trials} must be at least 3 (the energy effect's "
                          f"jackknife leaves one out)")
@@ -107,10 +125,12 @@ def configs(args) -> dict[str, SweepConfig]:
     base = SweepConfig(scenarios=(args.scenario,), schemes=names, budgets=(args.budget,), dims=(args.dim,),
                        seq_lens=(args.seq_len,), queries=(args.queries,), trials=args.trials, seed=args.seed,
                        device=device, dtype=args.dtype, rng=args.rng, impl=args.impl)
-    out = {"base": base, "variant": variant_of(base, args.vary)}
+    out = {"base": base, "variant": variant_of(base, args.vary, same_data=bool(args.against))}
     if not args.against:
-        shift = 2 if args.vary == "seed" else 1
-        out["null"] = dataclasses.replace(base, seed=base.seed + shift)
+        if args.vary in PAIRED_VARIABLES:
+            out["null"] = variant_of(base, "seed", same_data=True)  # the codec's own seed, the same data
+        else:
+            out["null"] = dataclasses.replace(base, seed=base.seed + (2 if args.vary == "seed" else 1))
     for name, config in out.items():
         try:
             config.validate()
@@ -148,13 +168,16 @@ def run(args) -> int:
         b = args.against
         main = (_cell(base, a), _cell(base, b))
         nulls = [(_cell(base, a), _cell(variant, a)), (_cell(base, b), _cell(variant, b))]
-        described = f"{a} vs {b}; null: {args.vary} change of each"
+        changed = ("codec seed" if args.vary == "seed" else "codec RNG family" if args.vary == "rng"
+                   else args.vary)
+        described = f"{a} vs {b}; null: {changed} change of each, on the same data"
     else:
         main = (_cell(base, a), _cell(variant, a))
         nulls = [(_cell(base, a), _cell(frames["null"], a))]
-        described = f"{a} vs {a} with {args.vary} changed; null: seed change"
+        null = "codec seed change, on the same data" if args.vary in PAIRED_VARIABLES else "seed change"
+        described = f"{a} vs {a} with {args.vary} changed; null: {null}"
     try:
-        result = validate_samples(*main, nulls, alpha=args.alpha, margin=args.margin,
+        result = validate_samples(*main, nulls, alpha=args.alpha, margin=args.margin, spread_margin=args.spread_margin,
                                   n_permutations=args.permutations, seed=args.seed)
     except ValueError as exc:
         raise UsageError(f"harness validate: {exc}") from None
@@ -169,21 +192,27 @@ def run(args) -> int:
         return 0
     print(f"{args.scenario}, budget {args.budget}, dim {args.dim}: {described}")
     print(f"verdict: {result.verdict} ({result.reason})")
+    if result.storage:
+        st = result.storage
+        print(f"storage: {a} {st['a']:.4g}, {args.against or a} {st['b']:.4g} bits/element "
+              f"({'equal' if st['equal'] else 'unequal'} within ±{st['tolerance']:.1%})")
     main = result.main
-    test = "Wilcoxon p" if main.paired else "KS p"
-    print(f"main comparison, {main.tests}")
-    print(f"{'metric':<10} {'effect':>10} {'SE':>9} {'KS D':>6} {test:>10} {'Holm p':>9} {'beyond null, Holm p':>19}")
-    beyond = {r["test"]: r["p_holm"] for r in result.beyond}  # rule 1's tests, Holm over the rejected ones
-    for m in main.p:
-        e = main.effects[m]
-        print(f"{m:<10} {e.estimate:>10.3g} {e.se:>9.2g} {main.ks_statistic[m]:>6.3f} {main.p[m]:>10.3g} "
-              f"{main.p_holm[m]:>9.3g} {beyond[m] if m in beyond else float('nan'):>19.3g}")
+    print(f"main comparison, {main.tests}; family: Holm over {result.family_size} tests; margins {args.margin:g} sd, "
+          f"sd ratio {args.spread_margin:g}")
+    print(f"{'test':<13} {'effect':>10} {'95% CI':>23} {'margin':>9} {'Holm p':>9} {'beyond p':>9} {'inside p':>9}")
+    for t, row in result.effect_rows().items():
+        low, high = (float("nan") if v is None else v for v in row["ci95"])
+        estimate = float("nan") if row["estimate"] is None else row["estimate"]
+        print(f"{t:<13} {estimate:>10.3g} [{low:>10.3g}, {high:>10.3g}] {row['margin']:>9.3g} "
+              f"{_num(row['p_zero_holm']):>9.3g} {_num(row['p_beyond_holm']):>9.3g} {_num(row['p_inside']):>9.3g}")
     e = main.energy
-    print(f"energy distance (squared, six-D standardised): {e.statistic:.4g}, {e.test} p {e.p_value:.3g} "
-          f"({e.n_permutations} permutations), Holm p {main.p_holm['energy']:.3g}; unbiased E_U "
-          f"{main.effects['energy'].estimate:.4g} (jackknife SE {main.effects['energy'].se:.2g})"
-          + (f", beyond null, Holm p {beyond['energy']:.3g}" if "energy" in beyond else ""))
+    print(f"information: energy distance (squared, six-D standardised) {e.statistic:.4g}, {e.test} p "
+          f"{e.p_value:.3g} ({e.n_permutations} permutations); {'Wilcoxon' if main.paired else 'KS'} p "
+          + ", ".join(f"{m} {p:.3g}" for m, p in main.p.items()))
     for n in result.nulls:
-        print(f"{n.label} ({n.tests}): energy {n.energy.statistic:.4g} (p {n.energy.p_value:.3g}), "
-              f"min Holm p {min(n.p_holm.values()):.3g}, rejects: {n.rejects}")
+        print(f"{n.label} ({n.tests}): min Holm p {min(n.p_holm.values()):.3g}, significant: {n.rejects}")
     return 0
+
+
+def _num(x):
+    return float("nan") if x is None else x
