@@ -195,7 +195,7 @@ def run(args) -> int:
     if result.storage:
         st = result.storage
         print(f"storage: {a} {st['a']:.4g}, {args.against or a} {st['b']:.4g} bits/element "
-              f"({'equal' if st['equal'] else 'unequal'} within ±{st['tolerance']:.1%})")
+              f"({'equal within' if st['equal'] else 'unequal, beyond'} ±{st['tolerance']:.1%})")
     main = result.main
     print(f"main comparison, {main.tests}; family: Holm over {result.family_size} tests; margins {args.margin:g} sd, "
           f"sd ratio {args.spread_margin:g}")
