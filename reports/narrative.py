@@ -12,7 +12,7 @@ import pandas as pd
 
 from stats.equal_storage import LEVEL, STORAGE, TOLERANCE
 
-from stats.findings import ALPHA, CELL as CELL_KEY, EQUIVALENCE_MARGIN, SETTING, Findings
+from stats.findings import ALPHA, CELL as CELL_KEY, SETTING, SMALLEST_EFFECT, Findings
 
 
 def num(x: float) -> str:
@@ -130,14 +130,15 @@ def lede(findings: Findings) -> str:
     return (f"{t.scheme.nunique()} codecs × {t.scenario.nunique()} scenario(s) × budgets "
             f"{', '.join(map(str, sorted(t.budget.unique())))} bits; {fixed}" + (f"; {varying}" if varying else "")
             + f"; {t.groupby(list(CELL_KEY)).size().min()} paired trials per cell. Codecs are ranked at equal "
-            f"measured storage (±{TOLERANCE / 2:.1%}), never per nominal budget; tests are paired. "
-            + attribution(findings))
+            f"measured storage (±{TOLERANCE / 2:.1%}), never per nominal budget; tests are paired"
+            + (f" ({INTERPOLATED}: interpolated between the codec's two nearest budgets)"
+               if findings.winners[["winner_source", "runner_up_source"]].map(_interpolated).to_numpy().any() else "")
+            + ". " + attribution(findings))
 
 
 def attributes(findings: Findings) -> bool:
     """Whether the report can attribute a difference to the codec: an implementation null run was given."""
-    w = findings.winners
-    return "n_null" in w.columns and bool((w["n_null"].fillna(0) > 0).any())
+    return bool(findings.has_null)
 
 
 def attribution(findings: Findings) -> str:
@@ -160,20 +161,35 @@ def headline_header(findings: Findings) -> tuple[str, ...]:
 
 
 def headline_rows(findings: Findings, scenario: str) -> list[tuple[str, ...]]:
-    """The first screen's table for one scenario: the best codec at each storage level, its
-    runner-up at the same storage, the paired test between them (Holm p and what it says) and,
-    when a null run was given, the verdict; setting columns only for what varies in the run."""
+    """The first screen's table for one scenario: the best codec at each storage level (marked
+    where its value is interpolated between two budgets), its runner-up at the same storage, the
+    paired test between them (Holm p and what it says: 'tie' where the two are shown inside the
+    margin) and, when a null run was given, the verdict; setting columns only for what varies."""
     varying = _varying(findings)
     rows = []
     wins = findings.winners[findings.winners.scenario == scenario]
     for w in wins.sort_values(list(SETTING) + [LEVEL]).itertuples():
         has_runner = isinstance(w.runner_up, str)
-        test = f"p {pvalue(w.p_holm)}: {w.comparison}" if has_runner else "—"
-        rows.append((*(str(getattr(w, c)) for c in varying), num(w.storage_level), w.winner,
-                     with_ci(w.winner_mean, w.winner_low, w.winner_high), w.runner_up if has_runner else "—",
+        said = f"tie ({w.comparison})" if has_runner and w.comparison in ("equivalent", "negligible") else w.comparison
+        test = f"p {pvalue(w.p_holm)}: {said}" if has_runner else "—"
+        rows.append((*(str(getattr(w, c)) for c in varying), num(w.storage_level), _placed(w.winner, w.winner_source),
+                     with_ci(w.winner_mean, w.winner_low, w.winner_high),
+                     _placed(w.runner_up, w.runner_up_source) if has_runner else "—",
                      with_ci(w.runner_up_mean, w.runner_up_low, w.runner_up_high) if has_runner else "—", test,
                      w.validation if has_runner else "—")[:len(headline_header(findings))])
     return rows
+
+
+INTERPOLATED = "†"
+
+
+def _interpolated(source) -> bool:
+    return isinstance(source, str) and source.endswith("interpolated")
+
+
+def _placed(scheme: str, source: str) -> str:
+    """A codec's name, marked † where its value at the level is interpolated between two budgets."""
+    return f"{scheme}{INTERPOLATED}" if _interpolated(source) else scheme
 
 
 CLAIM_HEADER = ("#", "claim (section)", "verdict", "effect [95% CI]", "as claimed / against / tests")
@@ -280,8 +296,8 @@ def method_sentence(findings: Findings) -> str:
             f"{TOLERANCE:.0%}. Every number is the mean over trials with its 95% Student-t confidence interval in "
             f"brackets. Trials of a setting share their K, V and Q, so codecs are compared with paired tests "
             f"(Wilcoxon signed-rank on per-trial d₂(T) differences, rank-biserial effect r ∈ [−1, 1], r < 0: the "
-            f"first-named codec has the smaller error), Holm-corrected within each (setting, storage level) family "
-            f"(α = {ALPHA}). The Pareto front is on measured storage; its confidence and the crossovers come from a "
+            f"first-named codec has the smaller error), Holm-corrected over every pair at every storage level, one "
+            f"family (α = {ALPHA}). The Pareto front is on measured storage; its confidence and the crossovers come from a "
             f"paired bootstrap over trials (stats.dominance).")
 
 
@@ -289,10 +305,11 @@ def verdict_note(findings: Findings) -> str:
     """How to read the two verdict columns, saying whether this report had an implementation null."""
     null = ("This report was given an implementation null (--null): a second run of the same cells that differs "
             "only in an implementation variable." if findings.has_null else
-            "This report was given no implementation null, so a detected difference stays 'inconclusive': pass "
-            "--null DIR, a run of the same cells with another RNG family, seed, impl, device or dtype.")
-    return ("'comparison' is the paired test of the best codec against the runner-up at the same storage "
-            f"('difference' at Holm p < {ALPHA}; for a tie 'equivalent' by a paired TOST within "
-            f"±{EQUIVALENCE_MARGIN:.0%} of the runner-up's mean, else 'inconclusive'). 'verdict' is the "
-            "codec-difference / implementation-variance rule of stats.validation on the six error coordinates at that "
-            "storage, judged against the implementation null. " + null)
+            "This report was given no implementation null, so a difference beyond the margin stays 'inconclusive': "
+            "pass --null DIR, a run of the same cells with another RNG family, seed, impl, device or dtype.")
+    return ("'comparison' is the paired test of the best codec against the runner-up at the same storage, on the "
+            f"smallest effect of interest ({SMALLEST_EFFECT:g} of d₂(T)'s pooled trial-to-trial standard deviation): "
+            f"'difference' at Holm p < {ALPHA} with the mean difference beyond the margin, 'negligible' significant "
+            "but shown inside it, 'equivalent' not significant and shown inside it (paired TOST), else "
+            "'inconclusive'. 'verdict' is the rule of stats.validation on the six error coordinates and their spreads "
+            "at that storage, every level one family, judged against the implementation null. " + null)

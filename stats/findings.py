@@ -20,11 +20,11 @@ import pandas as pd
 from .cells import CELL_COLUMNS, SETTING_COLUMNS
 from .dominance import crossovers, pareto_front
 from .equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, storage_column
-from .inference import holm, mean_ci, tost
+from .inference import holm, mean_ci
 from .metrics import SIX_D
 from .paired import two_sample
-from .levels import ALPHA, EQUIVALENCE_MARGIN
-from .validation import same_data, validate_family
+from .levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
+from .validation import margin_p_values, mean_difference, same_data, validate_family
 
 SETTING = SETTING_COLUMNS
 CELL = CELL_COLUMNS  # = SETTING[:1] + ("scheme", "budget") + SETTING[1:]
@@ -59,7 +59,8 @@ def pairwise_tests(equal: pd.DataFrame, metric: str = PRIMARY) -> pd.DataFrame:
     """Every pair of schemes at each (setting, storage level) of an equal-storage frame
     (stats.equal_storage.at_storage): paired Wilcoxon signed-rank test and rank-biserial r when
     the two ran on the same trials (stats.validation.same_data), else Mann–Whitney U and
-    Cliff's δ; Holm-adjusted within the (setting, level) family. Rows: setting, storage_level,
+    Cliff's δ; Holm-adjusted over every pair at every (setting, level): one family, as the
+    report's verdicts. Rows: setting, storage_level,
     scheme_a, scheme_b, mean_a, mean_b, test, paired, p_value, p_holm, effect; effect < 0 means
     scheme_a has the smaller (better) error."""
     records = []
@@ -75,9 +76,9 @@ def pairwise_tests(equal: pd.DataFrame, metric: str = PRIMARY) -> pd.DataFrame:
                 family.append(dict(zip(SETTING_LEVEL, key), scheme_a=a, scheme_b=b, mean_a=float(np.nanmean(x)),
                                    mean_b=float(np.nanmean(y)), test=test.test, paired=paired,
                                    p_value=test.p_value, effect=effect))
-        for rec, adj in zip(family, holm([r["p_value"] for r in family])):
-            rec["p_holm"] = float(adj)
         records.extend(family)
+    for rec, adj in zip(records, holm([r["p_value"] for r in records])):
+        rec["p_holm"] = float(adj)
     columns = SETTING_LEVEL + ["scheme_a", "scheme_b", "mean_a", "mean_b", "test", "paired", "p_value", "p_holm",
                                "effect"]
     return pd.DataFrame.from_records(records, columns=columns)
@@ -109,10 +110,13 @@ def winners(equal: pd.DataFrame, tests: pd.DataFrame, metric: str = PRIMARY) -> 
     runner-up (the next scheme at the same level, so within the storage tolerance of the
     winner), their means with Student-t 95% intervals and storages, how each was placed at the
     level (measured cell or interpolation), the test of winner vs runner-up (paired when
-    paired) with its Holm p-value and effect, and `comparison`: 'difference' when p_holm <
-    ALPHA; otherwise a TOST (paired when paired) with the margin EQUIVALENCE_MARGIN × the
-    runner-up's mean decides 'equivalent' or 'inconclusive'."""
-    records = []
+    paired) with its Holm p-value (one family over the report, pairwise_tests) and effect, and
+    `comparison` on the smallest effect of interest of stats.validation (half the metric's
+    pooled trial-to-trial sd): 'difference' when significant and the mean difference beyond the
+    margin (minimum-effect test, Holm over the report's winner rows), 'negligible' when
+    significant and shown inside it, 'equivalent' when not significant and shown inside it
+    (TOST), else 'inconclusive'."""
+    records, margins = [], []
     for key, group in equal.groupby(SETTING_LEVEL, sort=True):
         frames = _by_scheme(group)
         means = sorted((float(np.nanmean(f[metric])), s) for s, f in frames.items())
@@ -128,18 +132,22 @@ def winners(equal: pd.DataFrame, tests: pd.DataFrame, metric: str = PRIMARY) -> 
             rec.update(runner_up=second, runner_up_mean=mean, runner_up_low=low, runner_up_high=high,
                        runner_up_storage=float(frames[second].storage.mean()),
                        runner_up_source=_placement(frames[second]), **test, significant=test["p_holm"] < ALPHA)
-            if test["p_holm"] < ALPHA:
-                rec["comparison"] = "difference"
-            else:
-                margin = EQUIVALENCE_MARGIN * mean
-                x, y = frames[best][metric].to_numpy(float), frames[second][metric].to_numpy(float)
-                equal_means = margin > 0 and tost(x, y, margin, ALPHA, paired=test["paired"]).equivalent
-                rec["comparison"] = "equivalent" if equal_means else "inconclusive"
+            x, y = frames[best][metric].to_numpy(float), frames[second][metric].to_numpy(float)
+            margin = SMALLEST_EFFECT * np.sqrt((np.nanvar(x, ddof=1) + np.nanvar(y, ddof=1)) / 2)
+            _, p_beyond, p_inside = margin_p_values(mean_difference(x, y, test["paired"]), margin)
+            margins.append((len(records), p_beyond, p_inside))
         else:
             rec.update(runner_up=None, runner_up_mean=np.nan, runner_up_low=np.nan, runner_up_high=np.nan,
                        runner_up_storage=np.nan, runner_up_source=None, test=None, paired=False, p_holm=np.nan,
                        effect=np.nan, significant=False, comparison="only scheme")
         records.append(rec)
+    for (i, _, p_inside), p_beyond in zip(margins, holm([m[1] for m in margins])):
+        rec = records[i]
+        inside = p_inside <= ALPHA
+        if rec["significant"]:
+            rec["comparison"] = ("difference" if p_beyond <= ALPHA else "negligible" if inside else "inconclusive")
+        else:
+            rec["comparison"] = "equivalent" if inside else "inconclusive"
     columns = SETTING_LEVEL + ["winner", "winner_mean", "winner_low", "winner_high", "winner_storage",
                                "winner_source", "n_schemes", "runner_up", "runner_up_mean", "runner_up_low",
                                "runner_up_high", "runner_up_storage", "runner_up_source", "test", "paired", "p_holm",
@@ -264,7 +272,7 @@ def to_json(findings: Findings) -> dict:
     verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str)).astype(bool)][
         SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason"]]
     return {"n_trials": int(len(findings.trials)), "n_cells": int(len(findings.cells)),
-            "metric": PRIMARY, "alpha": ALPHA, "equivalence_margin": EQUIVALENCE_MARGIN,
+            "metric": PRIMARY, "alpha": ALPHA, "smallest_effect_sd": SMALLEST_EFFECT, "spread_margin": SPREAD_MARGIN,
             "storage": {"column": findings.storage, "levels": list(findings.levels), "tolerance": TOLERANCE},
             "has_null": findings.has_null, "fronts": fronts, "winners": _records(wins),
             "verdicts": _records(verdicts), "crossovers": _records(findings.crossovers),

@@ -322,7 +322,7 @@ def spread_effect(terms, column: int) -> Effect:
     return Effect(float(estimate), float(np.sqrt(variance)), np.inf)
 
 
-def _p_values(effect: Effect, margin: float) -> tuple[float, float, float]:
+def margin_p_values(effect: Effect, margin: float) -> tuple[float, float, float]:
     """(p₀, p_beyond, p_inside) of an effect (module doc): two-sided for effect = 0; the
     minimum-effect test of H0 |effect| ≤ margin (both tails at the boundary, so exact at
     margin 0 too); the TOST of H0 |effect| ≥ margin. Zero SE: 0 or 1 by the estimate alone."""
@@ -335,6 +335,16 @@ def _p_values(effect: Effect, margin: float) -> tuple[float, float, float]:
     sf = (lambda z: float(_sps.t.sf(z, df))) if np.isfinite(df) else (lambda z: float(_sps.norm.sf(z)))
     return (min(1.0, 2 * sf(a / se)), min(1.0, sf((a - margin) / se) + sf((a + margin) / se)),
             sf((margin - a) / se))
+
+
+def mean_difference(x, y, paired: bool) -> Effect:
+    """mean(x) − mean(y) of two 1-D samples as an Effect: paired, the mean of the differences with
+    SE sd/√n and n − 1 df (pairs with a NaN dropped); else Welch's SE and df (NaNs dropped)."""
+    x, y = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    if paired:
+        key = ("paired", len(x))
+        return location_effect([(1.0, TrialSample(key, x[:, None])), (-1.0, TrialSample(key, y[:, None]))], 0)
+    return location_effect([(1.0, TrialSample(("x",), x[:, None])), (-1.0, TrialSample(("y",), y[:, None]))], 0)
 
 
 def effect_ci(effect: Effect, level: float = 0.95) -> tuple[float, float]:
@@ -473,7 +483,7 @@ def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = ALP
         margins[spread_test(m)] = float(np.log(spread_margin))
     p_zero, p_beyond, p_inside = {}, {}, {}
     for t in TESTS:
-        p_zero[t], p_beyond[t], p_inside[t] = _p_values(estimates[t], margins[t])
+        p_zero[t], p_beyond[t], p_inside[t] = margin_p_values(estimates[t], margins[t])
     p_holm = dict(zip(TESTS, map(float, holm([p_zero[t] for t in TESTS]))))
     return Comparison(label, len(sa.values), len(sb.values), paired, dict(zip(SIX_D, map(float, p))),
                       dict(zip(SIX_D, map(float, ks_statistic))), dict(zip(SIX_D, map(float, ks_p))), energy,

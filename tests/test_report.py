@@ -218,7 +218,8 @@ def test_json_findings_match_the_tables(run_dir, html, capsys):
     for w in found["winners"]:
         if w["runner_up"] is not None:
             assert abs(w["winner_storage"] - w["runner_up_storage"]) <= 0.05 * w["storage_level"]
-            assert w["verdict"] in {"codec-difference", "implementation-variance", "equivalent", "inconclusive"}
+            assert w["verdict"] in {"codec-difference", "implementation-variance", "negligible", "equivalent",
+                                    "inconclusive"}
     assert {f["setting"]["dim"] for f in found["fronts"]} == {16, 32}
     assert all(p["d2_t_low"] <= p["d2_t"] <= p["d2_t_high"] for f in found["fronts"] for p in f["points"])
 
@@ -312,14 +313,20 @@ def test_verdicts_use_the_implementation_null(run_dir, tmp_path):
     is judged against two null comparisons; without it none is."""
     null = tmp_path / "null"
     assert main(["run", *RUN, "--rng", "mt19937", "--out", str(null)]) == 0
+    from reports.narrative import headline_header, lede
+
     trials = RunStore(run_dir).trials()
-    with_null = analyse(trials, RunStore(null).trials(), n_permutations=50, levels=LEVELS).winners
-    alone = analyse(trials, n_permutations=50, levels=LEVELS).winners
-    with_null, alone = (w[w.runner_up.map(lambda r: isinstance(r, str))] for w in (with_null, alone))
+    found_null = analyse(trials, RunStore(null).trials(), n_permutations=50, levels=LEVELS)
+    found_alone = analyse(trials, n_permutations=50, levels=LEVELS)
+    with_null, alone = (f.winners[f.winners.runner_up.map(lambda r: isinstance(r, str))]
+                        for f in (found_null, found_alone))
     assert len(with_null) == len(alone) == 2  # d = 16 at 4.5 and d = 32 at 3.5 hold two schemes or more
-    valid = {"codec-difference", "implementation-variance", "equivalent", "inconclusive"}
+    valid = {"codec-difference", "implementation-variance", "negligible", "equivalent", "inconclusive"}
     assert set(with_null.validation) <= valid and (with_null.n_null == 2).all()
     assert (alone.n_null == 0).all() and "codec-difference" not in set(alone.validation)
+    # the first screen: the verdict column only with a null; without one a line says what can be concluded
+    assert headline_header(found_null)[-1] == "verdict" and "verdict" not in headline_header(found_alone)
+    assert "No implementation null run" in lede(found_alone) and "No implementation null" not in lede(found_null)
 
 
 SQ_RUN = ["--scenario", "spectral_decay", "--scheme", "sq-kv,tq-kv", "--budget", "3", "--dim", "16", "--seq-len", "32",

@@ -20,7 +20,7 @@ from harness.runner import run_sweep
 from stats.dominance import amplification, crossovers, pareto_front
 from stats.metrics import SIX_D
 from stats.inference import holm, tost
-from stats.validation import (PAIRED_TESTS, TESTS, UNPAIRED_TESTS, VERDICTS, TrialSample, _p_values, compare_runs,
+from stats.validation import (PAIRED_TESTS, TESTS, UNPAIRED_TESTS, VERDICTS, TrialSample, margin_p_values, compare_runs,
                               energy_effect, location_effect, same_data, spread_effect, validate_samples)
 
 SMALL = ["--scenario", "gaussian", "--budget", "2", "--dim", "16", "--seq-len", "64", "--queries", "8",
@@ -86,7 +86,7 @@ def test_verdicts_on_constructed_samples():
     assert row["ci95"][0] <= row["estimate"] <= row["ci95"][1] and row["margin"] == pytest.approx(0.5 * 0.01, rel=0.2)
 
 
-def test_p_values_against_scipy_and_the_tost():
+def testmargin_p_values_against_scipy_and_the_tost():
     """p₀ is scipy's t-test (paired: ttest_rel; unpaired: Welch), the minimum-effect test at margin
     0 is the same two-sided test, and p_inside is stats.inference.tost at the absolute margin."""
     gen = np.random.default_rng(5)
@@ -104,7 +104,7 @@ def test_p_values_against_scipy_and_the_tost():
             margin = main.margins[m]
             assert margin == pytest.approx(0.5 * np.sqrt((x.var(ddof=1) + y.var(ddof=1)) / 2), rel=1e-12)
             assert main.p_inside[m] == pytest.approx(tost(x, y, margin, paired=paired).p_value, rel=1e-9)
-            assert _p_values(main.estimates[m], 0.0)[1] == pytest.approx(t.pvalue, rel=1e-9)
+            assert margin_p_values(main.estimates[m], 0.0)[1] == pytest.approx(t.pvalue, rel=1e-9)
 
 
 def test_spread_jackknife_matches_brute_force_deletion():
