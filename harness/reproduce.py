@@ -29,7 +29,7 @@ import torch
 import scenarios
 from schemes.base import call_with_optional
 from stats import claims as C
-from stats.metrics import exact_logits, relative_mse
+from stats.metrics import exact_logits, relative_mse, weighted_values
 
 from .devices import resolve_device, resolve_dtype
 from .provenance import now
@@ -165,8 +165,8 @@ def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
                 exact_logits(data["q"], scheme.decode(enc)[0])
             logits = exact_logits(data["q"].double(), data["k"].double())
             v = data["v"].double()
-            t = torch.softmax(logits, -1) @ v
-            konly = relative_mse(t, torch.softmax(logits_hat.double(), -1) @ v)
+            t = weighted_values(torch.softmax(logits, -1), v)
+            konly = relative_mse(t, weighted_values(torch.softmax(logits_hat.double(), -1), v))
             first = C.first_order_t_rel_mse(logits, logits_hat, v)
             logit_err = relative_mse(logits, logits_hat.double())
             for i, trial in enumerate(trials):

@@ -44,6 +44,7 @@ import math
 import torch
 
 from kvcommon.memo import IdentityMemo
+from kvcommon.threads import torch_threads
 
 # Metrics every trial has; EVICTION_METRIC_NAMES only trials of an evicting codec (NaN otherwise).
 METRIC_NAMES = tuple(
@@ -197,13 +198,25 @@ def evicted_mass(logits: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     return mass.reshape(mass.shape[0], -1).mean(dim=1)
 
 
+def weighted_values(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """probs · v (B, H, Nq, d), on the CPU with one intra-op thread: MKL splits the long inner
+    (token) dimension across threads and rounds differently at 2 threads than at 1 (Intel Xeon:
+    T's last bits at S = 777 and 1024, d = 64 and 128), so a worker process with one thread would
+    give other rows than a serial run with two. One thread costs little here (the products are
+    a few percent of the metrics' time)."""
+    if probs.device.type != "cpu":
+        return probs @ v
+    with torch_threads(1):
+        return probs @ v
+
+
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logits q kᵀ/√d, probabilities softmax(logits), T = probs·v) of the exact cache, the
     reference of every codec's metrics on the same data: the runner computes it once per chunk
     and hands it to trial_metrics for each cell of the chunk."""
     logits = exact_logits(q, k)
     probs = torch.softmax(logits, dim=-1)
-    return logits, probs, probs @ v
+    return logits, probs, weighted_values(probs, v)
 
 
 def key_metrics(k: torch.Tensor, k_hat: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -218,7 +231,7 @@ def value_metrics(v: torch.Tensor, v_hat: torch.Tensor, probs: torch.Tensor, t: 
     t_rel_mse_vonly (T̂ with exact probabilities and V̂); one pass of the rows' energies for V's two."""
     energies = _token_energies(v, v_hat)
     out = error_point(v, v_hat, "v", energies=energies)
-    out["t_rel_mse_vonly"] = relative_mse(t, probs @ v_hat)
+    out["t_rel_mse_vonly"] = relative_mse(t, weighted_values(probs, v_hat))
     out["ptcosine_v"] = per_token_cosine(v, v_hat, energies=energies)
     return out
 
@@ -228,7 +241,7 @@ def score_metrics(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Te
     """(the metrics of the scores alone: t_rel_mse_konly, kl_attn, the logit metrics and, with kept,
     evicted_mass; the compressed attention probabilities p̂ (B, H, Nq, S))."""
     probs_hat = attention(logits_hat, kept)
-    out = {"t_rel_mse_konly": relative_mse(t, probs_hat @ v), "kl_attn": kl_attention(logits, logits_hat, kept)}
+    out = {"t_rel_mse_konly": relative_mse(t, weighted_values(probs_hat, v)), "kl_attn": kl_attention(logits, logits_hat, kept)}
     if kept is not None:
         out["evicted_mass"] = evicted_mass(logits, kept)
         # the logit metrics over the kept (query, token) pairs: the evicted ones count zero
@@ -259,7 +272,7 @@ def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torc
     scored, probs_hat = _remembered(score_metrics, (logits, logits_hat, *masks, v, t), logits, logits_hat, kept, v, t)
     out = {**_remembered(key_metrics, (k, k_hat), k, k_hat), **_remembered(value_metrics, (v, v_hat, probs, t),
                                                                             v, v_hat, probs, t), **scored}
-    out.update(error_point(t, probs_hat @ v_hat, "t"))
+    out.update(error_point(t, weighted_values(probs_hat, v_hat), "t"))
     names = METRIC_NAMES if kept is None else METRIC_NAMES + EVICTION_METRIC_NAMES
     return {name: out[name] for name in names}
 

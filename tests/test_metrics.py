@@ -7,7 +7,7 @@ import torch
 
 from kvcommon.threads import torch_threads
 from stats.metrics import (EVICTION_METRIC_NAMES, METRIC_NAMES, SIX_D, cosine, kl_attention, per_token_cosine,
-                           relative_mse, trial_metrics)
+                           relative_mse, trial_metrics, weighted_values)
 
 
 def t(*rows):
@@ -249,3 +249,17 @@ def test_float32_trial_sums_agree_with_float64_brute_force():
     slope = (logits_hat.double() * logits).sum(dim=(1, 2, 3)) / (logits ** 2).sum(dim=(1, 2, 3))
     np.testing.assert_allclose(m["rel_mse_k"].numpy(), rel_k.numpy(), rtol=1e-7)
     np.testing.assert_allclose(m["logit_slope"].numpy(), slope.numpy(), rtol=1e-7)
+
+
+def test_attention_output_is_the_same_bits_at_any_thread_count_at_long_caches():
+    """weighted_values (probs · v, the attention output of every T metric) gives one thread's bits
+    whatever the caller's thread count: MKL splits the token dimension across threads otherwise
+    (2 threads gave other last bits than 1 at S = 777 on an Intel Xeon)."""
+    gen = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(2, 1, 64, 2048, generator=gen), dim=-1)
+    v = torch.randn(2, 1, 2048, 128, generator=gen)
+    with torch_threads(1):
+        reference = probs @ v
+    for n in (2, 3):
+        with torch_threads(n):
+            assert torch.equal(weighted_values(probs, v), reference)
