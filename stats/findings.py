@@ -189,9 +189,10 @@ def validations(equal: pd.DataFrame, winners_frame: pd.DataFrame, null_equal: pd
         cases.append((main[key_a], main[key_b], [(main[k], null[k]) for k in (key_a, key_b) if k in null]))
     results = validate_family(cases, alpha=ALPHA, n_permutations=n_permutations) if cases else []
     records = [dict(zip(SETTING_LEVEL, key), validation=result.verdict, validation_reason=result.reason,
-                    n_null=len(result.nulls), energy_p=result.main.energy.p_value)
+                    n_null=len(result.nulls), energy_p=result.main.energy.p_value,
+                    validation_effects=result.effect_rows())
                for key, result in zip(keys, results)]
-    columns = SETTING_LEVEL + ["validation", "validation_reason", "n_null", "energy_p"]
+    columns = SETTING_LEVEL + ["validation", "validation_reason", "n_null", "energy_p", "validation_effects"]
     return pd.DataFrame.from_records(records, columns=columns)
 
 
@@ -268,9 +269,10 @@ def to_json(findings: Findings) -> dict:
         points = cells[cells.on_front].sort_values(["storage", "d2_t"])[front_columns]
         fronts.append({"setting": _records(pd.DataFrame([dict(zip(SETTING, setting))]))[0],
                        "points": _records(points)})
-    wins = findings.winners.rename(columns={"validation": "verdict", "validation_reason": "verdict_reason"})
+    wins = findings.winners.rename(columns={"validation": "verdict", "validation_reason": "verdict_reason",
+                                            "validation_effects": "verdict_effects"})
     verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str)).astype(bool)][
-        SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason"]]
+        SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason", "verdict_effects"]]
     return {"n_trials": int(len(findings.trials)), "n_cells": int(len(findings.cells)),
             "metric": PRIMARY, "alpha": ALPHA, "smallest_effect_sd": SMALLEST_EFFECT, "spread_margin": SPREAD_MARGIN,
             "storage": {"column": findings.storage, "levels": list(findings.levels), "tolerance": TOLERANCE},

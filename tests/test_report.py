@@ -220,7 +220,10 @@ def test_json_findings_match_the_tables(run_dir, html, capsys):
             assert abs(w["winner_storage"] - w["runner_up_storage"]) <= 0.05 * w["storage_level"]
             assert w["verdict"] in {"codec-difference", "implementation-variance", "negligible", "equivalent",
                                     "inconclusive"}
-    assert {f["setting"]["dim"] for f in found["fronts"]} == {16, 32}
+    for v in found["verdicts"]:  # each verdict carries its effects with their CIs and margins
+        effect = v["verdict_effects"]["snr_err_t"]
+        assert effect["ci95"][0] <= effect["estimate"] <= effect["ci95"][1] and effect["margin"] > 0
+    assert found["verdicts"] and {f["setting"]["dim"] for f in found["fronts"]} == {16, 32}
     assert all(p["d2_t_low"] <= p["d2_t"] <= p["d2_t_high"] for f in found["fronts"] for p in f["points"])
 
 
