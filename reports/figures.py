@@ -304,12 +304,12 @@ def significance_figure(findings: Findings, styles) -> ReportFigure:
     # rows of at least 7.5 pt (a larger grid outgrows the page and is scaled onto it).
     n, n_rows, n_cols = len(names), len(scen), len(levels)
     label = max(len(x) for x in names) * 0.62 * _LABEL_PT / 72 + 0.35  # inches: tick labels and axis label
-    bar, title = 0.9, 0.3
+    bar, title_height = 0.9, 0.3  # inches: the colour bar's column, each panel's title
     width, height = PAGE_FIGURE_BOX[0] - 0.3, PAGE_FIGURE_BOX[1] - 0.3  # less savefig's padding
-    side = min((width - label - bar) / n_cols - 0.1, (height - label) / n_rows - title)
+    side = min((width - label - bar) / n_cols - 0.1, (height - label) / n_rows - title_height)
     side = max(side, n * 7.5 / 72 + 0.1)
     fig, axes = plt.subplots(n_rows, n_cols, squeeze=False,
-                             figsize=(label + n_cols * (side + 0.1) + bar, n_rows * (side + title) + label))
+                             figsize=(label + n_cols * (side + 0.1) + bar, n_rows * (side + title_height) + label))
     annotate = side / n >= 6 * 0.62 * _LABEL_PT / 72  # room for "+0.53*" in a cell, else stars only
     for r, sc in enumerate(scen):
         for c, level in enumerate(levels):
