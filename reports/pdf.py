@@ -30,6 +30,9 @@ FIGURE_BOX, FIGURE_PPI = PAGE_FIGURE_BOX, 200
 _NOTICE = {"color": "#a02000", "fontweight": "bold", "va": "top"}
 _LINES_PER_PAGE, _WRAP = 62, 105
 _ROWS_PER_PAGE = 30
+# The pages' own text is plain (math text off: names are drawn as they are); a report figure is
+# drawn with math text on, for its log axes' 10^k tick labels (its names are escaped, figures.literal).
+_FIGURE_RC = {"text.parse_math": True}
 
 
 def _text_pages(pdf: PdfPages, lines: list[tuple[str, str]]) -> None:
@@ -96,7 +99,8 @@ def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list
         page.text(0.04, 0.915 - (0.02 if notice else 0), "\n".join(textwrap.wrap(lede(findings), 150)), fontsize=8,
                   va="top")
         buf = io.BytesIO()
-        f.figure.savefig(buf, format="png", dpi=150, bbox_inches="tight")
+        with plt.rc_context(_FIGURE_RC):
+            f.figure.savefig(buf, format="png", dpi=150, bbox_inches="tight")
         buf.seek(0)
         image = plt.imread(buf)
         ax = page.add_axes([0.03, 0.2, 0.42, 0.62])
@@ -137,9 +141,10 @@ def _figure_page(pdf: PdfPages, f: ReportFigure) -> None:
     image of FIGURE_PPI on the page) and its caption."""
     from PIL import Image
 
-    scale = page_scale(f.figure)
-    buf = io.BytesIO()
-    f.figure.savefig(buf, format="png", dpi=FIGURE_PPI * scale, bbox_inches="tight")
+    with plt.rc_context(_FIGURE_RC):
+        scale = page_scale(f.figure)
+        buf = io.BytesIO()
+        f.figure.savefig(buf, format="png", dpi=FIGURE_PPI * scale, bbox_inches="tight")
     buf.seek(0)
     image = Image.open(buf).convert("RGB")
     width, height = (n / FIGURE_PPI for n in image.size)  # inches on the page

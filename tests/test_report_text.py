@@ -3,6 +3,8 @@ rendered text shows raw math markup, no legend lists more than MAX_SERIES entrie
 table cell is cut off."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,7 +17,7 @@ CODECS = ("plain-kv", "tq-kv", "tq-qkv", "tq-fkv", "tq-kqv", "tq-qkqv", "tq-kfv"
 
 
 def synthetic_findings(names=CODECS, scenarios=("gaussian", "price_$5_vs_$10"), seed=3):
-    """Findings of a made-up run (random metrics spanning two decades, so axes go logarithmic) of
+    """Findings of a made-up run (random metrics spanning five decades, so axes go logarithmic) of
     the given codecs: the figures and tables drawn without running a sweep."""
     rng = np.random.default_rng(seed)
     rows = []
@@ -25,7 +27,7 @@ def synthetic_findings(names=CODECS, scenarios=("gaussian", "price_$5_vs_$10"), 
             for budget in (2, 3):
                 for dim in (32, 64):
                     for trial in range(4):
-                        row = {c: rng.uniform(0.002, 0.5) for c in TRIAL_COLUMNS}
+                        row = {c: 10 ** rng.uniform(-6, -0.3) for c in TRIAL_COLUMNS}   # over 5 decades
                         row.update(scenario=scenario, scheme=name, budget=budget, dim=dim, seq_len=64, queries=8,
                                    trial=trial, seed=0, impl="torch", device="cpu", dtype="float32", rng="pcg64",
                                    heads=1, calib_tokens=512, bits_per_element=budget + overhead[name],
@@ -58,3 +60,78 @@ def test_every_figure_has_its_own_title(figures):
     assert drawn["significance"].title.startswith("Pairwise differences in d₂(T)")
     for f in figures:
         assert isinstance(f.title, str) and any(ch.isalpha() for ch in f.title), (f.key, f.title)
+
+
+def rendered_texts(fig) -> list[tuple[str, bool]]:
+    """(what is drawn, whether as math text) for every visible text of a figure, after drawing it."""
+    import io
+
+    import matplotlib.text
+
+    fig.savefig(io.BytesIO(), format="png", dpi=30)
+    out = []
+    for text in fig.findobj(matplotlib.text.Text):
+        if text.get_visible() and text.get_text():
+            out.append(text._preprocess_math(text.get_text()))
+    return out
+
+
+def assert_no_raw_math(key: str, texts) -> None:
+    """No drawn text shows math markup; math text is only numbers (the 10^k tick labels)."""
+    for s, math in texts:
+        if math:
+            assert re.sub(r"\\mathdefault|\\times|[\s${}^.,\d\-−]", "", s) == "", (key, s)
+        else:
+            assert "mathdefault" not in s and "\\" not in s, (key, s)
+
+
+def test_names_with_dollars_and_log_ticks_are_drawn_as_meant(figures):
+    """Log-axis tick labels are typeset (not printed as $\\mathdefault{10^{-5}}$, which switching
+    math text off for names did), and a scenario named with $ is drawn as it is spelled."""
+    texts = {f.key: rendered_texts(f.figure) for f in figures if f.figure is not None}
+    assert any(math for drawn in texts.values() for _, math in drawn), "no log axis: the test lost its bite"
+    for key, drawn in texts.items():
+        assert_no_raw_math(key, drawn)
+    titled = [key for key, drawn in texts.items() if any("price_$5_vs_$10" in s for s, math in drawn if not math)]
+    assert len(titled) >= 3, titled
+
+
+def test_figures_stay_typeset_after_the_pdf_draws_them(tmp_path):
+    """The PDF draws the figures with its pages' math text off; their tick labels stay typeset."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import build_figures
+    from reports.pdf import write_pdf
+
+    findings = synthetic_findings(names=CODECS[:4])
+    built = build_figures(findings)
+    try:
+        write_pdf(tmp_path / "report.pdf", "t", findings, built, [("item", "value")])
+        for f in built:
+            if f.figure is not None:
+                assert_no_raw_math(f.key, rendered_texts(f.figure))
+    finally:
+        for f in built:
+            if f.figure is not None:
+                plt.close(f.figure)
+
+
+def test_no_legend_lists_more_than_a_panel_draws(figures):
+    """Every legend names at most MAX_SERIES entries (one legend of all 15 codecs was 24 entries at
+    5 px on a 1366-px screen for the main job), and each codec drawn is named in some legend."""
+    from reports.styles import MAX_SERIES
+
+    with_legend = 0
+    for f in figures:
+        if f.figure is None:
+            continue
+        legends = [*f.figure.legends, *(ax.get_legend() for ax in f.figure.axes if ax.get_legend())]
+        for legend in legends:
+            assert len(legend.get_texts()) <= MAX_SERIES, (f.key, [t.get_text() for t in legend.get_texts()])
+        named = {t.get_text() for legend in legends for t in legend.get_texts()}
+        drawn = {a.get_gid() for ax in f.figure.axes for a in [*ax.lines, *ax.collections] if a.get_gid()}
+        if legends:
+            with_legend += 1
+            assert drawn <= named, (f.key, drawn - named)
+    assert with_legend >= 4
+
