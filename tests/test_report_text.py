@@ -135,3 +135,91 @@ def test_no_legend_lists_more_than_a_panel_draws(figures):
             assert drawn <= named, (f.key, drawn - named)
     assert with_legend >= 4
 
+
+def _page_words(pdf, page: int) -> list[str]:
+    import subprocess
+
+    text = subprocess.run(["pdftotext", "-f", str(page), "-l", str(page), "-layout", str(pdf), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    return text.split()
+
+
+@pytest.mark.skipif(__import__("shutil").which("pdftotext") is None, reason="pdftotext (poppler-utils) is absent")
+def test_pdf_table_cells_are_not_cut_off(tmp_path):
+    """Every word of every cell of the winners table, the widest (16 columns: 'b = 2–3 interpolated',
+    '0.2101 [0.1723, 0.2480]', 'Wilcoxon (paired)'), is on its PDF page whole: a cell's text that
+    runs into the next cell comes out of pdftotext cut or fused with its neighbour's."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import build_figures
+    from reports.narrative import winner_rows
+    from reports.pdf import write_pdf
+
+    findings = synthetic_findings(names=CODECS[:6], scenarios=("heavy_tail",))
+    built = [f for f in build_figures(findings) if f.key.startswith("front-")]
+    try:
+        write_pdf(tmp_path / "report.pdf", "t", findings, built, [("item", "value")])
+    finally:
+        for f in built:
+            plt.close(f.figure)
+    rows = winner_rows(findings)
+    assert any("interpolated" in cell for row in rows for cell in row)
+    words = _page_words(tmp_path / "report.pdf", 2)   # page 1: the first screen; page 2: the winners table
+    assert "Best" in words and "storage" in words
+    missing = [word for row in rows for cell in row for word in cell.split() if word not in words]
+    assert missing == []
+
+
+class _CheckedPages:
+    """Stands in for PdfPages: each page, drawn, is checked for table cells whose text reaches past
+    the cell, or tables that run off the page."""
+
+    def __init__(self, path):
+        self.overflow, self.tables = [], 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def infodict(self):
+        return {}
+
+    def savefig(self, fig):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        page = fig.bbox
+        for ax in fig.axes:
+            for table in ax.tables:
+                self.tables += 1
+                outer = table.get_window_extent(renderer)
+                if outer.y0 < page.y0 - 1 or outer.x1 > page.x1 + 1:
+                    self.overflow.append(("table off the page", outer.bounds))
+                for (row, col), cell in table.get_celld().items():
+                    box, text = cell.get_window_extent(renderer), cell.get_text().get_window_extent(renderer)
+                    if text.width and (text.x0 < box.x0 - 0.5 or text.x1 > box.x1 + 0.5 or text.y0 < box.y0 - 0.5
+                                       or text.y1 > box.y1 + 0.5):
+                        self.overflow.append((row, col, cell.get_text().get_text()))
+
+
+def test_no_pdf_table_cell_runs_past_its_cell(monkeypatch):
+    """Drawn through write_pdf (the first screen's table, the winners, fronts, every cell, the
+    provenance), no cell's text leaves its cell and no table leaves its page, whatever the names."""
+    import matplotlib.pyplot as plt
+
+    import reports.pdf
+    from reports.figures import build_figures
+
+    findings = synthetic_findings(names=CODECS[:8])
+    built = [f for f in build_figures(findings) if f.key.startswith("front-")]
+    pages = []
+    monkeypatch.setattr(reports.pdf, "PdfPages", lambda path: pages.append(_CheckedPages(path)) or pages[-1])
+    try:
+        reports.pdf.write_pdf("unused.pdf", "t", findings, built,
+                              [("item", "value"), ("command", "harness run " + " ".join(["--scheme all"] * 30))])
+    finally:
+        for f in built:
+            plt.close(f.figure)
+    assert pages[0].tables >= 6
+    assert pages[0].overflow == []
