@@ -8,6 +8,7 @@ which is how the tests count a panel's series and check its colours.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import matplotlib
@@ -15,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a display; must precede pyplot
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.text  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
@@ -110,11 +112,46 @@ def _tag(artists, name: str):
 
 
 def _legend(fig: Figure, styles: dict[str, SchemeStyle], names, extra=()) -> None:
-    handles = [plt.Line2D([], [], color=styles[n].colour, marker=styles[n].marker, linestyle=styles[n].line,
-                          label=n) for n in sorted(names)]
-    fig.legend(handles=handles + list(extra), loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
-               title="scheme")
-    fig.tight_layout()
+    """Legends of at most MAX_SERIES codecs, each as large as its panels: the panels are faceted
+    by codec family, one family group a column (a legend under each column) or a row (a legend
+    right of each row); the extra handles (reference lines) in one legend above the panels."""
+    names = set(names)
+    panels = []
+    for ax in fig.axes:
+        spec = ax.get_subplotspec()
+        drawn = {a.get_gid() for a in [*ax.lines, *ax.collections] if a.get_gid() in names}
+        if spec is not None and drawn:
+            panels.append((spec.rowspan.start, spec.colspan.start, ax, drawn))
+
+    def grouped(index: int) -> dict[int, tuple]:
+        groups: dict[int, tuple] = {}
+        for panel in panels:
+            last, seen = groups.get(panel[index], (panel, set()))
+            groups[panel[index]] = (max(last, panel, key=lambda p: p[1 - index]), seen | panel[3])
+        return groups
+
+    by_column, by_row = grouped(1), grouped(0)
+    right = 0.0   # inches kept free right of the panels for row legends
+    if all(len(drawn) <= MAX_SERIES for _, drawn in by_column.values()):
+        places = [(panel[2], drawn, dict(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2))
+                  for panel, drawn in by_column.values()]
+    elif all(len(drawn) <= MAX_SERIES for _, drawn in by_row.values()):
+        places = [(panel[2], drawn, dict(loc="center left", bbox_to_anchor=(1.02, 0.5)))
+                  for panel, drawn in by_row.values()]
+        right = 1.5
+    else:
+        places = [(ax, drawn, dict(loc="best")) for _, _, ax, drawn in panels]
+    for ax, drawn, where in places:
+        handles = [plt.Line2D([], [], color=styles[n].colour, marker=styles[n].marker, linestyle=styles[n].line,
+                              label=n) for n in sorted(drawn)]
+        legend = ax.legend(handles=handles, frameon=False, title="scheme", **where)
+        legend.set_in_layout(not right)   # a row legend sits in the margin kept for it
+    top = 0.0
+    if extra:
+        fig.legend(handles=list(extra), loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=len(extra),
+                   frameon=False)
+        top = 0.3
+    fig.tight_layout(rect=(0, 0, 1 - right / fig.get_figwidth(), 1 - top / fig.get_figheight()))
 
 
 def _representative(values, n: int = 3) -> list:
@@ -304,12 +341,12 @@ def significance_figure(findings: Findings, styles) -> ReportFigure:
     # rows of at least 7.5 pt (a larger grid outgrows the page and is scaled onto it).
     n, n_rows, n_cols = len(names), len(scen), len(levels)
     label = max(len(x) for x in names) * 0.62 * _LABEL_PT / 72 + 0.35  # inches: tick labels and axis label
-    bar, title = 0.9, 0.3
+    bar, title_height = 0.9, 0.3  # inches: the colour bar's column, each panel's title
     width, height = PAGE_FIGURE_BOX[0] - 0.3, PAGE_FIGURE_BOX[1] - 0.3  # less savefig's padding
-    side = min((width - label - bar) / n_cols - 0.1, (height - label) / n_rows - title)
+    side = min((width - label - bar) / n_cols - 0.1, (height - label) / n_rows - title_height)
     side = max(side, n * 7.5 / 72 + 0.1)
     fig, axes = plt.subplots(n_rows, n_cols, squeeze=False,
-                             figsize=(label + n_cols * (side + 0.1) + bar, n_rows * (side + title) + label))
+                             figsize=(label + n_cols * (side + 0.1) + bar, n_rows * (side + title_height) + label))
     annotate = side / n >= 6 * 0.62 * _LABEL_PT / 72  # room for "+0.53*" in a cell, else stars only
     for r, sc in enumerate(scen):
         for c, level in enumerate(levels):
@@ -553,19 +590,45 @@ def calibration_figure(findings: Findings, styles) -> ReportFigure:
     return ReportFigure("calibration", title, caption, fig)
 
 
+_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def literal(text: str) -> str:
+    """`text` as matplotlib should draw it, character for character: each unescaped $ escaped, so
+    that math text (on: the log axes' tick labels are 10^k in math text) never parses a name
+    ('price_$5_vs_$10' would be typeset as math, or fail to parse)."""
+    return _DOLLAR.sub(r"\\$", text)
+
+
+def names_literal(fig: Figure) -> None:
+    """Turn math text on in a figure built with it off, with every text drawn from names (titles,
+    legends, annotations, axis labels, categorical tick labels) made literal first. Tick labels of
+    the numeric axes are written by their formatters at each draw, so their math is typeset."""
+    for text in fig.findobj(matplotlib.text.Text):
+        text.set_text(literal(text.get_text()))
+        text.set_parse_math(True)
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for formatter in (axis.get_major_formatter(), axis.get_minor_formatter()):
+                if isinstance(formatter, ticker.FixedFormatter):
+                    formatter.seq = [literal(str(s)) for s in formatter.seq]
+
+
 def build_figures(findings: Findings) -> list[ReportFigure]:
-    """Every figure of the report, in reading order; absent ones carry their reason."""
+    """Every figure of the report, in reading order; absent ones carry their reason. A figure is
+    laid out with math text off (a name with $ signs is no formula) and drawn with it on, its names
+    escaped (names_literal), so the log axes' 10^k tick labels are typeset."""
     styles = scheme_styles(findings.trials.scheme.unique())
-    # text.parse_math off: names from users (run directories, scenario files) are text, never
-    # matplotlib math ('price_$5_vs_$10' would not parse)
     with plt.rc_context({"text.parse_math": False, "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8,
-                         "legend.fontsize": 8,
-                         "axes.grid": True, "grid.alpha": 0.3}):
+                         "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3}):
         figures = [*(front_figure(findings, styles, sc) for sc in sorted(findings.cells.scenario.unique())),
                    dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),
                    error_space_figure(findings, styles), significance_figure(findings, styles),
                    isolation_figure(findings, styles), amplification_figure(findings, styles),
                    d_eff_figure(findings, styles), calibration_figure(findings, styles)]
+    for f in figures:
+        if f.figure is not None:
+            names_literal(f.figure)
     return figures
 
 

@@ -15,13 +15,16 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
+from matplotlib.font_manager import FontProperties  # noqa: E402
+from matplotlib.table import Cell  # noqa: E402
+from matplotlib.textpath import TextToPath  # noqa: E402
 
 from .figures import PAGE_FIGURE_BOX, ReportFigure  # noqa: E402
 from stats.findings import Findings  # noqa: E402
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows,  # noqa: E402
                         claim_detail_rows, claim_rows, crossover_header, crossover_rows, headline_header,
-                        headline_rows, lede, method_sentence, setting_summaries, several_calibrations,
-                        verdict_note, winner_header, winner_rows)
+                        headline_rows, lede, method_sentence, setting_summaries, verdict_note,
+                        winner_header, winner_rows)
 
 PORTRAIT, LANDSCAPE = (8.27, 11.69), (11.69, 8.27)  # A4, inches
 # The area of a landscape page a figure may take (inches; below the title, above the caption)
@@ -30,6 +33,9 @@ FIGURE_BOX, FIGURE_PPI = PAGE_FIGURE_BOX, 200
 _NOTICE = {"color": "#a02000", "fontweight": "bold", "va": "top"}
 _LINES_PER_PAGE, _WRAP = 62, 105
 _ROWS_PER_PAGE = 30
+# The pages' own text is plain (math text off: names are drawn as they are); a report figure is
+# drawn with math text on, for its log axes' 10^k tick labels (its names are escaped, figures.literal).
+_FIGURE_RC = {"text.parse_math": True}
 
 
 def _text_pages(pdf: PdfPages, lines: list[tuple[str, str]]) -> None:
@@ -53,27 +59,106 @@ def _text_pages(pdf: PdfPages, lines: list[tuple[str, str]]) -> None:
         plt.close(fig)
 
 
-def _table_pages(pdf: PdfPages, title: str, header, rows, col_widths=None, notice: str | None = None) -> None:
-    """A table split over landscape pages of _ROWS_PER_PAGE rows, header repeated; `notice` (a
-    warning line) under the first page's title."""
-    for start in range(0, max(len(rows), 1), _ROWS_PER_PAGE):
-        chunk = rows[start:start + _ROWS_PER_PAGE] or [tuple("" for _ in header)]
+# Tables: every cell's text fits its cell. A cell's text starts Cell.PAD of the cell's width in from
+# its left edge; it may take _FILL of the width, so it ends short of the right edge too.
+_TABLE_PT, _SMALLEST_PT = 6.5, 4.5   # the tables' font size, and the smallest it shrinks to
+_FILL = 1 - 2 * Cell.PAD
+_TABLE_BOX = (0.03, 0.03, 0.94, 0.88)   # a table page's table axes (figure fractions)
+_MEASURE = TextToPath()
+
+
+def _width_pt(text: str, size: float, bold: bool = False) -> float:
+    """The drawn width of `text` (its widest line) in points at `size` points."""
+    prop = FontProperties(size=size, weight="bold" if bold else "normal")
+    return max((_MEASURE.get_text_width_height_descent(line, prop, ismath=False)[0] for line in text.split("\n")),
+               default=0.0)
+
+
+def _wrap(text: str, width_pt: float, size: float, bold: bool) -> str:
+    """`text` broken at spaces into lines of at most width_pt (a single word longer than that
+    stays whole: the column widths are chosen so that none is)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and _width_pt(f"{lines[-1]} {word}", size, bold) <= width_pt:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
+def _column_needs(columns, size: float, part) -> list[float]:
+    """Per column, the width in points its widest part(cell) needs (the header, first, in bold)."""
+    return [max(_width_pt(part(v), size, bold=i == 0) for i, v in enumerate(col)) / _FILL for col in columns]
+
+
+def table_layout(header, rows, width_pt: float, size: float = _TABLE_PT):
+    """(column widths as fractions of width_pt, the header and rows with each cell wrapped to its
+    column, the font size) such that every cell's text lies inside its cell: each column at least
+    its longest word wide, the rest of the width shared out by how much more each column's longest
+    text needs; the font shrinks (to _SMALLEST_PT) only where the longest words do not fit."""
+    header = [str(h) for h in header]
+    rows = [[str(v) for v in r] for r in rows]
+    columns = list(zip(header, *rows))
+    longest_word = lambda v: max(v.split(), key=len, default="")
+    while True:
+        natural = _column_needs(columns, size, lambda v: v)
+        minimal = _column_needs(columns, size, longest_word)
+        if sum(minimal) <= width_pt or size <= _SMALLEST_PT:
+            break
+        size = max(_SMALLEST_PT, size - 0.5)
+    if sum(natural) <= width_pt:
+        widths = [w * width_pt / sum(natural) for w in natural]
+    else:
+        spare, wanted = width_pt - sum(minimal), [n - m for n, m in zip(natural, minimal)]
+        widths = [m + max(spare, 0) * w / sum(wanted) for m, w in zip(minimal, wanted)]
+    wrap = lambda r, bold: [_wrap(v, w * _FILL, size, bold) for v, w in zip(r, widths)]
+    return [w / width_pt for w in widths], wrap(header, True), [wrap(r, False) for r in rows], size
+
+
+def _row_height_pt(row, size: float) -> float:
+    return (max((v.count("\n") + 1 for v in row), default=1) * 1.25 + 0.8) * size
+
+
+def _draw_table(ax, header, rows, widths, size: float, height_pt: float):
+    """A table of wrapped cells filling ax's width from its top, each row as tall as its lines;
+    height_pt is the axes' height in points."""
+    table = ax.table(cellText=[list(r) for r in rows] or None, colLabels=list(header), loc="upper center",
+                     cellLoc="left", colWidths=widths)
+    table.auto_set_font_size(False)
+    table.set_fontsize(size)
+    all_rows = [header, *rows]
+    for (row, _), cell in table.get_celld().items():
+        cell.set_height(_row_height_pt(all_rows[row], size) / height_pt)
+        if row == 0:
+            cell.set_facecolor("#e6e6e6")
+            cell.set_text_props(fontweight="bold")
+    return table
+
+
+def _table_pages(pdf: PdfPages, title: str, header, rows, notice: str | None = None) -> None:
+    """A table over as many landscape pages as its rows need (each page as many rows as fit), header
+    repeated, every cell's text wrapped inside its cell (table_layout); `notice` (a warning line)
+    under the first page's title."""
+    width_pt, height_pt = (LANDSCAPE[0] * _TABLE_BOX[2] * 72, LANDSCAPE[1] * _TABLE_BOX[3] * 72)
+    widths, header, rows, size = table_layout(header, rows, width_pt)
+    pages, page, used = [], [], _row_height_pt(header, size)
+    for row in rows:
+        h = _row_height_pt(row, size)
+        if page and used + h > height_pt:
+            pages.append(page)
+            page, used = [], _row_height_pt(header, size)
+        page.append(row)
+        used += h
+    pages.append(page)
+    for number, chunk in enumerate(pages, 1):
         fig = plt.figure(figsize=LANDSCAPE)
-        part = f" ({start // _ROWS_PER_PAGE + 1}/{-(-len(rows) // _ROWS_PER_PAGE)})" if len(rows) > _ROWS_PER_PAGE else ""
+        part = f" ({number}/{len(pages)})" if len(pages) > 1 else ""
         fig.text(0.04, 0.96, title + part, fontsize=12, fontweight="bold", va="top")
-        if notice and start == 0:
+        if notice and number == 1:
             fig.text(0.04, 0.935, notice, fontsize=8, **_NOTICE)
-        ax = fig.add_axes([0.03, 0.03, 0.94, 0.88])
+        ax = fig.add_axes(_TABLE_BOX)
         ax.axis("off")
-        table = ax.table(cellText=[list(r) for r in chunk], colLabels=list(header), loc="upper center",
-                         cellLoc="left", colWidths=col_widths)
-        table.auto_set_font_size(False)
-        table.set_fontsize(6.5)
-        table.scale(1, 1.25)
-        for (row, _), cell in table.get_celld().items():
-            if row == 0:
-                cell.set_facecolor("#e6e6e6")
-                cell.set_text_props(fontweight="bold")
+        _draw_table(ax, header, chunk or [["" for _ in header]], widths, size, height_pt)
         pdf.savefig(fig)
         plt.close(fig)
 
@@ -96,7 +181,8 @@ def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list
         page.text(0.04, 0.915 - (0.02 if notice else 0), "\n".join(textwrap.wrap(lede(findings), 150)), fontsize=8,
                   va="top")
         buf = io.BytesIO()
-        f.figure.savefig(buf, format="png", dpi=150, bbox_inches="tight")
+        with plt.rc_context(_FIGURE_RC):
+            f.figure.savefig(buf, format="png", dpi=150, bbox_inches="tight")
         buf.seek(0)
         image = plt.imread(buf)
         ax = page.add_axes([0.03, 0.2, 0.42, 0.62])
@@ -105,19 +191,12 @@ def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list
         ax.axis("off")
         page.text(0.48, 0.82, f"{scenario}: best codec at each storage level", fontsize=11, fontweight="bold",
                   va="top")
-        table_ax = page.add_axes([0.48, 0.2, 0.5, 0.58])
+        box = (0.48, 0.2, 0.5, 0.58)
+        table_ax = page.add_axes(box)
         table_ax.axis("off")
         rows = headline_rows(findings, scenario) or [tuple("—" for _ in header)]
-        table = table_ax.table(cellText=[list(r) for r in rows], colLabels=list(header), loc="upper center",
-                               cellLoc="left")
-        table.auto_set_font_size(False)
-        table.set_fontsize(6.5)
-        table.scale(1, 1.3)
-        table.auto_set_column_width(list(range(len(header))))
-        for (row, _), cell in table.get_celld().items():
-            if row == 0:
-                cell.set_facecolor("#e6e6e6")
-                cell.set_text_props(fontweight="bold")
+        widths, wrapped_header, wrapped, size = table_layout(header, rows, LANDSCAPE[0] * box[2] * 72)
+        _draw_table(table_ax, wrapped_header, wrapped, widths, size, LANDSCAPE[1] * box[3] * 72)
         page.text(0.04, 0.12, "\n".join(textwrap.wrap(f.caption + " " + verdict_note(findings), 170)), fontsize=7,
                   va="top")
         pdf.savefig(page)
@@ -137,9 +216,10 @@ def _figure_page(pdf: PdfPages, f: ReportFigure) -> None:
     image of FIGURE_PPI on the page) and its caption."""
     from PIL import Image
 
-    scale = page_scale(f.figure)
-    buf = io.BytesIO()
-    f.figure.savefig(buf, format="png", dpi=FIGURE_PPI * scale, bbox_inches="tight")
+    with plt.rc_context(_FIGURE_RC):
+        scale = page_scale(f.figure)
+        buf = io.BytesIO()
+        f.figure.savefig(buf, format="png", dpi=FIGURE_PPI * scale, bbox_inches="tight")
     buf.seek(0)
     image = Image.open(buf).convert("RGB")
     width, height = (n / FIGURE_PPI for n in image.size)  # inches on the page
@@ -174,38 +254,30 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
     if absent:
         lines.append(("h2", "Figures not shown"))
         lines += [("p", f"{f.title}: {f.absent_reason}.") for f in absent]
-    winner_widths = [0.085, 0.025, 0.035, 0.025, 0.035, 0.055, 0.075, 0.1, 0.055, 0.075, 0.1, 0.07, 0.04, 0.035,
-                     0.06, 0.075]
-    cell_widths = [0.08, 0.06, 0.02, 0.025, 0.03, 0.025, 0.025, 0.04, 0.115, 0.115, 0.115, 0.04, 0.04, 0.045, 0.045,
-                   0.045, 0.035]
-    if several_calibrations(findings):  # the n_cal column after Nq
-        winner_widths.insert(4, 0.035)
-        cell_widths.insert(6, 0.035)
     with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42, "text.parse_math": False}), PdfPages(path) as pdf:
         if findings.claims is not None:
             _table_pages(pdf, f"kvharness report: {title} — the AMD paper, claim by claim", CLAIM_HEADER,
-                         claim_rows(findings), [0.03, 0.55, 0.08, 0.2, 0.1], notice=notice)
+                         claim_rows(findings), notice=notice)
             notice_shown = notice is not None
         else:
             notice_shown = False
         first = _headline_pages(pdf, title, findings, figures, None if notice_shown else notice) == 0
         _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
-                     winner_rows(findings), winner_widths, notice=notice if first and not notice_shown else None)
+                     winner_rows(findings), notice=notice if first and not notice_shown else None)
         _table_pages(pdf, "The Pareto front on measured storage, per setting", ("setting",) + FRONT_HEADER,
-                     fronts, [0.3, 0.1, 0.05, 0.08, 0.2, 0.07])
+                     fronts)
         _text_pages(pdf, lines)
         for f in figures:
             if f.figure is None or f.key.startswith("front-"):
                 continue
             _figure_page(pdf, f)
-        _table_pages(pdf, "Every cell (mean [95% CI])", cell_header(findings), cell_rows(findings), cell_widths)
+        _table_pages(pdf, "Every cell (mean [95% CI])", cell_header(findings), cell_rows(findings))
         if len(findings.crossovers):
             _table_pages(pdf, "Crossovers along the storage axis (Δ = mean d₂(T) of A − B)", crossover_header(findings),
                          crossover_rows(findings))
         if findings.claims is not None:
-            _table_pages(pdf, "Claim details", CLAIM_DETAIL_HEADER, claim_detail_rows(findings),
-                         [0.03, 0.3, 0.05, 0.22, 0.38])
-        _table_pages(pdf, "Provenance", ("item", "value"), provenance, [0.2, 0.75])
+            _table_pages(pdf, "Claim details", CLAIM_DETAIL_HEADER, claim_detail_rows(findings))
+        _table_pages(pdf, "Provenance", ("item", "value"), provenance)
         info = pdf.infodict()
         info["Title"] = f"kvharness report: {title}"
         info["Creator"] = "kvharness (python -m harness report)"

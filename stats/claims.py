@@ -1,5 +1,6 @@
-"""The AMD paper's claims (shared/seeds/amd-tq-sq-validation-paper.zh.txt) as falsifiable tests
-on stored trial rows: `harness reproduce amd-paper` runs the sweeps, this module judges them.
+"""The AMD paper's claims (*Ablation Studies, Statistical Inference, and KV-Cache Compression
+Validation*, D'Alberto, Sirasao, Delaye, Patwari; cited by section) as falsifiable tests on stored
+trial rows: `harness reproduce amd-paper` runs the sweeps, this module judges them.
 
 Each claim is one function of trial frames returning a ClaimResult: the claim in words with its
 section, the operational test (which cells, which statistic, paired or not), one row per

@@ -19,7 +19,9 @@ HELP = "run what each claim of a paper needs and judge every claim (reproduced /
 
 def add_arguments(p):
     from ..reproduce import TARGETS
-    p.add_argument("target", choices=TARGETS, help="the paper: amd-paper (shared/seeds/amd-tq-sq-validation-paper)")
+    p.add_argument("target", choices=TARGETS,
+                   help="the paper: amd-paper (Ablation Studies, Statistical Inference, and KV-Cache Compression "
+                        "Validation; AMD)")
     p.add_argument("--quick", action="store_true",
                    help="a reduced grid for a 2-core CPU (30 trials, d 64/128, S 256, b 2-4; about ten minutes); "
                         "default: the paper's grid (200 trials, d 64/128/256, S 1024, b 2..7)")

@@ -1,0 +1,225 @@
+"""What a reader sees of the report's figures and PDF tables: every figure has its own title, no
+rendered text shows raw math markup, no legend lists more than MAX_SERIES entries, and no PDF
+table cell is cut off."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.store import TRIAL_COLUMNS
+from stats.findings import analyse
+
+CODECS = ("plain-kv", "tq-kv", "tq-qkv", "tq-fkv", "tq-kqv", "tq-qkqv", "tq-kfv", "tq-fkfv", "sq-kv", "squ-kv",
+          "int8", "int4", "kivi", "h2o", "svd")
+
+
+def synthetic_findings(names=CODECS, scenarios=("gaussian", "price_$5_vs_$10"), seed=3):
+    """Findings of a made-up run (random metrics spanning five decades, so axes go logarithmic) of
+    the given codecs: the figures and tables drawn without running a sweep."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    overhead = {name: rng.uniform(0.05, 0.45) for name in names}   # bits beyond the budget, as a codec's norms
+    for scenario in scenarios:
+        for name in names:
+            for budget in (2, 3):
+                for dim in (32, 64):
+                    for trial in range(4):
+                        row = {c: 10 ** rng.uniform(-6, -0.3) for c in TRIAL_COLUMNS}   # over 5 decades
+                        row.update(scenario=scenario, scheme=name, budget=budget, dim=dim, seq_len=64, queries=8,
+                                   trial=trial, seed=0, impl="torch", device="cpu", dtype="float32", rng="pcg64",
+                                   heads=1, calib_tokens=512, bits_per_element=budget + overhead[name],
+                                   storage_bits_per_element=budget + overhead[name], model_bits=0.0,
+                                   model_bits_per_element=0.0)
+                        for c in ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v"):
+                            row[c] = float(rng.integers(2, 30)) if name.startswith("sq") else np.nan
+                        rows.append(row)
+    return analyse(pd.DataFrame(rows), n_permutations=20)
+
+
+@pytest.fixture(scope="module")
+def figures():
+    import matplotlib.pyplot as plt
+
+    from reports.figures import build_figures
+
+    built = build_figures(synthetic_findings())
+    yield built
+    for f in built:
+        if f.figure is not None:
+            plt.close(f.figure)
+
+
+def test_every_figure_has_its_own_title(figures):
+    """Each figure's title is words of its own (the significance heat map's once came out as 0.3, a
+    layout constant that shadowed it, and the HTML showed it as the heading)."""
+    drawn = {f.key: f for f in figures if f.figure is not None}
+    assert "significance" in drawn
+    assert drawn["significance"].title.startswith("Pairwise differences in d₂(T)")
+    for f in figures:
+        assert isinstance(f.title, str) and any(ch.isalpha() for ch in f.title), (f.key, f.title)
+
+
+def rendered_texts(fig) -> list[tuple[str, bool]]:
+    """(what is drawn, whether as math text) for every visible text of a figure, after drawing it."""
+    import io
+
+    import matplotlib.text
+
+    fig.savefig(io.BytesIO(), format="png", dpi=30)
+    out = []
+    for text in fig.findobj(matplotlib.text.Text):
+        if text.get_visible() and text.get_text():
+            out.append(text._preprocess_math(text.get_text()))
+    return out
+
+
+def assert_no_raw_math(key: str, texts) -> None:
+    """No drawn text shows math markup; math text is only numbers (the 10^k tick labels)."""
+    for s, math in texts:
+        if math:
+            assert re.sub(r"\\mathdefault|\\times|[\s${}^.,\d\-−]", "", s) == "", (key, s)
+        else:
+            assert "mathdefault" not in s and "\\" not in s, (key, s)
+
+
+def test_names_with_dollars_and_log_ticks_are_drawn_as_meant(figures):
+    """Log-axis tick labels are typeset (not printed as $\\mathdefault{10^{-5}}$, which switching
+    math text off for names did), and a scenario named with $ is drawn as it is spelled."""
+    texts = {f.key: rendered_texts(f.figure) for f in figures if f.figure is not None}
+    assert any(math for drawn in texts.values() for _, math in drawn), "no log axis: the test lost its bite"
+    for key, drawn in texts.items():
+        assert_no_raw_math(key, drawn)
+    titled = [key for key, drawn in texts.items() if any("price_$5_vs_$10" in s for s, math in drawn if not math)]
+    assert len(titled) >= 3, titled
+
+
+def test_figures_stay_typeset_after_the_pdf_draws_them(tmp_path):
+    """The PDF draws the figures with its pages' math text off; their tick labels stay typeset."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import build_figures
+    from reports.pdf import write_pdf
+
+    findings = synthetic_findings(names=CODECS[:4])
+    built = build_figures(findings)
+    try:
+        write_pdf(tmp_path / "report.pdf", "t", findings, built, [("item", "value")])
+        for f in built:
+            if f.figure is not None:
+                assert_no_raw_math(f.key, rendered_texts(f.figure))
+    finally:
+        for f in built:
+            if f.figure is not None:
+                plt.close(f.figure)
+
+
+def test_no_legend_lists_more_than_a_panel_draws(figures):
+    """Every legend names at most MAX_SERIES entries (one legend of all 15 codecs was 24 entries at
+    5 px on a 1366-px screen for the main job), and each codec drawn is named in some legend."""
+    from reports.styles import MAX_SERIES
+
+    with_legend = 0
+    for f in figures:
+        if f.figure is None:
+            continue
+        legends = [*f.figure.legends, *(ax.get_legend() for ax in f.figure.axes if ax.get_legend())]
+        for legend in legends:
+            assert len(legend.get_texts()) <= MAX_SERIES, (f.key, [t.get_text() for t in legend.get_texts()])
+        named = {t.get_text() for legend in legends for t in legend.get_texts()}
+        drawn = {a.get_gid() for ax in f.figure.axes for a in [*ax.lines, *ax.collections] if a.get_gid()}
+        if legends:
+            with_legend += 1
+            assert drawn <= named, (f.key, drawn - named)
+    assert with_legend >= 4
+
+
+def _page_words(pdf, page: int) -> list[str]:
+    import subprocess
+
+    text = subprocess.run(["pdftotext", "-f", str(page), "-l", str(page), "-layout", str(pdf), "-"],
+                          capture_output=True, text=True, check=True).stdout
+    return text.split()
+
+
+@pytest.mark.skipif(__import__("shutil").which("pdftotext") is None, reason="pdftotext (poppler-utils) is absent")
+def test_pdf_table_cells_are_not_cut_off(tmp_path):
+    """Every word of every cell of the winners table, the widest (16 columns: 'b = 2–3 interpolated',
+    '0.2101 [0.1723, 0.2480]', 'Wilcoxon (paired)'), is on its PDF page whole: a cell's text that
+    runs into the next cell comes out of pdftotext cut or fused with its neighbour's."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import build_figures
+    from reports.narrative import winner_rows
+    from reports.pdf import write_pdf
+
+    findings = synthetic_findings(names=CODECS[:6], scenarios=("heavy_tail",))
+    built = [f for f in build_figures(findings) if f.key.startswith("front-")]
+    try:
+        write_pdf(tmp_path / "report.pdf", "t", findings, built, [("item", "value")])
+    finally:
+        for f in built:
+            plt.close(f.figure)
+    rows = winner_rows(findings)
+    assert any("interpolated" in cell for row in rows for cell in row)
+    words = _page_words(tmp_path / "report.pdf", 2)   # page 1: the first screen; page 2: the winners table
+    assert "Best" in words and "storage" in words
+    missing = [word for row in rows for cell in row for word in cell.split() if word not in words]
+    assert missing == []
+
+
+class _CheckedPages:
+    """Stands in for PdfPages: each page, drawn, is checked for table cells whose text reaches past
+    the cell, or tables that run off the page."""
+
+    def __init__(self, path):
+        self.overflow, self.tables = [], 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def infodict(self):
+        return {}
+
+    def savefig(self, fig):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        page = fig.bbox
+        for ax in fig.axes:
+            for table in ax.tables:
+                self.tables += 1
+                outer = table.get_window_extent(renderer)
+                if outer.y0 < page.y0 - 1 or outer.x1 > page.x1 + 1:
+                    self.overflow.append(("table off the page", outer.bounds))
+                for (row, col), cell in table.get_celld().items():
+                    box, text = cell.get_window_extent(renderer), cell.get_text().get_window_extent(renderer)
+                    if text.width and (text.x0 < box.x0 - 0.5 or text.x1 > box.x1 + 0.5 or text.y0 < box.y0 - 0.5
+                                       or text.y1 > box.y1 + 0.5):
+                        self.overflow.append((row, col, cell.get_text().get_text()))
+
+
+def test_no_pdf_table_cell_runs_past_its_cell(monkeypatch):
+    """Drawn through write_pdf (the first screen's table, the winners, fronts, every cell, the
+    provenance), no cell's text leaves its cell and no table leaves its page, whatever the names."""
+    import matplotlib.pyplot as plt
+
+    import reports.pdf
+    from reports.figures import build_figures
+
+    findings = synthetic_findings(names=CODECS[:8])
+    built = [f for f in build_figures(findings) if f.key.startswith("front-")]
+    pages = []
+    monkeypatch.setattr(reports.pdf, "PdfPages", lambda path: pages.append(_CheckedPages(path)) or pages[-1])
+    try:
+        reports.pdf.write_pdf("unused.pdf", "t", findings, built,
+                              [("item", "value"), ("command", "harness run " + " ".join(["--scheme all"] * 30))])
+    finally:
+        for f in built:
+            plt.close(f.figure)
+    assert pages[0].tables >= 6
+    assert pages[0].overflow == []
