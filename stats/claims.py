@@ -14,12 +14,20 @@ The rule, the same for every claim (the *shape* of stats/validation.py):
    Mann–Whitney U, effect = difference of means with an unpaired bootstrap CI.
 2. The p-values of one claim are one family: Holm (stats.inference.holm), α = ALPHA.
 3. A comparison comes out `as claimed` (significant in the predicted direction, or, where the
-   claim predicts no difference or no change, equivalent by TOST within the stated margin),
-   `opposite` (significant against the prediction, or equivalent where the claim predicts a
-   difference), `not significant`, or `no comparison` (the run has no cell to compare with).
+   claim predicts no difference, equivalent by TOST within the stated margin, or, where it
+   predicts no change in one direction, a change that way shown smaller than the margin by the
+   one-sided half of a TOST: non-inferiority), `opposite` (significant against the prediction,
+   or equivalent where the claim predicts a difference), `not significant` (nothing shown: a
+   non-significant test never counts for a claim), or `no comparison` (the run has no cell to
+   compare with). Margin tests run at ALPHA per comparison (an intersection-union test, as in
+   stats.validation); the column `equivalent` of a comparison holds its margin test's result.
 4. Verdict: `refuted` if any comparison is `opposite`; `reproduced` if every one is `as
    claimed`; `inconclusive` otherwise, with the comparisons that are neither named. (Claim 1
    adds its existential part, see claim_non_dominated.)
+5. Every reason sentence is generated from the comparisons' outcomes (_basis, _tally): it counts
+   the comparisons by what their tests showed (significant at Holm-adjusted ALPHA, equivalent or
+   shown within the margin by TOST, by construction, by a validation verdict) and never calls a
+   test significant whose Holm p is not below ALPHA.
 
 Direction is read from the test's own effect (matched-pairs rank-biserial r, Cliff's δ), so a
 significant test and its direction never disagree; the reported estimate is the mean difference.
@@ -38,7 +46,7 @@ from .equal_storage import STORAGE, TOLERANCE, at_storage, storage_column
 from .inference import as_generator, bootstrap_ci, cliffs_delta, holm, mann_whitney, tost
 from .metrics import relative_mse
 from .paired import rank_biserial, wilcoxon
-from .levels import ALPHA
+from .levels import ALPHA, SMALLEST_EFFECT
 from .validation import same_data, validate_samples
 
 N_BOOT = 2000
@@ -156,9 +164,32 @@ def _equivalent(x, y, margin: float, paired: bool) -> bool:
     return bool(margin > 0 and tost(x, y, margin, ALPHA, paired=paired).equivalent)
 
 
+def _pooled_sd(x, y) -> float:
+    """sqrt((var x + var y) / 2): the pooled trial-to-trial sd the verdicts' margins are scaled by."""
+    return float(np.sqrt((np.nanvar(x, ddof=1) + np.nanvar(y, ddof=1)) / 2))
+
+
+def _not_below(x, y, margin: float) -> bool:
+    """Non-inferiority (the lower one-sided test of TOST, paired): mean(x − y) > −margin at ALPHA."""
+    return bool(np.isfinite(margin) and margin > 0 and tost(x, y, margin, ALPHA, paired=True).p_lower <= ALPHA)
+
+
 def _no_comparison(label: str, **fields_) -> dict:
     return dict(label=label, test="none", paired=False, n=0, estimate=np.nan, ci_low=np.nan, ci_high=np.nan,
                 p_value=np.nan, direction=0.0, **fields_)
+
+
+def _significant(row) -> bool:
+    p = row["p_holm"]
+    return bool(p is not None and np.isfinite(p) and p < ALPHA)
+
+
+def _margin_shown(row) -> bool:
+    """The margin test of the row's expectation passed (column `equivalent`): two-sided TOST for
+    `equivalent`, `differs`, `greater`, `less`; for `not greater`/`not less` the one-sided test that
+    the effect does not go the excluded way by more than the margin (or the two-sided TOST)."""
+    eq = row.get("equivalent")
+    return isinstance(eq, (bool, np.bool_)) and bool(eq)
 
 
 def _outcome(row: dict) -> str:
@@ -167,26 +198,43 @@ def _outcome(row: dict) -> str:
         return row["outcome"]
     if row["test"] == "none":
         return "no comparison"
-    significant = bool(np.isfinite(row["p_holm"]) and row["p_holm"] < ALPHA)
-    eq = row.get("equivalent")
-    sign, expect, equivalent = row["direction"], row["expect"], isinstance(eq, (bool, np.bool_)) and bool(eq)
+    significant, sign, expect, shown = _significant(row), row["direction"], row["expect"], _margin_shown(row)
     if expect in ("greater", "less"):
         want = 1 if expect == "greater" else -1
         if significant:
             return "as claimed" if sign == want else "opposite"
-        return "opposite" if equivalent else "not significant"
+        return "opposite" if shown else "not significant"
     if expect in ("not greater", "not less"):   # no change in the excluded direction
         bad = 1 if expect == "not greater" else -1
         if significant:
             return "opposite" if sign == bad else "as claimed"
-        if expect == "not less" or equivalent:
-            return "as claimed"
-        return "not significant"
+        return "as claimed" if shown else "not significant"   # a non-significant test shows nothing
     if expect == "differs":
-        return "as claimed" if significant else ("opposite" if equivalent else "not significant")
+        return "as claimed" if significant else ("opposite" if shown else "not significant")
     if expect == "equivalent":
-        return "opposite" if significant else ("as claimed" if equivalent else "not significant")
+        return "opposite" if significant else ("as claimed" if shown else "not significant")
     raise ValueError(f"unknown expectation {expect!r}")
+
+
+_HOLM = f" at Holm-adjusted alpha {ALPHA}"
+
+
+def _basis(row) -> str:
+    """Why a comparison came out as it did, in words, from its own test outcomes: what every
+    reason sentence says about it (never `significant` unless its Holm p is below ALPHA)."""
+    outcome, expect = row["outcome"], row["expect"]
+    if row["test"] == "none":
+        return "by construction" if outcome == "as claimed" else "no comparison"
+    significant, shown = _significant(row), _margin_shown(row)
+    one_sided = expect in ("not greater", "not less")
+    margin = "shown within the margin by a one-sided TOST" if one_sided else "equivalent within the margin by TOST"
+    if not np.isfinite(float(row["p_value"])) and not shown:
+        return f"{outcome} by its own verdict"
+    if outcome == "as claimed":
+        return f"significant in the claimed direction{_HOLM}" if significant and expect != "equivalent" else margin
+    if outcome == "opposite":
+        return f"significant against the claim{_HOLM}" if significant else f"{margin} where the claim needs a difference"
+    return "not significant" + ("" if expect in ("greater", "less", "differs") else ", margin not shown")
 
 
 def _family(rows: list[dict], claim: int, in_verdict: bool = True) -> pd.DataFrame:
@@ -213,19 +261,29 @@ def _fmt(x: float, digits: int = 3) -> str:
 
 
 def _describe(row) -> str:
-    """One comparison in words: label, estimate [CI], Holm p."""
+    """One comparison in words: label, estimate [CI], Holm p, and its basis (_basis)."""
     if row["test"] == "none":
         return f"{row['label']}: no comparison"
     p = row["p_holm"]
     ptext = f", Holm p {p:.2g}" if p is not None and np.isfinite(p) else ""
-    eq = row.get("equivalent")
-    if isinstance(eq, (bool, np.bool_)) and eq:
-        ptext += ", equivalent (TOST)"
+    if _margin_shown(row):
+        ptext += (", shown within the margin (one-sided TOST)" if row["expect"] in ("not greater", "not less")
+                  else ", equivalent (TOST)")
     return f"{row['label']}: {_fmt(row['estimate'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]{ptext}"
 
 
+def _tally(tests: pd.DataFrame) -> str:
+    """How many comparisons stand on each basis, e.g. '4 significant in the claimed direction at
+    Holm-adjusted alpha 0.05, 2 equivalent within the margin by TOST'."""
+    if tests.empty:
+        return "none"
+    counts = pd.Series([_basis(r) for r in tests.to_dict("records")]).value_counts(sort=False)
+    return ", ".join(f"{n} {b}" for b, n in counts.items())
+
+
 def _standard_verdict(tests: pd.DataFrame, what: str) -> tuple[str, str]:
-    """Rule 4: refuted on any opposite, reproduced when all are as claimed."""
+    """Rule 4: refuted on any opposite, reproduced when all are as claimed; the reason counts the
+    comparisons by what their tests showed (_tally), never more significant ones than there are."""
     if tests.empty:
         return "inconclusive", "no comparison could be made: the run lacks the cells this claim needs"
     counts = tests["outcome"].value_counts()
@@ -234,13 +292,13 @@ def _standard_verdict(tests: pd.DataFrame, what: str) -> tuple[str, str]:
         worst = tests[tests.outcome == "opposite"]
         examples = "; ".join(_describe(r) for r in worst.head(2).to_dict("records"))
         more = f" (and {n_bad - 2} more)" if n_bad > 2 else ""
-        return "refuted", (f"{n_bad} of {n} {what} against the claim (significant the other way, or equivalent where "
-                           f"the claim needs a difference): {examples}{more}")
+        return "refuted", f"{n_bad} of {n} {what} against the claim ({_tally(worst)}): {examples}{more}"
     if n_ok == n:
-        return "reproduced", f"all {n} {what} significant in the claimed direction (Holm, alpha {ALPHA})"
+        return "reproduced", f"all {n} {what} as claimed: {_tally(tests)}"
     rest = tests[tests.outcome != "as claimed"]
     examples = "; ".join(_describe(r) for r in rest.head(2).to_dict("records"))
-    return "inconclusive", (f"{n_ok} of {n} {what} as claimed, none against; not shown: {examples}"
+    ok = f" ({_tally(tests[tests.outcome == 'as claimed'])})" if n_ok else ""
+    return "inconclusive", (f"{n_ok} of {n} {what} as claimed{ok}, none against; not shown: {examples}"
                             + (f" (and {len(rest) - 2} more)" if len(rest) > 2 else ""))
 
 
@@ -533,12 +591,18 @@ def claim_jensen(first_order: pd.DataFrame | None) -> ClaimResult:
 def claim_heavy_tail(trials: pd.DataFrame, heavy: str = "heavy_tail", control: str = "spectral_decay") -> ClaimResult:
     """Claim 6. Per SQ codec (sq-kv, squ-kv) and d, ρ = log d2(T)[SQ] − log d2(T)[tq-kv] per trial
     (paired). Parts: `loss`: ρ on heavy_tail at the largest budget > 0; `no recovery`: ρ at the
-    largest minus the smallest budget not < 0 (paired: budgets share the draws); `heavy-tail
-    specific`: ρ on heavy_tail > ρ on spectral_decay at the largest budget (the same power-law
-    spectrum with Gaussian latents; different draws, Mann–Whitney)."""
+    largest minus the smallest budget not < 0 (paired: budgets share the draws): shown by a
+    significant increase (Wilcoxon, Holm) or by non-inferiority, the one-sided half of a paired
+    TOST: the mean change lies above −SMALLEST_EFFECT·σ (σ the pooled trial-to-trial sd of ρ at
+    the two budgets, the margin of stats.validation's verdicts) at ALPHA. A change neither
+    significant nor shown inside that margin is `not significant` ("not shown"), never as
+    claimed; `heavy-tail specific`: ρ on heavy_tail > ρ on spectral_decay at the largest budget
+    (the same power-law spectrum with Gaussian latents; different draws, Mann–Whitney)."""
     test = (f"per SQ codec (sq-kv, squ-kv) and d: rho = log d2(T)[SQ] - log d2(T)[tq-kv] per trial; rho > 0 on "
-            f"{heavy} at the largest b (Wilcoxon), rho not falling from the smallest to the largest b (paired "
-            f"Wilcoxon), rho larger on {heavy} than on {control} (same spectrum, Gaussian latents; Mann-Whitney), Holm")
+            f"{heavy} at the largest b (Wilcoxon); rho not falling from the smallest to the largest b: a significant "
+            f"rise (paired Wilcoxon) or a fall shown smaller than {SMALLEST_EFFECT} pooled sd of rho (paired one-sided "
+            f"TOST), else not shown; rho larger on {heavy} than on {control} (same spectrum, Gaussian latents; "
+            f"Mann-Whitney), Holm")
     missing = _missing(trials, ("tq-kv",), (heavy, control))
     sq = [s for s in SQ_CODECS if s in set(trials.scheme)]
     if missing or not sq:
@@ -568,9 +632,11 @@ def claim_heavy_tail(trials: pd.DataFrame, heavy: str = "heavy_tail", control: s
                                    part="loss", expect="greater", **where))
             if bottom is not None and len(budgets) > 1:
                 shared = top.index.intersection(bottom.index)
-                rows.append(paired_row(top[shared].to_numpy(), bottom[shared].to_numpy(),
-                                       f"rho {scheme} b={budgets[-1]} - b={budgets[0]}, {_name(setting)}",
-                                       part="no recovery", expect="not less", **where))
+                x, y = top[shared].to_numpy(), bottom[shared].to_numpy()
+                row = paired_row(x, y, f"rho {scheme} b={budgets[-1]} - b={budgets[0]}, {_name(setting)}",
+                                 part="no recovery", expect="not less", **where)
+                row["equivalent"] = _not_below(x, y, SMALLEST_EFFECT * _pooled_sd(x, y))
+                rows.append(row)
             ctrl = rho(control_setting, scheme, budgets[-1])
             if ctrl is not None:
                 rows.append(unpaired_row(top.to_numpy(), ctrl.to_numpy(),

@@ -2,6 +2,7 @@
 under which it must come out `reproduced`, one under which it must come out `refuted` — plus the
 first-order softmax prediction and the paper's storage formula."""
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from stats import claims as C
+from stats.levels import SMALLEST_EFFECT
 from stats.metrics import SIX_D, relative_mse
 
 N = 30
@@ -159,7 +161,7 @@ def test_first_order_prediction_matches_small_errors_and_ignores_shifts():
 
 
 # --- claim 6 -----------------------------------------------------------------------------------
-def _heavy(loss_b2, loss_b3, control=1.1):
+def _heavy(loss_b2, loss_b3, control=1.1, noise=0.01):
     specs = []
     for sc, ratios in (("heavy_tail", (loss_b2, loss_b3)), ("spectral_decay", (control, control))):
         for b, ratio in zip((2, 3), ratios):
@@ -167,7 +169,7 @@ def _heavy(loss_b2, loss_b3, control=1.1):
             specs += [dict(scenario=sc, scheme="tq-kv", budget=b, d2_t=tq),
                       dict(scenario=sc, scheme="sq-kv", budget=b, d2_t=tq * ratio),
                       dict(scenario=sc, scheme="squ-kv", budget=b, d2_t=tq * ratio * 1.05)]
-    return trials(specs)
+    return trials(specs, noise=noise)
 
 
 def test_claim6_heavy_tail_loss_that_does_not_recover():
@@ -179,6 +181,32 @@ def test_claim6_heavy_tail_loss_that_does_not_recover():
 def test_claim6_refuted_when_budget_recovers_the_loss():
     r = C.claim_heavy_tail(_heavy(loss_b2=1.8, loss_b3=1.2, control=1.0))
     assert r.verdict == "refuted" and "b=3 - b=2" in r.reason
+
+
+def _no_recovery(r):
+    return r.tests[r.tests.part == "no recovery"]
+
+
+def test_claim6_no_recovery_is_not_shown_by_a_non_significant_test():
+    # the loss falls by a third of the non-inferiority margin (0.5 pooled sd of rho): neither a
+    # significant change nor one shown inside the margin -> not shown, the claim inconclusive
+    noise = 0.05
+    margin = SMALLEST_EFFECT * math.sqrt(2) * noise
+    r = C.claim_heavy_tail(_heavy(loss_b2=1.5, loss_b3=1.5 * math.exp(-margin / 2), noise=noise))
+    rows = _no_recovery(r)
+    assert (rows.p_holm > 0.05).all() and not rows.equivalent.astype(bool).any()
+    assert set(rows.outcome) == {"not significant"}
+    assert r.verdict == "inconclusive" and "not shown" in r.reason and "no recovery" not in r.reason
+    assert "rho sq-kv b=3 - b=2" in r.reason and "significant in the claimed direction" in r.reason
+
+
+def test_claim6_no_recovery_by_non_inferiority():
+    # the same loss at both budgets, many trials: the change is shown inside the margin (one-sided TOST)
+    r = C.claim_heavy_tail(_heavy(loss_b2=1.5, loss_b3=1.5, noise=0.05).pipe(
+        lambda f: pd.concat([f.assign(trial=f.trial + k * N) for k in range(4)], ignore_index=True)))
+    rows = _no_recovery(r)
+    assert rows.equivalent.astype(bool).all() and set(rows.outcome) == {"as claimed"}
+    assert r.verdict == "reproduced" and "2 shown within the margin by a one-sided TOST" in r.reason
 
 
 def test_claim6_refuted_when_gaussian_tails_lose_as_much():
@@ -312,6 +340,55 @@ def test_claim11_codec_difference_separable_from_implementation():
 def test_claim11_refuted_when_an_rng_change_looks_like_a_codec_change():
     r = _separable(rng_shift=1.6)
     assert r.verdict == "refuted" and "not separable" in r.reason
+
+
+# --- reasons say only what the tests showed ----------------------------------------------------
+def _stated_significant(reason: str) -> list[int]:
+    """Every count a reason calls significant: 'all 6 comparisons significant ...', '4 of 6 ...
+    significantly ...', '5 significant in the claimed direction' (not 'not significant')."""
+    out = []
+    for m in re.finditer(r"\b(\d+)((?: of \d+)?(?: [A-Za-z][\w-]*){0,5}?) significant(?:ly)?\b", reason):
+        if not m.group(2).endswith(" not"):
+            out.append(int(m.group(1)))
+    return out
+
+
+def _all_results():
+    """Claim results of every constructed truth above (reproduced, refuted and inconclusive)."""
+    noise = 0.05
+    margin = SMALLEST_EFFECT * math.sqrt(2) * noise
+    out = [C.claim_non_dominated(tq_grid(BASE)), C.claim_non_dominated(tq_grid({**BASE, "tq-qkv": 0.40})),
+           C.claim_full_worse(tq_grid(BASE)), C.claim_v_qjl_hurts(tq_grid(BASE)),
+           C.claim_full_worse(tq_grid({**BASE, "tq-fkv": 0.20, "tq-fkfv": 0.32, "tq-kfv": 0.30})),
+           C.claim_plain_degrades(_dims(0.3, 0.2)), C.claim_plain_degrades(_dims(0.2, 0.2)),
+           C.claim_heavy_tail(_heavy(1.5, 1.8)), C.claim_heavy_tail(_heavy(1.5, 1.5)),
+           C.claim_heavy_tail(_heavy(1.5, 1.5 * math.exp(-margin / 2), noise=noise)),
+           C.claim_heavy_tail(_heavy(1.8, 1.2, control=1.0)),
+           C.claim_sq_wins(_structured(0.2)), C.claim_sq_wins(_structured(0.4)),
+           C.claim_waterfill_uniform(_waterfill(1.0)), C.claim_waterfill_uniform(_waterfill(0.8)),
+           C.claim_d_eff(_calibration(10.5, 21.0), {("gaussian", 32): 32}),
+           C.claim_equal_storage(_storage(0.2)), C.claim_equal_storage(_storage(0.4)),
+           _separable(1.0), _separable(1.6)]
+    return out
+
+
+def test_no_reason_calls_a_non_significant_test_significant():
+    results = _all_results()
+    for r in results:
+        n_significant = int((r.tests.p_holm.astype(float) < C.ALPHA).sum())
+        stated = _stated_significant(r.reason)
+        assert all(k <= n_significant for k in stated), (r.id, n_significant, r.reason)
+    # and each comparison counted as claimed stands on what its own test showed
+    for r in results:
+        for row in r.tests[r.tests.outcome == "as claimed"].to_dict("records"):
+            basis = C._basis(row)
+            assert ("significant" in basis) == (row["p_holm"] < C.ALPHA and row["expect"] != "equivalent"), basis
+
+
+def test_stated_significant_reads_the_phrasings():
+    assert _stated_significant("all 6 comparisons significant in the claimed direction (Holm)") == [6]
+    assert _stated_significant("4 of 6 comparisons not significant; 2 significant at Holm") == [2]
+    assert _stated_significant("all 90 eliminated points are significantly dominated") == [90]
 
 
 # --- the table ---------------------------------------------------------------------------------
