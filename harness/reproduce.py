@@ -5,15 +5,16 @@ Layout of --out DIR (each a run directory of `harness run`, resumable with --res
 - DIR itself: the ablation grid (scenarios × TQ/SQ codecs × budgets × head dims): claims 1–3,
   4 (with several head dims), 6–8, 10 and the main rows of claim 11. `harness report DIR` reports it like any run; its
   results.sqlite also holds table `claims` (one row per claim, stats.claims.CLAIM_COLUMNS),
-  table `claim_tests` (every comparison behind them) and table `first_order` (claim 5);
+  table `claim_tests` (every comparison behind them) and table `first_order` (claims 5, 12);
 - DIR/dimension (when the ablation has a single head dim, as with --quick): plain-kv and tq-kv
   on lowrank_aligned over head dims (claim 4);
 - DIR/calibration: squ-kv over a --calib-tokens sweep on gaussian and lowrank_aligned (claim 9);
 - DIR/null-rng, DIR/null-impl: the claim-11 cells again with --rng mt19937 and --impl reference.
-Claim 5 needs a quantity the runner does not store (the first-order prediction of the K-only
-output error), so it runs in process on the runner's own draws and codecs (draw_trials,
-create_scheme: the same data and codes as a run) at several query temperatures — the scenario
-parameter that sets the score variance — and stores its rows as table `first_order`.
+Claims 5 and 12 need quantities the runner does not store (the first-order prediction of the
+K-only output error, the score variance), so they run in process on the runner's own draws and
+codecs (draw_trials, create_scheme: the same data and codes as a run) at several query
+temperatures — the scenario parameter that sets the score variance — and store their rows as
+table `first_order`.
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ JENSEN_SCHEME = "tq-qkv"                                   # claim 5: QJL on K, 
 JENSEN_SCENARIO = "gaussian"
 DIMENSION_SCENARIO, DIMENSION_CODECS = "lowrank_aligned", ("plain-kv", "tq-kv")   # claim 4
 FIRST_ORDER_TABLE = "first_order"
+FIRST_ORDER_VALUES = ("t_rel_mse_konly", "t_rel_mse_first_order", "logit_rel_mse", "t_rel_mse_vonly", "v_rel_mse",
+                      "score_var")
 TESTS_TABLE = "claim_tests"
 NULLS = {"null-rng": {"rng": "mt19937"}, "null-impl": {"impl": "reference"}}
 
@@ -146,11 +149,13 @@ def true_ranks(size: Size) -> dict[tuple, int]:
     return out
 
 
-# --- claim 5: the first-order pass -----------------------------------------------------------
+# --- claims 5 and 12: the first-order pass --------------------------------------------------
 def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
     """Per trial of every cell of config: t_rel_mse_konly (softmax of the codec's logits over exact
     V) and t_rel_mse_first_order (stats.claims.first_order_t_rel_mse, the same logit error through
-    the linearised softmax), both in float64 from the same logits, with logit_rel_mse."""
+    the linearised softmax), both in float64 from the same logits, with logit_rel_mse; for the V
+    path (claims 5 and 12) t_rel_mse_vonly (exact attention over the decoded V) and v_rel_mse; and
+    score_var, the exact logits' variance over keys (mean over heads and query rows)."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     records = []
     for cell in config.cells():
@@ -161,19 +166,25 @@ def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
             data = draw_trials(config, cell, trials, device, dtype)
             call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
             enc = call_with_optional(scheme.encode, data["k"], data["v"], positions=data["positions"])
-            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else \
-                exact_logits(data["q"], scheme.decode(enc)[0])
+            k_hat, v_hat = scheme.decode(enc)
+            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
             logits = exact_logits(data["q"].double(), data["k"].double())
             v = data["v"].double()
-            t = torch.softmax(logits, -1) @ v
+            p = torch.softmax(logits, -1)
+            t = p @ v
             konly = relative_mse(t, torch.softmax(logits_hat.double(), -1) @ v)
             first = C.first_order_t_rel_mse(logits, logits_hat, v)
             logit_err = relative_mse(logits, logits_hat.double())
+            vonly = relative_mse(t, p @ v_hat.double())
+            v_err = relative_mse(v, v_hat.double())
+            score_var = logits.var(-1).flatten(1).mean(-1)
             for i, trial in enumerate(trials):
                 records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
                                         cell.key), temperature=float(temperature), trial=trial, seed=config.seed,
                                    rng=config.rng, t_rel_mse_konly=float(konly[i]),
-                                   t_rel_mse_first_order=float(first[i]), logit_rel_mse=float(logit_err[i])))
+                                   t_rel_mse_first_order=float(first[i]), logit_rel_mse=float(logit_err[i]),
+                                   t_rel_mse_vonly=float(vonly[i]), v_rel_mse=float(v_err[i]),
+                                   score_var=float(score_var[i])))
     return pd.DataFrame.from_records(records)
 
 
@@ -186,7 +197,7 @@ def first_order(configs: dict[float, SweepConfig], store: RunStore, resume: bool
         keys = ("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens")
         have = {(r.seed, r.rng, r.temperature, tuple(getattr(r, k) for k in keys), r.trial)
                 for r in stored.itertuples(index=False)}
-        if have == expected:
+        if have == expected and set(FIRST_ORDER_VALUES) <= set(stored.columns):   # else stored before a column
             return stored
     frame = pd.concat([first_order_rows(c, t) for t, c in configs.items()], ignore_index=True)
     store.write_table(FIRST_ORDER_TABLE, frame)
@@ -204,7 +215,8 @@ def evaluate(frames: dict[str, pd.DataFrame | None], first_order_frame: pd.DataF
             C.claim_heavy_tail(ablation),
             C.claim_sq_wins(ablation), C.claim_waterfill_uniform(ablation),
             C.claim_d_eff(frames.get("calibration"), true_ranks(size)), C.claim_equal_storage(ablation),
-            C.claim_separable(ablation, nulls, validation_cell(size), VALIDATION_CODECS, n_permutations)]
+            C.claim_separable(ablation, nulls, validation_cell(size), VALIDATION_CODECS, n_permutations),
+            C.claim_v_path(first_order_frame)]
 
 
 def reproduce(size: Size, out: Path, *, resume: bool = False, seed: int = 0, device: str = "auto",
@@ -224,7 +236,7 @@ def reproduce(size: Size, out: Path, *, resume: bool = False, seed: int = 0, dev
     top = RunStore(out)
     t0 = time.perf_counter()
     fo = first_order(jensen_configs(size, seed=seed, device=device), top, resume)
-    log(f"first order (claim 5): {fo.groupby(['temperature', 'budget']).ngroups} cells of {JENSEN_SCHEME} at "
+    log(f"first order (claims 5, 12): {fo.groupby(['temperature', 'budget']).ngroups} cells of {JENSEN_SCHEME} at "
         f"T = {', '.join(map(str, size.temperatures))} in {time.perf_counter() - t0:.0f} s -> table "
         f"{FIRST_ORDER_TABLE}")
     results = evaluate(frames, fo, size)
