@@ -63,6 +63,9 @@ V_QJL = (("tq-kqv", "tq-kv"), ("tq-qkqv", "tq-qkv"), ("tq-kfv", "tq-kv"), ("tq-f
 SQ_CODECS = ("sq-kv", "squ-kv")
 STRUCTURED = ("lowrank_aligned", "lowrank_misaligned", "spectral_decay")
 TAIL_BITS = 2                # b_tail of SQU (AMD paper §3.2)
+STORAGE_CODECS = ("tq-kv", "squ-kv")
+PAPER_DIM, PAPER_D_EFF = 128, 8                             # §3.2: d = 128, d_eff = 8, b_tail = 2
+PAPER_BITS_PER_TOKEN = {("tq-kv", 2): 256, ("squ-kv", 2): 256, ("tq-kv", 3): 384, ("squ-kv", 3): 264}
 DEGRADE_MARGIN = 0.10        # claim 4: "does not degrade" = within ±10 % of the small-d mean (TOST)
 WATERFILL_MARGIN = 0.05      # claim 8: "degenerates to uniform" = d2(T) within ±5 % (paired TOST)
 V_FLAT_MARGIN = 0.05         # claim 12: "not amplified" = |slope of log R_V per log score variance| <= 0.05 (TOST)
@@ -98,6 +101,8 @@ CLAIMS = {c.id: c for c in (
                               "are separable from codec differences"),
     Claim(12, "§1 finding 2", "Variance on the V path is not amplified by the softmax, a distinction invisible to "
                               "accuracy-only evaluation"),
+    Claim(13, "§3.2 storage complexity", "At d = 128, d_eff = 8: TQ-KV and SQU-KV store 256 bits per token at "
+                                         "b = 2 (equal storage); at b = 3 TQ-KV 384 and SQU-KV 264 (31 % less)"),
 )}
 
 TEST_COLUMNS = ("claim", "part", "label", "scenario", "dim", "budget", "test", "paired", "n", "estimate", "ci_low",
@@ -227,6 +232,9 @@ def _basis(row) -> str:
     """Why a comparison came out as it did, in words, from its own test outcomes: what every
     reason sentence says about it (never `significant` unless its Holm p is below ALPHA)."""
     outcome, expect = row["outcome"], row["expect"]
+    if row["test"] == "ledger":
+        return (f"{'within' if outcome == 'as claimed' else 'more than'} {STORAGE_SLACK:.1%} of the paper's figure "
+                f"(exact bit count)")
     if row["test"] == "none":
         return "by construction" if outcome == "as claimed" else "no comparison"
     significant, shown = _significant(row), _margin_shown(row)
@@ -270,6 +278,9 @@ def _describe(row) -> str:
     """One comparison in words: label, estimate [CI], Holm p, and its basis (_basis)."""
     if row["test"] == "none":
         return f"{row['label']}: no comparison"
+    if row["test"] == "ledger":
+        spread = row["ci_low"] != row["ci_high"]
+        return row["label"] + (f" (trials {row['ci_low']:.4g} to {row['ci_high']:.4g})" if spread else "")
     p = row["p_holm"]
     ptext = f", Holm p {p:.2g}" if p is not None and np.isfinite(p) else ""
     if _margin_shown(row):
@@ -1088,6 +1099,73 @@ def claim_separable(main: pd.DataFrame | None, by_variable: dict[str, pd.DataFra
     head = tests[tests.part == "codec pair"].iloc[0]
     return _result(11, test, "paired and unpaired", tests, (verdict, reason), head,
                    "d2(T) difference of the codec pair")
+
+
+# --- claim 13 ----------------------------------------------------------------------------------
+def _figure_row(measured: np.ndarray, paper: float, label: str, part: str, **where) -> dict:
+    """A storage figure against the paper's: exact counts (no sampling error), so the outcome is
+    arithmetic: as claimed within STORAGE_SLACK (relative) of the paper's figure; the CI columns
+    hold the smallest and largest value over the trials."""
+    measured = np.asarray(measured, float)
+    mean = float(measured.mean())
+    ok = abs(mean - paper) <= STORAGE_SLACK * abs(paper)
+    return dict(label=f"{label}: {mean:.4g} measured vs {paper:.4g} (paper)", test="ledger", paired=False,
+                n=len(measured), estimate=mean, ci_low=float(measured.min()), ci_high=float(measured.max()),
+                p_value=np.nan, direction=0.0, expect="equivalent", part=part,
+                outcome="as claimed" if ok else "opposite", **where)
+
+
+def _storage_rows(ledger: pd.DataFrame, column: str, part: str) -> list[dict]:
+    cells = {(s, int(b)): g.set_index("trial").sort_index()[column]
+             for (s, b), g in ledger.groupby(["scheme", "budget"])}
+    rows = []
+    for (scheme, budget), paper in PAPER_BITS_PER_TOKEN.items():
+        where = dict(scenario=str(ledger.scenario.iloc[0]), dim=PAPER_DIM, budget=budget)
+        if (scheme, budget) not in cells:
+            rows.append(_no_comparison(f"{scheme} b={budget} bits per token", part=part, expect="equivalent", **where))
+            continue
+        rows.append(_figure_row(cells[(scheme, budget)], paper, f"{scheme} b={budget} bits per token", part, **where))
+    for budget in sorted({b for _, b in PAPER_BITS_PER_TOKEN}):
+        if ("tq-kv", budget) not in cells or ("squ-kv", budget) not in cells:
+            continue
+        tq, squ = cells[("tq-kv", budget)], cells[("squ-kv", budget)]
+        shared = tq.index.intersection(squ.index)
+        paper = PAPER_BITS_PER_TOKEN[("squ-kv", budget)] / PAPER_BITS_PER_TOKEN[("tq-kv", budget)]
+        rows.append(_figure_row((squ[shared] / tq[shared]).to_numpy(), paper,
+                                f"squ-kv / tq-kv at b={budget}" + (" (equal storage)" if paper == 1 else
+                                                                    f" ({1 - paper:.0%} less)"),
+                                part, dim=PAPER_DIM, budget=budget, scenario=str(ledger.scenario.iloc[0])))
+    return rows
+
+
+def claim_storage_figures(ledger: pd.DataFrame | None) -> ClaimResult:
+    """Claim 13: §3.2's storage figures from the codecs' own bit ledgers (the table
+    harness.reproduce.ledger_rows stores: tq-kv and squ-kv at d = 128, b = 2, 3 on a rank-8
+    scenario, so d_eff = 8). Part `codes` (the verdict; the paper's accounting, b·d and
+    b·d_eff + b_tail·(d − d_eff) bits per token and cache): each of the four figures, and the two
+    relations the paper draws (SQU/TQ = 1 at b = 2, 264/384 at b = 3), measured against the
+    paper's within STORAGE_SLACK (2.5 %). Part `stored` (reported, outside the verdict's family):
+    the same with everything the harness stores per cache (bits_per_element × d: the codes plus a
+    norm per vector; rotation signs, bases and codebooks are per-model constants)."""
+    test = (f"the codecs' bit ledgers at d = {PAPER_DIM}, b = 2 and 3 (tq-kv, squ-kv on a rank-8 scenario: d_eff = "
+            f"{PAPER_D_EFF}): code bits per token and cache, and their ratio, against the paper's 256/256 and "
+            f"384/264 within {STORAGE_SLACK:.1%} (exact counts, no test); everything stored per cache "
+            f"(bits_per_element x d) reported alongside")
+    if ledger is None or ledger.empty or _missing(ledger, STORAGE_CODECS):
+        return lacking(13, test, "exact", "the storage ledger of tq-kv and squ-kv at d = 128")
+    tests = _family(_storage_rows(ledger, "code_bits_per_token", "codes"), 13)
+    stored = _family(_storage_rows(ledger, "stored_bits_per_token", "stored"), 13, in_verdict=False)
+    verdict, reason = _standard_verdict(tests, "figures (code bits)")
+    squ = ledger[ledger.scheme == "squ-kv"]
+    d_eff = pd.concat([squ.d_eff_k, squ.d_eff_v]).astype(float)
+    reason += (f". squ-kv's calibrated d_eff: {d_eff.mean():.3g} (range {d_eff.min():.3g}-{d_eff.max():.3g}; the "
+               f"paper's {PAPER_D_EFF}). With everything the harness stores per cache: {_summary(stored)} ("
+               + "; ".join(_describe(r) for r in stored.to_dict("records") if r["part"] == "stored") + ")")
+    head = tests[tests.label.str.startswith("squ-kv / tq-kv at b=3")]
+    head = head.iloc[0] if len(head) else None
+    tests = pd.concat([tests, stored], ignore_index=True)
+    return _result(13, test, "exact", tests, (verdict, reason), head,
+                   "squ-kv / tq-kv code bits per token at b = 3 (paper 264/384 = 0.6875); range over trials")
 
 
 # --- all claims --------------------------------------------------------------------------------
