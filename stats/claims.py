@@ -239,7 +239,8 @@ def _basis(row) -> str:
         return "by construction" if outcome == "as claimed" else "no comparison"
     significant, shown = _significant(row), _margin_shown(row)
     one_sided = expect in ("not greater", "not less")
-    margin = "shown within the margin by a one-sided TOST" if one_sided else "equivalent within the margin by TOST"
+    margin = ("shown not to move the excluded way beyond the margin (TOST)" if one_sided
+              else "equivalent within the margin by TOST")
     if not np.isfinite(float(row["p_value"])) and not shown:
         return f"{outcome} by its own verdict"
     if outcome == "as claimed":
@@ -284,7 +285,7 @@ def _describe(row) -> str:
     p = row["p_holm"]
     ptext = f", Holm p {p:.2g}" if p is not None and np.isfinite(p) else ""
     if _margin_shown(row):
-        ptext += (", shown within the margin (one-sided TOST)" if row["expect"] in ("not greater", "not less")
+        ptext += (", not beyond the margin the excluded way (TOST)" if row["expect"] in ("not greater", "not less")
                   else ", equivalent (TOST)")
     return f"{row['label']}: {_fmt(row['estimate'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]{ptext}"
 
