@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.reproduce import (experiments, first_order_rows, jensen_configs, ledger_rows, sizes, storage_config,
-                               true_ranks)
+from harness.reproduce import (FIRST_ORDER_TABLE, experiments, first_order, first_order_rows, jensen_configs,
+                               ledger_rows, sizes, storage_config, true_ranks)
 from harness.runner import run_sweep
 from harness.store import RunStore
 from stats.findings import analyse, to_json
@@ -145,3 +145,13 @@ def test_ledger_rows_are_the_runners_bits_and_the_papers_code_formula(tmp_path):
     expected = np.where(squ, (per_tensor[0] + per_tensor[1]) / 2, b * 128)
     np.testing.assert_array_equal(mine.code_bits_per_token, expected)
     assert (mine[squ].d_eff_k == 8).all()   # the rank-8 scenario calibrates the paper's d_eff
+
+
+def test_resume_recomputes_a_first_order_table_stored_without_the_v_path(tmp_path):
+    configs = jensen_configs(sizes()["tiny"])
+    store = RunStore(tmp_path / "run")
+    full = first_order(configs, store, resume=False)
+    store.write_table(FIRST_ORDER_TABLE, full.drop(columns=["t_rel_mse_vonly", "v_rel_mse", "score_var"]))
+    again = first_order(configs, store, resume=True)
+    pd.testing.assert_frame_equal(again, full)
+    pd.testing.assert_frame_equal(store.table(FIRST_ORDER_TABLE), full)
