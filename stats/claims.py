@@ -20,8 +20,9 @@ The rule, the same for every claim (the *shape* of stats/validation.py):
    or equivalent where the claim predicts a difference), `not significant` (nothing shown: a
    non-significant test never counts for a claim), or `no comparison` (the run has no cell to
    compare with). A comparison shown inside its margin where the claim predicts no difference is
-   `as claimed` even when significant (a negligible difference). Margin tests run at ALPHA per comparison (an intersection-union test, as in
-   stats.validation); the column `equivalent` of a comparison holds its margin test's result.
+   `as claimed` even when significant (a negligible difference). Margin tests run at ALPHA per
+   comparison (an intersection-union test, as in stats.validation); the column `equivalent` of a
+   comparison holds its margin test's result.
 4. Verdict: `refuted` if any comparison is `opposite`; `reproduced` if every one is `as
    claimed`; `inconclusive` otherwise, with the comparisons that are neither named. (Claim 1
    adds its existential part, see claim_non_dominated.)
@@ -248,7 +249,8 @@ def _basis(row) -> str:
             return margin + (" (significant but inside it)" if significant else "")
         return f"significant in the claimed direction{_HOLM}" if significant else margin
     if outcome == "opposite":
-        return f"significant against the claim{_HOLM}" if significant else f"{margin} where the claim needs a difference"
+        return (f"significant against the claim{_HOLM}" if significant
+                else f"{margin} where the claim needs a difference")
     return "not significant" + ("" if expect in ("greater", "less", "differs") else ", margin not shown")
 
 
@@ -931,7 +933,8 @@ def _waterfill_rows(trials: pd.DataFrame) -> list[dict]:
                 continue
             if max(a.budget_high.iloc[0], b.budget_high.iloc[0]) <= TAIL_BITS:
                 continue   # both at b <= b_tail: the same allocation by construction
-            cells_used = tuple((c.source.iloc[0], int(c.budget_low.iloc[0]), int(c.budget_high.iloc[0])) for c in (a, b))
+            cells_used = tuple((c.source.iloc[0], int(c.budget_low.iloc[0]), int(c.budget_high.iloc[0]))
+                               for c in (a, b))
             if all(src == "measured" for src, _, _ in cells_used) and cells_used in seen:
                 continue   # two levels within the tolerance of the same two measured cells: compared once
             seen.add(cells_used)
