@@ -5,15 +5,17 @@ Layout of --out DIR (each a run directory of `harness run`, resumable with --res
 - DIR itself: the ablation grid (scenarios × TQ/SQ codecs × budgets × head dims): claims 1–3,
   4 (with several head dims), 6–8, 10 and the main rows of claim 11. `harness report DIR` reports it like any run; its
   results.sqlite also holds table `claims` (one row per claim, stats.claims.CLAIM_COLUMNS),
-  table `claim_tests` (every comparison behind them) and table `first_order` (claim 5);
+  table `claim_tests` (every comparison behind them), table `first_order` (claims 5, 12) and
+  table `storage_ledger` (claim 13: the codecs' bit ledgers at §3.2's d = 128, b = 2, 3);
 - DIR/dimension (when the ablation has a single head dim, as with --quick): plain-kv and tq-kv
   on lowrank_aligned over head dims (claim 4);
 - DIR/calibration: squ-kv over a --calib-tokens sweep on gaussian and lowrank_aligned (claim 9);
 - DIR/null-rng, DIR/null-impl: the claim-11 cells again with --rng mt19937 and --impl reference.
-Claim 5 needs a quantity the runner does not store (the first-order prediction of the K-only
-output error), so it runs in process on the runner's own draws and codecs (draw_trials,
-create_scheme: the same data and codes as a run) at several query temperatures — the scenario
-parameter that sets the score variance — and stores its rows as table `first_order`.
+Claims 5 and 12 need quantities the runner does not store (the first-order prediction of the
+K-only output error, the score variance), so they run in process on the runner's own draws and
+codecs (draw_trials, create_scheme: the same data and codes as a run) at several query
+temperatures — the scenario parameter that sets the score variance — and store their rows as
+table `first_order`.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import pandas as pd
 import torch
 
 import scenarios
-from schemes.base import call_with_optional
+from schemes.base import BitLedger, call_with_optional, stored_bits
 from stats import claims as C
 from stats.metrics import exact_logits, relative_mse, weighted_values
 
@@ -47,6 +49,10 @@ JENSEN_SCHEME = "tq-qkv"                                   # claim 5: QJL on K, 
 JENSEN_SCENARIO = "gaussian"
 DIMENSION_SCENARIO, DIMENSION_CODECS = "lowrank_aligned", ("plain-kv", "tq-kv")   # claim 4
 FIRST_ORDER_TABLE = "first_order"
+STORAGE_TABLE = "storage_ledger"                           # claim 13: the §3.2 storage figures
+STORAGE_SCENARIO, STORAGE_DIM, STORAGE_BUDGETS = "lowrank_aligned", 128, (2, 3)   # rank 8: d_eff = 8 as in §3.2
+FIRST_ORDER_VALUES = ("t_rel_mse_konly", "t_rel_mse_first_order", "logit_rel_mse", "t_rel_mse_vonly", "v_rel_mse",
+                      "score_var")
 TESTS_TABLE = "claim_tests"
 NULLS = {"null-rng": {"rng": "mt19937"}, "null-impl": {"impl": "reference"}}
 
@@ -146,11 +152,13 @@ def true_ranks(size: Size) -> dict[tuple, int]:
     return out
 
 
-# --- claim 5: the first-order pass -----------------------------------------------------------
+# --- claims 5 and 12: the first-order pass --------------------------------------------------
 def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
     """Per trial of every cell of config: t_rel_mse_konly (softmax of the codec's logits over exact
     V) and t_rel_mse_first_order (stats.claims.first_order_t_rel_mse, the same logit error through
-    the linearised softmax), both in float64 from the same logits, with logit_rel_mse."""
+    the linearised softmax), both in float64 from the same logits, with logit_rel_mse; for the V
+    path (claims 5 and 12) t_rel_mse_vonly (exact attention over the decoded V) and v_rel_mse; and
+    score_var, the exact logits' variance over keys (mean over heads and query rows)."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     records = []
     for cell in config.cells():
@@ -161,19 +169,25 @@ def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
             data = draw_trials(config, cell, trials, device, dtype)
             call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
             enc = call_with_optional(scheme.encode, data["k"], data["v"], positions=data["positions"])
-            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else \
-                exact_logits(data["q"], scheme.decode(enc)[0])
+            k_hat, v_hat = scheme.decode(enc)
+            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
             logits = exact_logits(data["q"].double(), data["k"].double())
             v = data["v"].double()
-            t = weighted_values(torch.softmax(logits, -1), v)
+            p = torch.softmax(logits, -1)
+            t = weighted_values(p, v)
             konly = relative_mse(t, weighted_values(torch.softmax(logits_hat.double(), -1), v))
             first = C.first_order_t_rel_mse(logits, logits_hat, v)
             logit_err = relative_mse(logits, logits_hat.double())
+            vonly = relative_mse(t, weighted_values(p, v_hat.double()))
+            v_err = relative_mse(v, v_hat.double())
+            score_var = logits.var(-1).flatten(1).mean(-1)
             for i, trial in enumerate(trials):
                 records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
                                         cell.key), temperature=float(temperature), trial=trial, seed=config.seed,
                                    rng=config.rng, t_rel_mse_konly=float(konly[i]),
-                                   t_rel_mse_first_order=float(first[i]), logit_rel_mse=float(logit_err[i])))
+                                   t_rel_mse_first_order=float(first[i]), logit_rel_mse=float(logit_err[i]),
+                                   t_rel_mse_vonly=float(vonly[i]), v_rel_mse=float(v_err[i]),
+                                   score_var=float(score_var[i])))
     return pd.DataFrame.from_records(records)
 
 
@@ -186,17 +200,73 @@ def first_order(configs: dict[float, SweepConfig], store: RunStore, resume: bool
         keys = ("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens")
         have = {(r.seed, r.rng, r.temperature, tuple(getattr(r, k) for k in keys), r.trial)
                 for r in stored.itertuples(index=False)}
-        if have == expected:
+        if have == expected and set(FIRST_ORDER_VALUES) <= set(stored.columns):   # else stored before a column
             return stored
     frame = pd.concat([first_order_rows(c, t) for t, c in configs.items()], ignore_index=True)
     store.write_table(FIRST_ORDER_TABLE, frame)
     return frame
 
 
+# --- claim 13: the codecs' bit ledgers ----------------------------------------------------------
+def storage_config(size: Size, *, seed: int = 0, device: str = "auto") -> SweepConfig:
+    """§3.2's setting: tq-kv and squ-kv at d = 128, b = 2 and 3, on lowrank_aligned (rank 8, so
+    the calibrated d_eff is the paper's 8), at the size's S, queries and trials."""
+    return SweepConfig(scenarios=(STORAGE_SCENARIO,), schemes=C.STORAGE_CODECS, budgets=STORAGE_BUDGETS,
+                       dims=(STORAGE_DIM,), seq_lens=(size.seq_len,), queries=(size.queries,), trials=size.trials,
+                       seed=seed, device=device)
+
+
+def ledger_rows(config: SweepConfig) -> pd.DataFrame:
+    """Per trial of every cell of config, from the codec's own bit ledger (schemes.base.BitLedger):
+    code_bits_per_token, the bits of the quantisation codes (entries `k.codes`, `v.codes`) per token
+    and cache; stored_bits_per_token, everything stored per cache (bits_per_element × d: codes,
+    norms and other per-cache side data; the per-model constants excluded, as in the runner's
+    bits_per_element); d_eff_k, d_eff_v where the codec calibrates a basis."""
+    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
+    records = []
+    for cell in config.cells():
+        scheme = create_scheme(config, cell)
+        size = chunk_size(config, cell, device)
+        for start in range(0, config.trials, size):
+            trials = range(start, min(start + size, config.trials))
+            data = draw_trials(config, cell, trials, device, dtype)
+            call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
+            enc = call_with_optional(scheme.encode, data["k"], data["v"], positions=data["positions"])
+            b, h, s, d = enc.shape
+            ledger = BitLedger.per_trial(enc)
+            codes = sum(enc.exact_bits[key].detach().cpu().double() if key in enc.exact_bits else
+                        torch.full((b,), float(stored_bits(enc.codes[key]) // b), dtype=torch.float64)
+                        for key in ("k.codes", "v.codes"))
+            diagnostics = {k: v.detach().cpu().double() for k, v in scheme.diagnostics().items()}
+            for i, trial in enumerate(trials):
+                records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
+                                        cell.key), trial=trial, seed=config.seed, rng=config.rng,
+                                   code_bits_per_token=float(codes[i]) / (2 * h * s),
+                                   stored_bits_per_token=float(ledger.bits_per_element[i]) * d,
+                                   d_eff_k=float(diagnostics["d_eff_k"][i]) if "d_eff_k" in diagnostics else np.nan,
+                                   d_eff_v=float(diagnostics["d_eff_v"][i]) if "d_eff_v" in diagnostics else np.nan))
+    return pd.DataFrame.from_records(records)
+
+
+def storage_ledger(config: SweepConfig, store: RunStore, resume: bool) -> pd.DataFrame:
+    """The ledger table, from the store when it holds exactly these rows (--resume), else computed."""
+    expected = {(config.seed, config.rng, cell.key, t) for cell in config.cells() for t in range(config.trials)}
+    stored = store.table(STORAGE_TABLE) if resume else None
+    if stored is not None:
+        keys = ("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens")
+        if {(r.seed, r.rng, tuple(getattr(r, k) for k in keys), r.trial) for r in stored.itertuples(index=False)} \
+                == expected:
+            return stored
+    frame = ledger_rows(config)
+    store.write_table(STORAGE_TABLE, frame)
+    return frame
+
+
 # --- the whole reproduction --------------------------------------------------------------------
 def evaluate(frames: dict[str, pd.DataFrame | None], first_order_frame: pd.DataFrame | None, size: Size,
-             n_permutations: int = 1000) -> list[C.ClaimResult]:
-    """Every claim from the stored rows: frames keyed as experiments() ('' the ablation)."""
+             n_permutations: int = 1000, ledger: pd.DataFrame | None = None) -> list[C.ClaimResult]:
+    """Every claim from the stored rows: frames keyed as experiments() ('' the ablation), the
+    first-order table (claims 5, 12) and the storage ledger (claim 13)."""
     ablation = frames[""]
     nulls = {name.removeprefix("null-"): frames.get(name) for name in NULLS}
     return [C.claim_non_dominated(ablation), C.claim_full_worse(ablation), C.claim_v_qjl_hurts(ablation),
@@ -204,7 +274,8 @@ def evaluate(frames: dict[str, pd.DataFrame | None], first_order_frame: pd.DataF
             C.claim_heavy_tail(ablation),
             C.claim_sq_wins(ablation), C.claim_waterfill_uniform(ablation),
             C.claim_d_eff(frames.get("calibration"), true_ranks(size)), C.claim_equal_storage(ablation),
-            C.claim_separable(ablation, nulls, validation_cell(size), VALIDATION_CODECS, n_permutations)]
+            C.claim_separable(ablation, nulls, validation_cell(size), VALIDATION_CODECS, n_permutations),
+            C.claim_v_path(first_order_frame), C.claim_storage_figures(ledger)]
 
 
 def reproduce(size: Size, out: Path, *, resume: bool = False, seed: int = 0, device: str = "auto",
@@ -224,10 +295,14 @@ def reproduce(size: Size, out: Path, *, resume: bool = False, seed: int = 0, dev
     top = RunStore(out)
     t0 = time.perf_counter()
     fo = first_order(jensen_configs(size, seed=seed, device=device), top, resume)
-    log(f"first order (claim 5): {fo.groupby(['temperature', 'budget']).ngroups} cells of {JENSEN_SCHEME} at "
+    log(f"first order (claims 5, 12): {fo.groupby(['temperature', 'budget']).ngroups} cells of {JENSEN_SCHEME} at "
         f"T = {', '.join(map(str, size.temperatures))} in {time.perf_counter() - t0:.0f} s -> table "
         f"{FIRST_ORDER_TABLE}")
-    results = evaluate(frames, fo, size)
+    t0 = time.perf_counter()
+    ledger = storage_ledger(storage_config(size, seed=seed, device=device), top, resume)
+    log(f"storage ledger (claim 13): {ledger.groupby(['scheme', 'budget']).ngroups} cells at d = {STORAGE_DIM} in "
+        f"{time.perf_counter() - t0:.0f} s -> table {STORAGE_TABLE}")
+    results = evaluate(frames, fo, size, ledger=ledger)
     claims = C.claims_frame(results)
     top.write_table(TESTS_TABLE, C.tests_frame(results))
     top.write_table("claims", claims)

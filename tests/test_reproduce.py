@@ -6,11 +6,14 @@ import json
 import re
 import sqlite3
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from harness.cli import main
-from harness.reproduce import experiments, sizes, true_ranks
+from harness.reproduce import (FIRST_ORDER_TABLE, experiments, first_order, first_order_rows, jensen_configs,
+                               ledger_rows, sizes, storage_config, true_ranks)
+from harness.runner import run_sweep
 from harness.store import RunStore
 from stats.findings import analyse, to_json
 from stats.claims import CLAIM_COLUMNS, VERDICTS
@@ -35,16 +38,16 @@ def test_reproduce_stores_and_prints_every_claim(reproduction, first_run):
     assert code == 0
     claims = RunStore(reproduction).claims()
     assert list(claims.columns) == list(CLAIM_COLUMNS)
-    assert claims.id.tolist() == list(range(1, 12))
+    assert claims.id.tolist() == list(range(1, 14))
     assert set(claims.verdict) <= set(VERDICTS) and claims.reason.str.len().gt(0).all()
     lines = [line for line in out.splitlines() if re.match(r"^[ 1]\d  (reproduced|refuted|inconclusive) ", line)]
-    assert [int(line[:2]) for line in lines] == list(range(1, 12))
+    assert [int(line[:2]) for line in lines] == list(range(1, 14))
     assert re.search(r"^verdicts: \d+ reproduced, \d+ refuted, \d+ inconclusive", out, re.M)
     assert "reduced from the paper" in out
     con = sqlite3.connect(reproduction / "results.sqlite")
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     con.close()
-    assert {"trials", "cells", "claims", "claim_tests", "first_order"} <= tables
+    assert {"trials", "cells", "claims", "claim_tests", "first_order", "storage_ledger"} <= tables
     for sub in ("calibration", "null-rng", "null-impl"):
         assert not RunStore(reproduction / sub).trials().empty
     manifest = RunStore(reproduction).read_manifest()
@@ -54,7 +57,7 @@ def test_reproduce_stores_and_prints_every_claim(reproduction, first_run):
 def test_report_json_includes_the_claims(reproduction, first_run, capsys):
     assert main(["report", str(reproduction), "--json", "--permutations", "50"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert [c["id"] for c in payload["claims"]] == list(range(1, 12))
+    assert [c["id"] for c in payload["claims"]] == list(range(1, 14))
     assert {"verdict", "reason", "effect", "estimate", "ci_low", "ci_high", "section", "test"} \
         <= set(payload["claims"][0])
 
@@ -108,3 +111,47 @@ def test_sizes_quick_is_smaller_than_the_paper_grid_and_cells_are_shared():
 def test_true_ranks_are_the_population_participation_ratios():
     ranks = true_ranks(sizes()["quick"])
     assert ranks == {("gaussian", 64): 64, ("lowrank_aligned", 64): 8}
+
+
+def test_first_order_v_path_matches_the_runners_stored_metrics(tmp_path):
+    """The V-only output error and the V error of the first-order pass (float64, claims 5 and 12)
+    against the runner's own t_rel_mse_vonly and rel_mse_v of the same cells (same draws, same codes)."""
+    size = sizes()["tiny"]
+    config = jensen_configs(size)[1.0]
+    mine = first_order_rows(config, 1.0).set_index(["budget", "trial"]).sort_index()
+    run_sweep(config, RunStore(tmp_path / "run"), progress=False)
+    stored = RunStore(tmp_path / "run").trials().set_index(["budget", "trial"]).sort_index()
+    for ours, theirs in (("t_rel_mse_vonly", "t_rel_mse_vonly"), ("v_rel_mse", "rel_mse_v"),
+                         ("t_rel_mse_konly", "t_rel_mse_konly"), ("logit_rel_mse", "logit_rel_mse")):
+        pd.testing.assert_series_equal(mine[ours], stored[theirs], check_names=False, rtol=1e-4)
+    # the score variance: queries are drawn as z/T on the same draws, so it scales as 1/T^2 exactly
+    hot = first_order_rows(jensen_configs(size)[0.25], 0.25).set_index(["budget", "trial"]).sort_index()
+    np.testing.assert_allclose(hot.score_var / mine.score_var, 16.0, rtol=1e-9)
+
+
+def test_ledger_rows_are_the_runners_bits_and_the_papers_code_formula(tmp_path):
+    """The storage ledger of claim 13 at d = 128, b = 2, 3: everything stored per cache equals the
+    runner's own bits_per_element × d of the same cells, and the code bits per token equal §3.2's
+    formula with each trial's calibrated d_eff (TQ b·d; SQU b·d_eff + 2·(d − d_eff), K and V averaged)."""
+    config = storage_config(sizes()["tiny"])
+    mine = ledger_rows(config).set_index(["scheme", "budget", "trial"]).sort_index()
+    run_sweep(config, RunStore(tmp_path / "run"), progress=False)
+    stored = RunStore(tmp_path / "run").trials().set_index(["scheme", "budget", "trial"]).sort_index()
+    np.testing.assert_array_equal(mine.stored_bits_per_token, stored.bits_per_element * 128)
+    np.testing.assert_array_equal(mine.d_eff_k.fillna(-1), stored.d_eff_k.fillna(-1))
+    b = mine.index.get_level_values("budget").to_numpy()
+    squ = mine.index.get_level_values("scheme") == "squ-kv"
+    per_tensor = [b * mine[c] + 2 * (128 - mine[c]) for c in ("d_eff_k", "d_eff_v")]
+    expected = np.where(squ, (per_tensor[0] + per_tensor[1]) / 2, b * 128)
+    np.testing.assert_array_equal(mine.code_bits_per_token, expected)
+    assert (mine[squ].d_eff_k == 8).all()   # the rank-8 scenario calibrates the paper's d_eff
+
+
+def test_resume_recomputes_a_first_order_table_stored_without_the_v_path(tmp_path):
+    configs = jensen_configs(sizes()["tiny"])
+    store = RunStore(tmp_path / "run")
+    full = first_order(configs, store, resume=False)
+    store.write_table(FIRST_ORDER_TABLE, full.drop(columns=["t_rel_mse_vonly", "v_rel_mse", "score_var"]))
+    again = first_order(configs, store, resume=True)
+    pd.testing.assert_frame_equal(again, full)
+    pd.testing.assert_frame_equal(store.table(FIRST_ORDER_TABLE), full)
