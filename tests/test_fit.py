@@ -1,0 +1,273 @@
+"""harness fit and the fitted:SPEC.json scenario.
+
+Independent sources: a capture built here from a stated law (mean, covariance, Student-t dof)
+whose parameters the fit must recover within their sampling error; draws of the six scenario
+families with non-default parameters, which must be classified to their own family; the
+model's own rotary inv_freq for the frequencies measured from a random-weight Llama capture.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+import scenarios
+from harness.cli import main
+from harness.fit import FEATURES, fit_capture, fit_dof, rope_from_capture, whitened
+from harness.store import RunStore
+from kvcommon.rng import generator
+from scenarios.base import TrialShape
+from scenarios.replay import CAPTURE_FORMAT, load_capture
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def write_capture(path, k, v, q, *, k_rope=None, q_rope=None, segment_len=None):
+    """A .npz capture of k, v (L, Hkv, N, d), q (L, Hq, N, d); one segment unless segment_len."""
+    n = k.shape[2]
+    seg = segment_len or n
+    arrays = {"q": q.astype(np.float32), "k": k.astype(np.float32), "v": v.astype(np.float32),
+              "positions": np.arange(n) % seg, "segments": np.arange(n) // seg}
+    if k_rope is not None:
+        arrays["q_rope"], arrays["k_rope"] = q_rope.astype(np.float32), k_rope.astype(np.float32)
+    meta = {"format": CAPTURE_FORMAT, "model": "test", "model_sha256": "0" * 64, "layers": str(k.shape[0]),
+            "heads": str(q.shape[1]), "kv_heads": str(k.shape[1]), "head_dim": str(k.shape[3]),
+            "n_tokens": str(n), "text_sha256": "0" * 64, "rope": "yes" if k_rope is not None else "no"}
+    np.savez(path, metadata=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
+# ---------------------------------------------------------------- a known law, recovered
+
+DIM, DOF, N_TOKENS = 8, 5.0, 8000
+
+
+def known_law(seed=0):
+    """Mean (3d,) with offsets, covariance with a power-law spectrum and one large channel, per head."""
+    gen = np.random.default_rng(seed)
+    p = 3 * DIM
+    a = gen.standard_normal((p, p)) * (np.arange(1, p + 1) ** -0.7)
+    cov = a @ a.T
+    cov[0, 0] += 100.0   # an outlier key channel (std ≈ 10 against ≈ 2)
+    return gen.normal(0, 1.5, p), cov
+
+
+def sample_law(gen, mean, cov, n, dof):
+    """x = μ + U diag(√λ) z, z i.i.d. t(dof) of unit variance (the law scenarios.fitted states)."""
+    lam, vec = np.linalg.eigh(cov)
+    z = gen.standard_t(dof, (n, len(mean))) * math.sqrt((dof - 2) / dof)
+    return mean + z @ (vec * np.sqrt(lam)).T
+
+
+@pytest.fixture(scope="module")
+def known(tmp_path_factory):
+    """A one-layer capture with 2 key/value heads and 4 query heads (GQA), drawn from known_law."""
+    gen = np.random.default_rng(1)
+    laws = [known_law(h) for h in range(4)]
+    k = np.empty((1, 2, N_TOKENS, DIM))
+    v = np.empty_like(k)
+    q = np.empty((1, 4, N_TOKENS, DIM))
+    for kv in range(2):  # query heads 2kv and 2kv+1 share the kv head's k, v; law of head 2kv for all three
+        x = sample_law(gen, *laws[2 * kv], N_TOKENS, DOF)
+        k[0, kv], v[0, kv], q[0, 2 * kv] = x[:, :DIM], x[:, DIM:2 * DIM], x[:, 2 * DIM:]
+        q[0, 2 * kv + 1] = x[:, 2 * DIM:] * 2.0
+    path = write_capture(tmp_path_factory.mktemp("known") / "cap.npz", k, v, q)
+    spec = fit_capture(load_capture(path))
+    spec_path = path.with_name("spec.json")
+    spec_path.write_text(json.dumps(spec))
+    return {"path": path, "spec": spec, "spec_path": spec_path, "laws": laws, "k": k, "v": v, "q": q}
+
+
+def test_fit_dof_recovers_student_t_and_says_gaussian_for_gaussian():
+    gen = np.random.default_rng(0)
+    # 20 000 values (the subsample): the MLE's sd at ν = 4 is ≈ 0.2 (Fisher information of ν), the grid step 10 %
+    assert fit_dof(gen.standard_t(4.0, 20_000)) == pytest.approx(4.0, rel=0.2)
+    assert fit_dof(gen.standard_t(10.0, 20_000)) == pytest.approx(10.0, rel=0.4)
+    gaussian = fit_dof(gen.standard_normal(20_000))
+    assert gaussian is None or gaussian > 50
+
+
+def test_fit_recovers_the_known_law(known):
+    spec, n_fit = known["spec"], N_TOKENS // 2
+    assert spec["fit_tokens"] == n_fit and spec["heads"] == 4 and spec["kv_heads"] == 2 and spec["rope"] is None
+    heads = spec["layers"][0]["heads"]
+    assert [h["kv_head"] for h in heads] == [0, 0, 1, 1]
+    for kv in range(2):
+        mean, cov = known["laws"][2 * kv]
+        model = scenarios.fitted.load_spec(known["spec_path"]).token_model(0, 2 * kv)
+        se = np.sqrt(np.diag(cov) / n_fit)
+        assert np.all(np.abs(model.mean - mean) < 5 * se)                       # mean offsets, 5 standard errors
+        # covariance: relative Frobenius error; for t(5) entries (kurtosis 9) its sd is ≈ 0.05 at n = 4000
+        assert np.linalg.norm(model.cov - cov) / np.linalg.norm(cov) < 0.15
+        assert model.dof == pytest.approx(DOF, rel=0.3)
+        # the second query head of the group: the same k, v moments, q scaled by 2
+        other = scenarios.fitted.load_spec(known["spec_path"]).token_model(0, 2 * kv + 1)
+        np.testing.assert_allclose(other.cov[:2 * DIM, :2 * DIM], model.cov[:2 * DIM, :2 * DIM], rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(other.cov[2 * DIM:, 2 * DIM:], 4 * model.cov[2 * DIM:, 2 * DIM:], rtol=1e-5,
+                                   atol=1e-8)
+    stats = spec["layers"][0]["statistics"]
+    k_fit = known["k"][0, :, :n_fit]
+    assert stats["k_mean_share"] == pytest.approx(np.mean([np.sum(x.mean(0) ** 2) / np.mean(np.sum(x ** 2, -1))
+                                                           for x in k_fit]), rel=1e-5)   # float32 file
+    assert stats["k_outlier_channels"] >= 1       # channel 0 of every head has a std far above the rest
+
+
+def test_fitted_scenario_draws_the_spec_and_a_refit_recovers_it(known):
+    """Draw many tokens from fitted:SPEC (heads first, one query head of each group at random),
+    re-estimate the joint moments of (k, v, q_prefill) and the tail: equal to the spec within sampling error."""
+    spec = scenarios.fitted.load_spec(known["spec_path"])
+    scenario = scenarios.create(f"fitted:{known['spec_path']}", heads="first", layer=0)
+    n = 6000
+    shape = TrialShape(n_heads=2, seq_len=n, n_queries=16, dim=DIM, n_calib=64, prefill_queries=True)
+    draw = scenario.draw(lambda *labels: generator("pcg64", 3, *labels), shape)
+    for head in range(2):
+        joint = np.hstack((draw["k"][head], draw["v"][head], draw["q_prefill"][head]))
+        # which query head of the group did the trial use? the one whose q covariance fits
+        candidates = [spec.token_model(0, 2 * head + g) for g in range(2)]
+        model = min(candidates, key=lambda m: np.linalg.norm(np.cov(joint, rowvar=False) - m.cov))
+        se = np.sqrt(np.diag(model.cov) / n)
+        assert np.all(np.abs(joint.mean(0) - model.mean) < 5 * se)
+        assert np.linalg.norm(np.cov(joint, rowvar=False) - model.cov) / np.linalg.norm(model.cov) < 0.15
+        assert fit_dof(whitened(joint)) == pytest.approx(model.dof, rel=0.3)
+        for row in draw["q"][head]:   # evaluated queries are window tokens' own queries
+            assert np.any(np.all(draw["q_prefill"][head] == row, axis=-1))
+
+
+def test_fitted_scenario_shapes_dtype_determinism_and_errors(known):
+    name = f"fitted:{known['spec_path']}"
+    scenario = scenarios.create(name)
+    assert scenario.layer_index(scenarios.fitted.load_spec(known["spec_path"])) == 0   # middle of 1 layer
+    shape = TrialShape(n_heads=2, seq_len=64, n_queries=8, dim=DIM, n_calib=32)
+
+    def draw(seed):
+        return scenario.draw(lambda *labels: generator("pcg64", seed, name, *labels), shape)
+    a, b, c = draw(1), draw(1), draw(2)
+    for key, want in (("k", (2, 64, DIM)), ("v", (2, 64, DIM)), ("q", (2, 8, DIM)), ("k_cal", (2, 32, DIM)),
+                      ("v_cal", (2, 32, DIM))):
+        assert a[key].shape == want and a[key].dtype == np.float64 and np.all(np.isfinite(a[key]))
+        assert np.array_equal(a[key], b[key]) and not np.array_equal(a[key], c[key])
+    np.testing.assert_array_equal(a["positions"], np.arange(64))
+    assert not np.allclose(a["k"][:, :32], a["k_cal"])          # calibration is its own draw
+    with pytest.raises(ValueError, match="head_dim in spec is 8, requested dim 16"):
+        scenario.check_shape(TrialShape(1, 16, 4, 16, 8))
+    with pytest.raises(ValueError, match="3 heads requested, the spec has 2"):
+        scenario.check_shape(TrialShape(3, 16, 4, DIM, 8))
+    with pytest.raises(ValueError, match="decode-tokens is not supported"):
+        scenario.check_shape(TrialShape(1, 16, 4, DIM, 8, n_decode=4))
+    with pytest.raises(ValueError, match=r"layer=1; valid: -1 \(middle\) or 0..0"):
+        scenarios.create(f"{name}:layer=1")
+    with pytest.raises(ValueError, match="no such fitted scenario spec"):
+        scenarios.create("fitted:/nonexistent/spec.json")
+    bad = known["spec_path"].with_name("bad.json")
+    bad.write_text(json.dumps({"format": "kvharness-fitted/1", "head_dim": 8, "heads": 4, "kv_heads": 2,
+                               "layers": [{"heads": []}]}))
+    with pytest.raises(ValueError, match="layer 0 needs 4 heads"):
+        scenarios.create(f"fitted:{bad}")
+
+
+# ---------------------------------------------------------------- known constructions -> their family
+
+CONSTRUCTIONS = [("gaussian", {}), ("spectral_decay", {"alpha": 1.2}), ("heavy_tail", {"dof": 3.5, "alpha": 1.2}),
+                 ("lowrank_aligned", {"rank": 6}), ("lowrank_misaligned", {"rank": 6}),
+                 ("outlier_channels", {"n_outliers": 3, "outlier_scale": 8.0}), ("rope_lowrank", {"rank_fraction": 0.15})]
+
+
+@pytest.mark.parametrize("family,params", CONSTRUCTIONS, ids=[c[0] for c in CONSTRUCTIONS])
+def test_known_construction_is_classified_to_its_family(family, params, tmp_path):
+    import torch
+    from kvcommon.rope import apply_rope, undo_rope
+    n, d, h = 2048, 32, 4
+    draw = scenarios.create(family, **params).draw(lambda *labels: generator("pcg64", 7, family, *labels),
+                                                   TrialShape(n_heads=h, seq_len=n, n_queries=n, dim=d, n_calib=1))
+    kwargs = {}
+    k, q = draw["k"], draw["q"]
+    if family == "rope_lowrank":  # the capture holds both versions, as harness capture writes them
+        pos = torch.arange(n)
+        kwargs = {"k_rope": k, "q_rope": q}
+        k, q = undo_rope(torch.from_numpy(k), pos).numpy(), undo_rope(torch.from_numpy(q), pos).numpy()
+        np.testing.assert_allclose(apply_rope(torch.from_numpy(k), pos).numpy(), draw["k"], atol=1e-9)
+    kwargs = {name: x[None] for name, x in kwargs.items()}
+    path = write_capture(tmp_path / "cap.npz", k[None], draw["v"][None], q[None], **kwargs)
+    layer = fit_capture(load_capture(path))["layers"][0]
+    distances = layer["family"]["distances"]
+    assert set(layer["features"]) == set(FEATURES)
+    assert layer["family"]["closest"] == family, distances
+    assert layer["family"]["distance"] == min(distances.values()) < 0.1
+
+
+# ---------------------------------------------------------------- RoPE: a random-weight Llama (decoder, GQA)
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("transformers") is None, reason="transformers not installed")
+def test_llama_capture_rope_frequencies_and_fitted_draws_carry_its_rope(tmp_path):
+    import torch
+    import transformers
+    from harness.capture import apply_rope, capture_segments
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, num_hidden_layers=2, vocab_size=500,
+                                      max_position_embeddings=512, rope_theta=500.0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    gen = np.random.default_rng(0)
+    tensors = capture_segments(model, [gen.integers(0, 500, 300) for _ in range(2)])
+    path = write_capture(tmp_path / "llama.npz", tensors["k"], tensors["v"], tensors["q"], k_rope=tensors["k_rope"],
+                         q_rope=tensors["q_rope"], segment_len=300)
+    cap = load_capture(path)
+    inv_freq, scaling = rope_from_capture(cap)
+    expected = model.model.rotary_emb.inv_freq.double().numpy()       # the model's own frequencies
+    np.testing.assert_allclose(inv_freq, expected, rtol=1e-4, atol=1e-6)
+    assert scaling == pytest.approx(float(model.model.rotary_emb.attention_scaling), rel=1e-4)
+    spec = fit_capture(cap, fit_fraction=0.9)
+    assert spec["heads"] == 4 and spec["kv_heads"] == 2 and spec["rope"] is not None
+    assert spec["layers"][0]["features"]["rope_spread"] >= 0
+    spec_path = tmp_path / "llama.json"
+    spec_path.write_text(json.dumps(spec))
+    scenario = scenarios.create(f"fitted:{spec_path}:layer=1", heads="first")
+    shape = TrialShape(n_heads=2, seq_len=40, n_queries=4, dim=16, n_calib=8, prefill_queries=True)
+    draw = scenario.draw(lambda *labels: generator("pcg64", 0, *labels), shape)
+    # undoing the capture's RoPE at positions 0..S-1 (the inverse rotation: apply at −θ) gives pre-RoPE
+    # keys; applying it again must give the drawn keys back — and the pre-RoPE keys are not the drawn ones
+    pre = apply_rope(draw["k"], np.arange(40), -inv_freq, 1 / scaling)
+    np.testing.assert_allclose(apply_rope(pre, np.arange(40), inv_freq, scaling), draw["k"], atol=1e-8)
+    assert not np.allclose(pre[:, 1:], draw["k"][:, 1:])
+
+
+# ---------------------------------------------------------------- the command
+
+def test_fit_cli_writes_a_spec_that_harness_run_uses(known, tmp_path, capsys):
+    spec = tmp_path / "s.json"
+    assert main(["fit", str(known["path"]), "--out", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert "closest family" in out and f"fitted:{spec}" in out
+    assert json.loads(spec.read_text())["layers"][0]["heads"][0]["dof"] is not None
+    assert main(["fit", str(known["path"]), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "heads" not in summary["layers"][0] and summary["layers"][0]["family"]["closest"]
+    run_dir = tmp_path / "run"
+    name = f"fitted:{spec}:layer=0"
+    assert main(["run", "--scenario", name, "--scheme", "tq-kv", "--dim", str(DIM), "--budget", "3",
+                 "--seq-len", "32", "--queries", "8", "--trials", "3", "--quiet", "--out", str(run_dir)]) == 0
+    frame = RunStore(run_dir).trials()
+    assert len(frame) == 3 and set(frame["scenario"]) == {name} and frame["rel_mse_k"].between(0, 1).all()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--out", "x.txt"], "--out .*x.txt must end in .json"),
+    (["--fit-fraction", "0"], "--fit-fraction 0.0 must lie in"),
+    (["--fit-fraction", "0.005"], "leaves 40 tokens to fit on"),
+])
+def test_fit_cli_bad_input_is_one_line_exit_2_and_writes_nothing(known, tmp_path, capsys, argv, message):
+    argv = [a.replace("x.txt", str(tmp_path / "x.txt")) for a in argv]
+    assert main(["fit", str(known["path"]), *argv, "--out" if "--out" not in argv else "--json",
+                 *([str(tmp_path / "s.json")] if "--out" not in argv else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and __import__("re").search(message, err), err
+    assert not list(tmp_path.iterdir())
+    assert main(["fit", str(tmp_path / "missing.safetensors")]) == 2
+    assert "no such capture file" in capsys.readouterr().err
