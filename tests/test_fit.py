@@ -271,3 +271,102 @@ def test_fit_cli_bad_input_is_one_line_exit_2_and_writes_nothing(known, tmp_path
     assert not list(tmp_path.iterdir())
     assert main(["fit", str(tmp_path / "missing.safetensors")]) == 2
     assert "no such capture file" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- predictivity: Kendall's τ at equal storage
+
+def table(name, means, levels=(3.5,), n=6, noise=0.0, seed=0):
+    from stats.predictivity import Table
+    gen = np.random.default_rng(seed)
+    return Table(name, {(lv, s): m + noise * gen.standard_normal(n) for lv in levels for s, m in means.items()}, n)
+
+
+def test_tau_is_kendalls_tau_per_level_and_pools_levels_by_pairs():
+    from scipy.stats import kendalltau
+    from stats.predictivity import agreement
+    gen = np.random.default_rng(0)
+    names = [f"c{i}" for i in range(7)]
+    ref_means, cand_means = gen.random(7), gen.random(7)
+    ref = table("ref", dict(zip(names, ref_means)))
+    cand = table("cand", dict(zip(names, cand_means)))
+    ag = agreement([(ref, cand)], n_boot=50)
+    assert ag.tau == pytest.approx(kendalltau(ref_means, cand_means).statistic, abs=1e-12)   # no ties: τ_a = τ_b
+    assert ag.n_pairs == 21
+    flipped = {(a, b) for _, a, b, *_ in ag.flipped}
+    expected = {(names[i], names[j]) for i in range(7) for j in range(i + 1, 7)
+                if (ref_means[i] - ref_means[j]) * (cand_means[i] - cand_means[j]) < 0}
+    assert flipped == expected
+    # two layers pooled: the pair-weighted mean of the per-layer τ (scipy), here 21 and 10 pairs
+    sub = names[:5]
+    ref2 = table("ref2", dict(zip(sub, ref_means[::-1][:5])))
+    cand2 = table("cand2", dict(zip(sub, cand_means[:5])))
+    pooled = agreement([(ref, cand), (ref2, cand2)], n_boot=50)
+    want = (21 * kendalltau(ref_means, cand_means).statistic + 10 * kendalltau(ref_means[::-1][:5], cand_means[:5]).statistic) / 31
+    assert pooled.tau == pytest.approx(want, abs=1e-12) and pooled.n_pairs == 31
+    # the quantisers alone: only pairs inside the subset
+    assert agreement([(ref, cand)], names[:4], n_boot=50).tau == pytest.approx(
+        kendalltau(ref_means[:4], cand_means[:4]).statistic, abs=1e-12)
+
+
+def test_bootstrap_interval_is_degenerate_when_orders_are_certain_and_wide_when_they_are_noise():
+    from stats.predictivity import agreement
+    means = {f"c{i}": float(i) for i in range(5)}
+    same = agreement([(table("a", means, noise=0.01), table("b", means, noise=0.01, seed=1))], n_boot=200)
+    assert (same.tau, same.ci_low, same.ci_high) == (1.0, 1.0, 1.0)
+    rev = agreement([(table("a", means, noise=0.01), table("b", {k: -v for k, v in means.items()}, noise=0.01))],
+                    n_boot=200)
+    assert (rev.tau, rev.ci_low, rev.ci_high) == (-1.0, -1.0, -1.0) and len(rev.flipped) == 10
+    flat = {f"c{i}": 0.0 for i in range(5)}   # no order at all: the interval must straddle 0
+    noise = agreement([(table("a", flat, noise=1.0, n=10), table("b", flat, noise=1.0, n=10, seed=1))], n_boot=400)
+    assert noise.ci_low < 0 < noise.ci_high
+
+
+def test_predictivity_cli_matches_an_independent_kendall_tau(tmp_path, capsys):
+    from scipy.stats import kendalltau
+    gen = np.random.default_rng(5)
+    n, d = 1200, 32
+    mix = gen.standard_normal((d, d)) * np.arange(1, d + 1) ** -0.8
+    k = (gen.standard_normal((1, 2, n, d)) @ mix.T) + 0.5
+    v = gen.standard_normal((1, 2, n, d)) @ mix.T
+    q = gen.standard_normal((1, 2, n, d))
+    cap = write_capture(tmp_path / "cap.npz", k, v, q)
+    spec = tmp_path / "spec.json"
+    assert main(["fit", str(cap), "--out", str(spec)]) == 0
+    out = tmp_path / "study"
+    argv = ["predictivity", str(cap), "--spec", str(spec), "--scheme", "plain-kv,tq-kv,sq-kv", "--budget", "2,3",
+            "--levels", "3,4", "--trials", "3", "--seq-len", "32", "--queries", "8", "--calib-tokens", "64",
+            "--out", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "Kendall's tau" in text and "pooled" in text
+    result = json.loads((out / "predictivity.json").read_text())
+    frame = RunStore(out).trials()
+    assert set(frame["storage_bits_per_element"].round(6)) == {3.0, 4.0}      # levels 3, 4 are measured cells
+    means = frame.groupby(["scenario", "budget", "scheme"])["d2_t"].mean()
+    c = dd = 0
+    for budget in (2, 3):
+        real = means[f"replay:{cap}:layer=0", budget]
+        fitted = means[f"fitted:{spec}:layer=0", budget]
+        t = kendalltau(real[["plain-kv", "tq-kv", "sq-kv"]].to_numpy(), fitted[["plain-kv", "tq-kv", "sq-kv"]].to_numpy())
+        c, dd = c + round(3 * (1 + t.statistic) / 2), dd + round(3 * (1 - t.statistic) / 2)
+    layer = result["layers"][0]
+    assert layer["all"]["fitted"]["tau"] == pytest.approx((c - dd) / (c + dd)) and layer["all"]["fitted"]["n_pairs"] == 6
+    assert result["pooled"]["all"]["fitted"]["tau"] == layer["all"]["fitted"]["tau"]
+    assert result["quantisers"] == ["plain-kv", "tq-kv", "sq-kv"]
+    assert layer["closest_family"] == json.loads(spec.read_text())["layers"][0]["family"]["closest"]
+    # a second call reuses the stored sweep (nothing rerun) and gives the same result
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert json.loads((out / "predictivity.json").read_text())["layers"][0]["all"]["fitted"]["tau"] == \
+        layer["all"]["fitted"]["tau"]
+
+
+def test_predictivity_cli_bad_input_is_exit_2_and_writes_nothing(known, tmp_path, capsys):
+    out = tmp_path / "never"
+    for extra, message in ((["--spec", str(tmp_path / "none.json")], "no such fitted scenario spec"),
+                           (["--spec", str(known["spec_path"]), "--layers", "3"], "--layers 3 is not a layer"),
+                           (["--spec", str(known["spec_path"]), "--levels", "x"], "storage level 'x' is not a number")):
+        assert main(["predictivity", str(known["path"]), *extra, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    assert not out.exists()
