@@ -22,7 +22,7 @@ import scenarios
 from kvcommon.rng import generator
 from kvcommon.threads import small_linalg
 from scenarios.base import TrialShape, participation_ratio
-from scenarios.fitted import FORMAT, tril
+from scenarios.fitted import FORMAT, N_SCALE_QUANTILES, tril
 from scenarios.replay import Capture
 
 # Family features: each in [0, 1], computed by `features` the same way on a real layer and on a
@@ -72,6 +72,22 @@ def whitened(x: np.ndarray) -> np.ndarray:
         lam, vec = np.linalg.eigh(np.cov(centred, rowvar=False))
     keep = lam > 1e-10 * max(lam.max(), 1e-300)
     return centred @ vec[:, keep] / np.sqrt(lam[keep])
+
+
+def scale2_quantiles(white: np.ndarray) -> np.ndarray:
+    """Quantiles (probabilities 0, 1/64, ..., 1) of s² = m / mean(m), m = |w|² the squared norm of
+    each whitened token w (n, p): the per-token scale of an elliptical law x = μ + s·L·g, for which
+    m = s²·χ²_p, so that m / mean(m) estimates s² (with E s² = 1) up to a χ²_p / p factor of
+    relative sd √(2/p) (0.14 for p = 96)."""
+    m = np.sum(np.square(white), axis=1)
+    return np.quantile(m / m.mean(), np.linspace(0, 1, N_SCALE_QUANTILES))
+
+
+def norm_overdispersion(white: np.ndarray) -> float:
+    """var(|w|²) / (2p) of whitened tokens w (n, p): 1 for a Gaussian; (2 + κ)/2 for independent
+    coordinates of excess kurtosis κ; large when whole tokens are scaled up or down together."""
+    m = np.sum(np.square(white), axis=1)
+    return float(np.var(m) / (2 * white.shape[1]))
 
 
 def spectrum(x: np.ndarray) -> np.ndarray:
@@ -233,19 +249,23 @@ def fit_capture(cap: Capture, *, fit_fraction: float = 0.5, progress=None) -> di
         q_pre = cap.q[layer, :, part].astype(np.float64)
         k_cache = cap.k_rope[layer, :, part].astype(np.float64) if rope is not None else k_pre
         q_cache = cap.q_rope[layer, :, part].astype(np.float64) if rope is not None else q_pre
-        heads, dofs = [], []
+        heads, dofs, spreads = [], [], []
         for qh in range(cap.q.shape[1]):
             kv = qh // cap.group_size
             joint = np.hstack((k_pre[kv], v[kv], q_pre[qh]))
-            dof = fit_dof(whitened(joint))
+            white = whitened(joint)
+            dof = fit_dof(white)
             heads.append({"query_head": qh, "kv_head": kv, "mean": _digits(joint.mean(0)),
-                          "cov": _digits(np.asarray(tril(np.cov(joint, rowvar=False)))), "dof": dof})
+                          "cov": _digits(np.asarray(tril(np.cov(joint, rowvar=False)))), "dof": dof,
+                          "scale2_quantiles": _digits(scale2_quantiles(white))})
             dofs.append(dof)
+            spreads.append(norm_overdispersion(white))
         feats = features(k_cache, v, k_pre if rope is not None else None)
         distances = family_distances(feats, families)
         closest = min(distances, key=distances.get)
-        out_layers.append({"layer": layer, "statistics": layer_statistics(k_cache, v, q_cache,
-                                                                          k_pre if rope is not None else None, dofs),
+        statistics = layer_statistics(k_cache, v, q_cache, k_pre if rope is not None else None, dofs)
+        statistics["token_norm_overdispersion"] = float(np.mean(spreads))
+        out_layers.append({"layer": layer, "statistics": statistics,
                            "features": feats, "family": {"closest": closest, "distance": distances[closest],
                                                          "distances": distances},
                            "heads": heads})

@@ -2,17 +2,23 @@
 
 A spec (format FORMAT, written by harness/fit.py) holds, per layer and per query head h (reading
 key/value head h // g under grouped-query attention, g = Hq / Hkv), the first two moments of one
-token's joint vector x = (k, v, q) ∈ R^{3d} — mean μ and covariance Σ = U diag(λ) Uᵀ — and the
-degrees of freedom ν of its tail (None: Gaussian). Keys and queries are the pre-RoPE ones when
-the capture has RoPE; the spec then also holds the rotary frequencies and scaling measured from
-the capture (`rope`), and draws apply that RoPE, as a cache stores keys.
+token's joint vector x = (k, v, q) ∈ R^{3d} — mean μ and covariance Σ = U diag(λ) Uᵀ — and two
+descriptions of its tail: `scale2_quantiles`, the quantiles (probabilities 0, 1/64, ..., 1) of
+s² = m / mean(m), m a token's squared Mahalanobis norm, and `dof`, the Student-t degrees of
+freedom of the whitened coordinates (None: Gaussian). Keys and queries are the pre-RoPE ones
+when the capture has RoPE; the spec then also holds the rotary frequencies and scaling measured
+from the capture (`rope`), and draws apply that RoPE, as a cache stores keys.
 
-A token is x = μ + U diag(√λ) z with z i.i.d. Student-t(ν) scaled to unit variance (as
-heavy_tail's latents; standard normal when ν is None), so x has mean μ and covariance Σ exactly
-and the tail of the fitted whitened coordinates. Tokens are independent: the model keeps each
-token's K/V/Q correlation (same-token q·k, K/V alignment, outlier channels, mean offsets) and
-not the order of the sequence. Per trial, as replay:FILE draws: `shape.n_heads` key/value heads
-of `layer` (heads="random": without replacement; "first": 0..H−1), a query head of each one's
+A token is x = μ + U diag(√λ) z, with `tail`:
+- "token" (default): z = s·g, g standard normal, s² drawn from the fitted quantiles (inverse CDF,
+  linear between quantiles): an elliptical scale mixture whose token norms spread as the real
+  ones do (real KV has tokens far larger than others in every direction at once);
+- "coordinate": z i.i.d. Student-t(dof) scaled to unit variance (as heavy_tail's latents);
+- "gaussian": z standard normal.
+Each has mean μ and covariance Σ (E s² = 1). Tokens are independent: the model keeps each token's
+K/V/Q correlation (same-token q·k, K/V alignment, outlier channels, mean offsets) and not the
+order of the sequence. Per trial, as replay:FILE draws: `shape.n_heads` key/value heads of
+`layer` (heads="random": without replacement; "first": 0..H−1), a query head of each one's
 group, S window tokens at positions 0..S−1, Nq evaluated queries — the q of window tokens drawn
 at random, as replay takes real queries from the window — and n_cal calibration tokens of their
 own draw at positions 0..n_cal−1. `temperature` and `drift` are unused (queries come from the
@@ -34,14 +40,18 @@ from . import register
 from .base import Scenario
 
 FORMAT = "kvharness-fitted/1"
+N_SCALE_QUANTILES = 65
+TAILS = ("token", "coordinate", "gaussian")
 
 
 @dataclass(frozen=True)
 class TokenModel:
-    """One query head's joint token law: mean (3d,), covariance (3d, 3d), dof (None: Gaussian)."""
+    """One query head's joint token law: mean (3d,), covariance (3d, 3d), dof (None: Gaussian),
+    scale2_quantiles (N_SCALE_QUANTILES,) of s² (module docstring)."""
     mean: np.ndarray
     cov: np.ndarray
     dof: float | None
+    scale2_quantiles: np.ndarray
 
     @functools.cached_property
     def root(self) -> np.ndarray:
@@ -50,12 +60,16 @@ class TokenModel:
             lam, vec = np.linalg.eigh(self.cov)
         return vec * np.sqrt(np.clip(lam, 0, None))
 
-    def sample(self, gen: np.random.Generator, n: int) -> np.ndarray:
-        """(n, 3d) float64 tokens x = μ + root z (module docstring)."""
-        if self.dof is None:
-            z = gen.standard_normal((n, self.mean.shape[0]))
+    def sample(self, gen: np.random.Generator, n: int, tail: str = "token") -> np.ndarray:
+        """(n, 3d) float64 tokens x = μ + root z, z of the `tail` law (module docstring)."""
+        p = self.mean.shape[0]
+        if tail == "coordinate" and self.dof is not None:
+            z = gen.standard_t(self.dof, (n, p)) * math.sqrt((self.dof - 2) / self.dof)
         else:
-            z = gen.standard_t(self.dof, (n, self.mean.shape[0])) * math.sqrt((self.dof - 2) / self.dof)
+            z = gen.standard_normal((n, p))
+            if tail == "token":
+                probs = np.linspace(0, 1, self.scale2_quantiles.shape[0])
+                z *= np.sqrt(np.interp(gen.random(n), probs, self.scale2_quantiles))[:, None]
         return self.mean + z @ self.root.T
 
 
@@ -90,7 +104,8 @@ class Spec:
         cov = np.zeros((n, n))
         cov[np.tril_indices(n)] = entry["cov"]
         cov = cov + np.tril(cov, -1).T
-        return TokenModel(np.asarray(entry["mean"], dtype=float), cov, entry["dof"])
+        return TokenModel(np.asarray(entry["mean"], dtype=float), cov, entry["dof"],
+                          np.asarray(entry["scale2_quantiles"], dtype=float))
 
 
 def tril(cov: np.ndarray) -> list[float]:
@@ -122,14 +137,16 @@ def _check_spec(path: Path, data) -> Spec:
             raise bad(f"layer {i} needs {n_heads} heads")
         for h, entry in enumerate(heads):
             try:
+                scales = np.asarray(entry["scale2_quantiles"], dtype=float)
                 ok = len(entry["mean"]) == n and len(entry["cov"]) == n * (n + 1) // 2 and \
-                    (entry["dof"] is None or float(entry["dof"]) > 2)
-                values = np.asarray(entry["mean"] + entry["cov"], dtype=float)
+                    (entry["dof"] is None or float(entry["dof"]) > 2) and scales.shape == (N_SCALE_QUANTILES,) \
+                    and scales[0] >= 0 and np.all(np.diff(scales) >= 0)
+                values = np.asarray(entry["mean"] + entry["cov"] + scales.tolist(), dtype=float)
             except (KeyError, TypeError, ValueError):
                 ok, values = False, np.zeros(1)
             if not ok or not np.all(np.isfinite(values)):
-                raise bad(f"layer {i} head {h}: mean of {n} numbers, cov of {n * (n + 1) // 2} (lower triangle) "
-                          f"and dof > 2 or null expected")
+                raise bad(f"layer {i} head {h}: mean of {n} numbers, cov of {n * (n + 1) // 2} (lower triangle), "
+                          f"dof > 2 or null and {N_SCALE_QUANTILES} non-decreasing scale2_quantiles expected")
     return Spec(str(path), data, dim, len(layers), n_heads, n_kv, rope)
 
 
@@ -167,10 +184,13 @@ class Fitted(Scenario):
     source: str = ""
     layer: int = -1
     heads: str = "random"
+    tail: str = "token"
 
     def validate(self) -> None:
         if not self.source:
             raise ValueError("scenario fitted: give the spec as fitted:SPEC.json")
+        if self.tail not in TAILS:
+            raise ValueError(f"scenario fitted: tail={self.tail!r}; valid: {', '.join(TAILS)}")
         if self.heads not in ("random", "first"):
             raise ValueError(f"scenario fitted: heads={self.heads!r}; valid: random, first")
         spec = load_spec(self.source)
@@ -211,8 +231,8 @@ class Fitted(Scenario):
         for i, head in enumerate(heads):
             query_head = int(head) * spec.group_size + int(streams("query_head", i).integers(spec.group_size))
             model = spec.token_model(layer, query_head)
-            window = model.sample(streams("tokens", i), s)
-            cal = model.sample(streams("calibration", i), n_cal)
+            window = model.sample(streams("tokens", i), s, self.tail)
+            cal = model.sample(streams("calibration", i), n_cal, self.tail)
             k, v, q_own = window[:, :d], window[:, d:2 * d], window[:, 2 * d:]
             k_cal = cal[:, :d]
             if spec.rope is not None:

@@ -120,10 +120,10 @@ def test_fit_recovers_the_known_law(known):
 
 
 def test_fitted_scenario_draws_the_spec_and_a_refit_recovers_it(known):
-    """Draw many tokens from fitted:SPEC (heads first, one query head of each group at random),
+    """Draw many tokens from fitted:SPEC:tail=coordinate (heads first, one query head of each group at random),
     re-estimate the joint moments of (k, v, q_prefill) and the tail: equal to the spec within sampling error."""
     spec = scenarios.fitted.load_spec(known["spec_path"])
-    scenario = scenarios.create(f"fitted:{known['spec_path']}", heads="first", layer=0)
+    scenario = scenarios.create(f"fitted:{known['spec_path']}", heads="first", layer=0, tail="coordinate")
     n = 6000
     shape = TrialShape(n_heads=2, seq_len=n, n_queries=16, dim=DIM, n_calib=64, prefill_queries=True)
     draw = scenario.draw(lambda *labels: generator("pcg64", 3, *labels), shape)
@@ -170,6 +170,39 @@ def test_fitted_scenario_shapes_dtype_determinism_and_errors(known):
                                "layers": [{"heads": []}]}))
     with pytest.raises(ValueError, match="layer 0 needs 4 heads"):
         scenarios.create(f"fitted:{bad}")
+
+
+def test_token_scale_tail_is_recovered_and_redrawn(tmp_path):
+    """Elliptical law x = μ + s·L·g with s² = 0.25 (80 % of tokens) or 4 (20 %), E s² = 1: the fitted
+    s² quantiles put ≈ 20 % of tokens near 4 (χ²_p/p noise: relative sd √(2/24) = 0.29), and a
+    tail=token redraw has the capture's token-norm overdispersion var(|w|²)/2p (p·var(s²)/2 + E s⁴ = 12·2.25 + 3.25 ≈ 30
+    here; 1 for a Gaussian) within 20 %; tail=gaussian redraws have ≈ 1."""
+    from harness.fit import norm_overdispersion
+    gen = np.random.default_rng(2)
+    n, p = 8000, 3 * DIM
+    mean, cov = known_law(3)
+    s2 = np.where(gen.random(n) < 0.2, 4.0, 0.25)
+    x = mean + np.sqrt(s2)[:, None] * gen.standard_normal((n, p)) @ np.linalg.cholesky(cov).T
+    path = write_capture(tmp_path / "cap.npz", x[None, None, :, :DIM], x[None, None, :, DIM:2 * DIM],
+                         x[None, None, :, 2 * DIM:])
+    spec = fit_capture(load_capture(path))
+    quantiles = np.asarray(spec["layers"][0]["heads"][0]["scale2_quantiles"])
+    assert quantiles[0] >= 0 and np.all(np.diff(quantiles) >= 0)
+    probs = np.linspace(0, 1, len(quantiles))
+    assert np.interp(0.5, probs, quantiles) == pytest.approx(0.25, rel=0.3)
+    assert np.interp(0.92, probs, quantiles) == pytest.approx(4.0, rel=0.3)
+    real = spec["layers"][0]["statistics"]["token_norm_overdispersion"]
+    assert real == pytest.approx(norm_overdispersion(whitened(x[: n // 2])), rel=1e-6) and real > 20
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    shape = TrialShape(n_heads=1, seq_len=6000, n_queries=1, dim=DIM, n_calib=1, prefill_queries=True)
+    for tail, want, tol in (("token", real, 0.2), ("gaussian", 1.0, 0.15)):
+        draw = scenarios.create(f"fitted:{spec_path}:tail={tail}").draw(
+            lambda *labels: generator("pcg64", 4, *labels), shape)
+        redrawn = np.hstack((draw["k"][0], draw["v"][0], draw["q_prefill"][0]))
+        assert norm_overdispersion(whitened(redrawn)) == pytest.approx(want, rel=tol), tail
+    with pytest.raises(ValueError, match="tail='x'; valid: token, coordinate, gaussian"):
+        scenarios.create(f"fitted:{spec_path}:tail=x")
 
 
 # ---------------------------------------------------------------- known constructions -> their family

@@ -28,7 +28,7 @@ def summary(spec: dict) -> dict:
 
 def format_table(spec: dict) -> str:
     rows = [f"{'layer':>5}  {'closest family':<20} {'dist':>5}  {'next':<20} {'dist':>5}  {'PR K':>5} {'PR V':>5} "
-            f"{'α K':>5} {'dof':>5} {'K/V al':>6} {'μ K':>5} {'out ch':>6}"]
+            f"{'α K':>5} {'dof':>5} {'tok sp':>6} {'K/V al':>6} {'μ K':>5} {'out ch':>6}"]
     for layer in spec["layers"]:
         fam, st = layer["family"], layer["statistics"]
         ranked = sorted(fam["distances"].items(), key=lambda kv: kv[1])
@@ -36,7 +36,7 @@ def format_table(spec: dict) -> str:
         dof = dofs[len(dofs) // 2]
         rows.append(f"{layer['layer']:>5}  {ranked[0][0]:<20} {ranked[0][1]:5.3f}  {ranked[1][0]:<20} {ranked[1][1]:5.3f}  "
                     f"{st['k_participation_ratio']:5.1f} {st['v_participation_ratio']:5.1f} {st['k_decay_alpha']:5.2f} "
-                    f"{dof:5.1f} {st['kv_alignment']:6.2f} {st['k_mean_share']:5.2f} {st['k_outlier_channels']:6.1f}")
+                    f"{dof:5.1f} {st['token_norm_overdispersion']:6.1f} {st['kv_alignment']:6.2f} {st['k_mean_share']:5.2f} {st['k_outlier_channels']:6.1f}")
     return "\n".join(rows)
 
 
@@ -66,7 +66,7 @@ def run(args) -> int:
           f"{'measured' if spec['rope'] else 'none'}")
     print(format_table(spec))
     print("dist: root-mean-square difference of 7 features in [0, 1] (fit --json: features) to each family's default "
-          "draw; PR participation ratio (of d), α power-law decay, dof median Student-t dof of the whitened tokens, "
+          "draw; PR participation ratio (of d), α power-law decay, dof median Student-t dof of the whitened coordinates, tok sp var(|w|²)/2p of the whitened tokens w (1: Gaussian), "
           "K/V al subspace alignment, μ K mean offset's share of K's energy, out ch channels with std > 3x median")
     if args.out is not None:
         print(f"spec -> {args.out} (use --scenario fitted:{args.out}:layer=N)")
