@@ -10,11 +10,14 @@ when the capture has RoPE; the spec then also holds the rotary frequencies and s
 from the capture (`rope`), and draws apply that RoPE, as a cache stores keys.
 
 A token is x = μ + U diag(√λ) z, with `tail`:
-- "token" (default): z = s·g, g standard normal, s² drawn from the fitted quantiles (inverse CDF,
-  linear between quantiles): an elliptical scale mixture whose token norms spread as the real
-  ones do (real KV has tokens far larger than others in every direction at once);
-- "coordinate": z i.i.d. Student-t(dof) scaled to unit variance (as heavy_tail's latents);
+- "coordinate" (default): z i.i.d. Student-t(dof) scaled to unit variance (as heavy_tail's latents);
+- "token": z = s·g, g standard normal, s² drawn from the fitted quantiles (inverse CDF, linear
+  between quantiles): an elliptical scale mixture whose token norms spread as the real ones do
+  (real KV has tokens far larger than others in every direction at once);
 - "gaussian": z standard normal.
+On all-MiniLM-L6-v2 (layers 0, 3, 5; harness predictivity) "coordinate" ranked the codecs closest
+to the real windows (pooled Kendall τ 0.90 over 10 codecs, 0.84 within the quantisers), "token"
+0.87 / 0.78 although it reproduces the real token-norm spread, "gaussian" 0.85 / 0.64.
 Each has mean μ and covariance Σ (E s² = 1). Tokens are independent: the model keeps each token's
 K/V/Q correlation (same-token q·k, K/V alignment, outlier channels, mean offsets) and not the
 order of the sequence. Per trial, as replay:FILE draws: `shape.n_heads` key/value heads of
@@ -60,7 +63,7 @@ class TokenModel:
             lam, vec = np.linalg.eigh(self.cov)
         return vec * np.sqrt(np.clip(lam, 0, None))
 
-    def sample(self, gen: np.random.Generator, n: int, tail: str = "token") -> np.ndarray:
+    def sample(self, gen: np.random.Generator, n: int, tail: str = "coordinate") -> np.ndarray:
         """(n, 3d) float64 tokens x = μ + root z, z of the `tail` law (module docstring)."""
         p = self.mean.shape[0]
         if tail == "coordinate" and self.dof is not None:
@@ -184,7 +187,7 @@ class Fitted(Scenario):
     source: str = ""
     layer: int = -1
     heads: str = "random"
-    tail: str = "token"
+    tail: str = "coordinate"
 
     def validate(self) -> None:
         if not self.source:
