@@ -123,3 +123,30 @@ def agreement(pairs: list[tuple[Table, Table]], schemes=None, *, n_boot: int = N
     names = sorted({r.scenario for r, _ in pairs}), sorted({c.scenario for _, c in pairs})
     return Agreement(", ".join(names[0]), ", ".join(names[1]), tau(c_all, d_all), float(lo), float(hi),
                      c_all + d_all, flipped)
+
+
+DIAGNOSTIC_METRICS = ("rel_mse_k", "rel_mse_v", "logit_rel_mse", "kl_attn", "t_rel_mse_konly", "t_rel_mse_vonly",
+                      "d2_t")
+
+
+def error_ratios(trials: pd.DataFrame, reference: str, candidate: str, levels, schemes,
+                 metrics=DIAGNOSTIC_METRICS) -> dict[str, float]:
+    """Per metric, the geometric mean over storage levels and the given codecs (those present at a
+    level in both scenarios) of candidate mean / reference mean at equal storage: 1 where the
+    synthetic world reproduces that part of the real error, > 1 where it overstates it. Which
+    component is off says which statistic a fit misses (e.g. K and V errors right but the
+    attention's response to them not: the query–key geometry)."""
+    metrics = [m for m in metrics if m in trials.columns]
+    rows = trials[trials["scenario"].isin([reference, candidate]) & trials["scheme"].isin(list(schemes))]
+    placed = at_storage(rows, metrics, levels)
+    means = placed.groupby(["scenario", LEVEL, "scheme"])[metrics].mean()
+    out = {}
+    for m in metrics:
+        logs = []
+        for (level, scheme), ref in means.loc[reference][m].items():
+            if (candidate, level, scheme) in means.index:
+                cand = means.loc[(candidate, level, scheme), m]
+                if ref > 0 and cand > 0:
+                    logs.append(np.log(cand / ref))
+        out[m] = float(np.exp(np.mean(logs))) if logs else float("nan")
+    return out

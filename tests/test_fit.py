@@ -388,6 +388,9 @@ def test_predictivity_cli_matches_an_independent_kendall_tau(tmp_path, capsys):
     assert result["pooled"]["all"]["fitted"]["tau"] == layer["all"]["fitted"]["tau"]
     assert result["quantisers"] == ["plain-kv", "tq-kv", "sq-kv"]
     assert layer["closest_family"] == json.loads(spec.read_text())["layers"][0]["family"]["closest"]
+    ratios = layer["fitted_over_real"]
+    assert {"rel_mse_k", "rel_mse_v", "kl_attn", "d2_t"} <= set(ratios) and all(r > 0 for r in ratios.values())
+    assert "fitted / real mean error" in text
     # a second call reuses the stored sweep (nothing rerun) and gives the same result
     assert main(argv) == 0
     capsys.readouterr()
@@ -404,3 +407,23 @@ def test_predictivity_cli_bad_input_is_exit_2_and_writes_nothing(known, tmp_path
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_error_ratios_are_geometric_means_of_mean_ratios_at_measured_storage():
+    import pandas as pd
+    from stats.predictivity import error_ratios
+    gen = np.random.default_rng(0)
+    rows = []
+    truth = {}
+    for scenario, factor in (("real", 1.0), ("synthetic", 2.0)):
+        for scheme in ("a", "b"):
+            for budget, storage in ((2, 3.0), (3, 4.0)):
+                for trial in range(4):
+                    value = factor * (1 + gen.random())
+                    truth.setdefault((scenario, scheme, storage), []).append(value)
+                    rows.append({"scenario": scenario, "scheme": scheme, "budget": budget, "dim": 8, "seq_len": 16,
+                                 "queries": 4, "calib_tokens": 8, "trial": trial, "seed": 0, "rng": "pcg64",
+                                 "bits_per_element": storage, "storage_bits_per_element": storage, "kl_attn": value})
+    ratios = error_ratios(pd.DataFrame(rows), "real", "synthetic", (3.0, 4.0), ("a", "b"), metrics=("kl_attn",))
+    logs = [np.log(np.mean(truth["synthetic", s, x]) / np.mean(truth["real", s, x])) for s in "ab" for x in (3.0, 4.0)]
+    assert ratios["kl_attn"] == pytest.approx(np.exp(np.mean(logs)), rel=1e-12)

@@ -90,6 +90,7 @@ def study(trials, layers, capture, spec_path, spec, levels, schemes_run, n_boot=
         fitted = tables[f"fitted:{spec_path}:layer={n}"]
         closest = spec.layer(n)["family"]["closest"]
         entry = {"layer": n, "closest_family": closest}
+        entry["fitted_over_real"] = pr.error_ratios(trials, real.scenario, fitted.scenario, levels, quantisers)
         for group, names in (("all", None), ("quantisers", quantisers)):
             generic = {f: pr.agreement([(real, tables[f])], names, **boot) for f in FAMILIES}
             best = max(generic, key=lambda f: (generic[f].tau if not math.isnan(generic[f].tau) else -2))
@@ -124,6 +125,9 @@ def format_result(result: dict) -> str:
         p = result["pooled"][group]
         lines.append(f"{'pooled':>6} {group:<10} {cell(p['fitted']):>21} {cell(p['closest_family']):>40} "
                      f"{cell(p['best_generic']):>40}")
+    lines.append("fitted / real mean error at equal storage (geometric mean over the quantisers and levels):")
+    for entry in result["layers"]:
+        lines.append(f"  layer {entry['layer']}: " + ", ".join(f"{m} {r:.2f}" for m, r in entry["fitted_over_real"].items()))
     lines.append("flipped pairs, fitted vs real (level: a, b — real d2_t a/b; fitted a/b):")
     for entry in result["layers"]:
         flips = entry["all"]["fitted"]["flipped"]
