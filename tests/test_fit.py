@@ -427,3 +427,127 @@ def test_error_ratios_are_geometric_means_of_mean_ratios_at_measured_storage():
     ratios = error_ratios(pd.DataFrame(rows), "real", "synthetic", (3.0, 4.0), ("a", "b"), metrics=("kl_attn",))
     logs = [np.log(np.mean(truth["synthetic", s, x]) / np.mean(truth["real", s, x])) for s in "ab" for x in (3.0, 4.0)]
     assert ratios["kl_attn"] == pytest.approx(np.exp(np.mean(logs)), rel=1e-12)
+
+
+# ---------------------------------------------------------------- recommend: per-layer choice under a storage budget
+
+def test_replay_parts_split_the_evaluation_windows(tmp_path):
+    gen = np.random.default_rng(0)
+    n = 400
+    k = gen.standard_normal((1, 1, n, 8))
+    path = write_capture(tmp_path / "parts.npz", k, k, k)
+    cap = load_capture(path)
+    full = scenarios.create(f"replay:{path}").window_starts(cap, 20)
+    first = scenarios.create(f"replay:{path}:part=first").window_starts(cap, 20)
+    second = scenarios.create(f"replay:{path}:part=second").window_starts(cap, 20)
+    np.testing.assert_array_equal(full, np.arange(200, 381))                    # unchanged default
+    np.testing.assert_array_equal(first, np.arange(200, 281))                   # windows inside [200, 300)
+    np.testing.assert_array_equal(second, np.arange(300, 381))                  # windows inside [300, 400)
+    with pytest.raises(ValueError, match="part='x'; valid: all, first, second"):
+        scenarios.create(f"replay:{path}:part=x")
+
+
+def test_choose_is_the_brute_force_optimum():
+    import itertools
+    import pandas as pd
+    from harness.recommend import choose
+    gen = np.random.default_rng(3)
+    keys = [(s, b) for s in ("a", "b", "c") for b in (2, 3, 4)]
+    opts = {layer: pd.DataFrame({"storage_bits_per_element": [b + gen.random() for _, b in keys],
+                                 "d2_t": gen.random(len(keys)) / np.array([b for _, b in keys])},
+                                index=pd.MultiIndex.from_tuples(keys, names=["scheme", "budget"]))
+            for layer in range(4)}
+    for bits in (2.0, 2.6, 3.0, 3.5, 4.2):
+        best = None
+        for combo in itertools.product(keys, repeat=4):
+            storage = np.mean([opts[lay].at[key, "storage_bits_per_element"] for lay, key in enumerate(combo)])
+            error = sum(opts[lay].at[key, "d2_t"] for lay, key in enumerate(combo))
+            if storage <= bits and (best is None or error < best[0]):
+                best = (error, combo)
+        picks = choose(opts, bits)
+        if best is None:
+            assert picks is None
+        else:
+            assert tuple(picks[lay] for lay in range(4)) == best[1]
+
+
+def uniform_frame(gen):
+    """Two layers; codec a at 3.0 / 4.0 bits (budgets 2, 3), codec b at 3.5 / 5.0; 5 trials."""
+    import pandas as pd
+    rows = []
+    for layer in (0, 1):
+        for scheme, storages in (("a", (3.0, 4.0)), ("b", (3.5, 5.0))):
+            for budget, storage in zip((2, 3), storages):
+                for trial in range(5):
+                    rows.append({"scenario": f"L{layer}", "scheme": scheme, "budget": budget, "dim": 8, "seq_len": 16,
+                                 "queries": 4, "calib_tokens": 8, "trial": trial, "seed": 0, "rng": "pcg64",
+                                 "bits_per_element": storage, "storage_bits_per_element": storage,
+                                 "d2_t": (0.2 if scheme == "a" else 0.25) / budget * (1 + gen.random())})
+    return pd.DataFrame(rows)
+
+
+def test_uniform_is_the_best_codec_at_the_same_measured_storage():
+    from harness.recommend import at_level, uniform
+    frame = uniform_frame(np.random.default_rng(0))
+    layers = {0: "L0", 1: "L1"}
+    values = at_level(frame, layers, 3.5)
+    for layer in (0, 1):
+        rows = frame[frame["scenario"] == f"L{layer}"].sort_values("trial")
+        a2, a3 = (rows[(rows["scheme"] == "a") & (rows["budget"] == b)]["d2_t"].to_numpy() for b in (2, 3))
+        np.testing.assert_allclose(values["a"][layer], np.sqrt(a2 * a3), rtol=1e-12)   # log-linear, weight 1/2
+        np.testing.assert_allclose(values["b"][layer], rows[(rows["scheme"] == "b") & (rows["budget"] == 2)]["d2_t"])
+    want = min(values, key=lambda s: values[s].mean(1).sum())
+    assert uniform(frame, layers, 3.5) == want
+    assert set(at_level(frame, layers, 4.5)) == {"b"}           # a does not reach 4.5: never extrapolated
+    assert uniform(frame, layers, 6.0) is None
+
+
+def test_recommend_cli_runs_and_its_gain_matches_the_stored_rows(tmp_path, capsys):
+    gen = np.random.default_rng(6)
+    n, d = 1600, 32
+    k = gen.standard_normal((2, 1, n, d)) * np.array([1.0, 3.0])[:, None, None, None] ** np.linspace(0, 1, d)
+    v = gen.standard_normal((2, 1, n, d))
+    q = gen.standard_normal((2, 1, n, d))
+    cap = write_capture(tmp_path / "cap.npz", k, v, q)
+    out = tmp_path / "rec"
+    argv = ["recommend", str(cap), "--bits", "3.6", "--scheme", "tq-kv,svd,h2o", "--budget", "2,3,4", "--trials", "4",
+            "--seq-len", "32", "--queries", "8", "--calib-tokens", "64", "--out", str(out)]
+    assert main(argv) == 0
+    assert "gain" in capsys.readouterr().out
+    result = json.loads((out / "recommendation.json").read_text())
+    frame = RunStore(out).trials()
+    judge = frame[frame["scenario"].str.endswith("part=second")]
+    rec = sum(judge[(judge["scenario"] == f"replay:{cap}:layer={row['layer']}:part=second") &
+                    (judge["scheme"] == row["scheme"]) & (judge["budget"] == row["budget"])]["d2_t"].mean()
+              for row in result["layers"])
+    level = np.mean([row["storage"] for row in result["layers"]])
+    assert result["judged"]["storage"] == pytest.approx(level)
+    uni = 0.0
+    for layer in (0, 1):   # the uniform codec at the same storage, by hand: its cell within 2.5 %, or log-linear
+        rows = judge[(judge["scenario"] == f"replay:{cap}:layer={layer}:part=second") &
+                     (judge["scheme"] == result["uniform"])]
+        cells = {b: g.sort_values("trial") for b, g in rows.groupby("budget")}
+        storage = {b: g["storage_bits_per_element"].mean() for b, g in cells.items()}
+        near = [b for b in cells if abs(storage[b] - level) / level <= 0.025]
+        if near:
+            b = min(near, key=lambda b: abs(storage[b] - level))
+            uni += cells[b]["d2_t"].mean()
+        else:
+            lo = max((b for b in cells if storage[b] < level), key=lambda b: storage[b])
+            hi = min((b for b in cells if storage[b] > level), key=lambda b: storage[b])
+            w = (level - storage[lo]) / (storage[hi] - storage[lo])
+            uni += np.mean(np.exp((1 - w) * np.log(cells[lo]["d2_t"].to_numpy()) + w * np.log(cells[hi]["d2_t"].to_numpy())))
+    assert result["judged"]["gain"] == pytest.approx(1 - rec / uni, rel=1e-9)
+    assert result["judged"]["gain_ci"][0] <= result["judged"]["gain"] <= result["judged"]["gain_ci"][1]
+    assert np.mean([row["storage"] for row in result["layers"]]) <= 3.6 + 1e-9
+    cell = result["uniform_cell"]      # the best measured single cell: paired by hand on the judge half
+    pick = frame[frame["scenario"].str.endswith("part=first")].groupby(["scheme", "budget", "scenario"])[
+        ["d2_t", "storage_bits_per_element"]].mean().groupby(["scheme", "budget"]).agg(
+        {"d2_t": "sum", "storage_bits_per_element": "mean"})
+    pick = pick[pick["storage_bits_per_element"] <= 3.6 + 1e-9]
+    assert tuple(cell) == pick["d2_t"].idxmin()
+    cell_err = judge[(judge["scheme"] == cell[0]) & (judge["budget"] == cell[1])].groupby("scenario")["d2_t"].mean().sum()
+    assert result["judged_cell"]["gain"] == pytest.approx(1 - rec / cell_err, rel=1e-9)
+    assert result["judged_cell"]["storage_uniform"] <= 3.6 + 1e-9
+    assert main([*argv[:2], "--bits", "0.5", *argv[4:]]) == 2
+    assert "below what these codecs reach" in capsys.readouterr().err
