@@ -216,7 +216,10 @@ class Replay(Scenario):
     `calib_fraction` of the file, disjoint from every window; with replacement only when that
     part holds fewer than n_cal tokens). rope="post" (default) replays keys and queries after
     RoPE, as a cache stores them; "pre" before it; models without RoPE have one version.
-    layer=-1 means the middle layer L // 2. `temperature` is unused: queries are real; so is
+    layer=-1 means the middle layer L // 2. part="first" / "second": windows only inside the
+    first / second half of the evaluation part (tokens [split, mid) / [mid, N), mid their middle),
+    so that a choice made on one half can be judged on tokens it never saw (harness recommend);
+    "all" (default): the whole evaluation part. `temperature` is unused: queries are real; so is
     `drift`: replay has no decode tokens.
     """
     name = "replay"
@@ -229,6 +232,7 @@ class Replay(Scenario):
     window: str = "random"
     calib_fraction: float = 0.5
     rope: str = "post"
+    part: str = "all"
 
     def validate(self) -> None:
         if not self.source:
@@ -237,6 +241,8 @@ class Replay(Scenario):
             raise ValueError(f"scenario replay: heads={self.heads!r}; valid: random, first")
         if self.window not in ("random", "disjoint"):
             raise ValueError(f"scenario replay: window={self.window!r}; valid: random, disjoint")
+        if self.part not in ("all", "first", "second"):
+            raise ValueError(f"scenario replay: part={self.part!r}; valid: all, first, second")
         if self.rope not in ("post", "pre"):
             raise ValueError(f"scenario replay: rope={self.rope!r}; valid: post, pre")
         if not 0 < self.calib_fraction < 1:
@@ -257,8 +263,11 @@ class Replay(Scenario):
 
     def window_starts(self, capture: Capture, seq_len: int) -> np.ndarray:
         """Starts s of the evaluation windows [s, s + S): inside the evaluation part and one segment."""
-        split = self.split(capture)
-        starts = np.arange(split, capture.n_tokens - seq_len + 1)
+        split, end = self.split(capture), capture.n_tokens
+        mid = (split + end) // 2
+        if self.part != "all":
+            split, end = (split, mid) if self.part == "first" else (mid, end)
+        starts = np.arange(split, end - seq_len + 1)
         starts = starts[capture.segments[starts] == capture.segments[starts + seq_len - 1]]
         if self.window == "disjoint" and starts.size:  # a grid of step S from each segment's first start
             _, first, which = np.unique(capture.segments[starts], return_index=True, return_inverse=True)
