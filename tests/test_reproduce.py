@@ -44,6 +44,9 @@ def test_reproduce_stores_and_prints_every_claim(reproduction, first_run):
     assert [int(line[:2]) for line in lines] == list(range(1, 14))
     assert re.search(r"^verdicts: \d+ reproduced, \d+ refuted, \d+ inconclusive", out, re.M)
     assert "reduced from the paper" in out
+    # the report is written before the claims table is printed, which ends the output
+    assert (reproduction / "report.html").stat().st_size > 0 and (reproduction / "report.pdf").stat().st_size > 0
+    assert out.index("report -> ") < out.index("claims (alpha")
     con = sqlite3.connect(reproduction / "results.sqlite")
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     con.close()

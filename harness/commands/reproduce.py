@@ -62,6 +62,9 @@ def run(args) -> int:
                            progress=False if args.quiet else None)
     except RunConflict as exc:
         raise UsageError(f"harness reproduce: {exc}") from None
+    from .report import write_report
+    html_path, pdf_path = write_report(out)
+    print(f"report -> {html_path} and {pdf_path}")
     print(f"claims (alpha {ALPHA}, Holm within each claim; effect [95 % CI]):")
     print(format_claims(claims))
     counts = claims.verdict.value_counts()
