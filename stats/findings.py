@@ -254,6 +254,28 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     return out
 
 
+# report --json: its version (reports/report.schema.json describes it) and the units of its numbers
+JSON_SCHEMA_VERSION = "1.0"
+JSON_UNITS = {
+    "d2_t": "distance of (snr_err_t, dir_err_t) from the origin: dimensionless, 0 = exact",
+    "storage": "measured bits per cached element",
+    "storage_level": "bits per cached element",
+    "effect": "effect_kind: matched-pairs rank-biserial r (paired) or Cliff's delta, in [-1, 1]; < 0: the winner "
+              "has the smaller error",
+    "verdict_effects": "per test: location effects in the metric's units (mean_a - mean_b), spread effects as "
+                       "log(sd_a / sd_b); margin in the same units",
+}
+
+
+def _placed_as(source) -> dict | None:
+    """A placement's words ('b = 3', 'b = 2–3 interpolated') as {source, budget_low, budget_high}."""
+    if not isinstance(source, str):
+        return None
+    budgets = [int(b) for b in source.split()[2].split("–")]
+    return {"source": "interpolated" if source.endswith("interpolated") else "measured",
+            "budget_low": budgets[0], "budget_high": budgets[-1]}
+
+
 def to_json(findings: Findings) -> dict:
     """The findings as one JSON-ready object: the storage levels and how values are placed at
     them, the Pareto front of every setting, the best codec at each storage level with its
@@ -273,9 +295,17 @@ def to_json(findings: Findings) -> dict:
                                             "validation_effects": "verdict_effects"})
     verdicts = wins[wins.runner_up.map(lambda r: isinstance(r, str)).astype(bool)][
         SETTING_LEVEL + ["winner", "runner_up", "comparison", "verdict", "verdict_reason", "verdict_effects"]]
-    return {"n_trials": int(len(findings.trials)), "n_cells": int(len(findings.cells)),
-            "metric": PRIMARY, "alpha": ALPHA, "smallest_effect_sd": SMALLEST_EFFECT, "spread_margin": SPREAD_MARGIN,
-            "storage": {"column": findings.storage, "levels": list(findings.levels), "tolerance": TOLERANCE},
+    wins = wins.assign(
+        winner_placed=wins.winner_source.map(_placed_as), runner_up_placed=wins.runner_up_source.map(_placed_as),
+        effect_kind=[("matched-pairs rank-biserial r" if p else "Cliff's delta") if isinstance(r, str) else None
+                     for p, r in zip(wins.paired, wins.runner_up)])
+    return {"schema_version": JSON_SCHEMA_VERSION, "n_trials": int(len(findings.trials)),
+            "n_cells": int(len(findings.cells)), "metric": PRIMARY, "units": JSON_UNITS, "alpha": ALPHA,
+            "smallest_effect_sd": SMALLEST_EFFECT, "spread_margin": SPREAD_MARGIN,
+            "storage": {"column": findings.storage, "levels": list(findings.levels), "tolerance": TOLERANCE,
+                        "per_value_tolerance": TOLERANCE / 2,
+                        "meaning": "a value enters a level within per_value_tolerance of it (relative), so two "
+                                   "values compared at a level differ in storage by at most tolerance"},
             "has_null": findings.has_null, "fronts": fronts, "winners": _records(wins),
             "verdicts": _records(verdicts), "crossovers": _records(findings.crossovers),
             **({"claims": _records(findings.claims)} if findings.claims is not None else {})}

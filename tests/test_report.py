@@ -220,6 +220,21 @@ def test_json_findings_match_the_tables(run_dir, html, capsys):
             assert abs(w["winner_storage"] - w["runner_up_storage"]) <= 0.05 * w["storage_level"]
             assert w["verdict"] in {"codec-difference", "implementation-variance", "negligible", "equivalent",
                                     "inconclusive"}
+    # the shipped schema (its version is the payload's) accepts it, and rejects a payload that breaks it
+    import importlib.resources
+
+    import jsonschema
+
+    schema = json.loads(importlib.resources.files("reports").joinpath("report.schema.json").read_text())
+    jsonschema.validate(found, schema)
+    assert found["schema_version"] == schema["properties"]["schema_version"]["const"]
+    assert found["provenance"]["command"].startswith(f"harness report {run_dir} --json")
+    broken = json.loads(json.dumps(found))
+    broken["winners"][0]["comparison"] = "probably"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema)
+    placed = {w["winner_source"]: w["winner_placed"] for w in found["winners"]}
+    assert all(p["source"] == ("interpolated" if s.endswith("interpolated") else "measured") for s, p in placed.items())
     for v in found["verdicts"]:  # each verdict carries its effects with their CIs and margins
         effect = v["verdict_effects"]["snr_err_t"]
         assert effect["ci95"][0] <= effect["estimate"] <= effect["ci95"][1] and effect["margin"] > 0

@@ -13,6 +13,7 @@ from pathlib import Path
 from stats.equal_storage import parse_levels
 
 from ..errors import UsageError
+from ..provenance import now, package_version
 from ..store import RESULTS_FILE, RunStore
 
 NAME = "report"
@@ -135,6 +136,11 @@ def run(args) -> int:
         from stats.findings import to_json
         findings = _findings(args.directory, args.null, args.permutations, levels)
         out = to_json(findings)
+        command = (f"harness report {args.directory} --json --permutations {args.permutations}"
+                   + (f" --null {args.null}" if args.null is not None else "")
+                   + (f" --storage-levels {args.storage_levels}" if args.storage_levels is not None else ""))
+        out["provenance"] = {"kvharness": package_version(), "command": command, "created_at": now(),
+                             "run": str(args.directory), "null": str(args.null) if args.null is not None else None}
         notice = incomplete_notice(store)
         if notice is not None:
             from ..runner import completion
