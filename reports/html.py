@@ -4,18 +4,17 @@ from configuration or plug-ins is escaped."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 
 import jinja2
 
 from .figures import ReportFigure
+from .raster import html_png
 from stats.findings import Findings
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows, claim_detail_rows,
                         claim_rows, crossover_header, crossover_rows, headline_header, headline_rows, lede,
                         method_sentence, setting_summaries, verdict_note, winner_header, winner_rows)
 
-PNG_DPI = 110
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
@@ -159,10 +158,9 @@ replicates in which the cell is non-dominated on (bits per element, d₂(T)), * 
 
 
 def png_base64(figure) -> tuple[str, int, int]:
-    """A figure as base64 PNG text and its pixel width and height."""
-    buf = io.BytesIO()
-    figure.savefig(buf, format="png", dpi=PNG_DPI, bbox_inches="tight")
-    data = buf.getvalue()
+    """A figure as base64 PNG text (reports.raster: drawn once for the HTML and the PDF) and its
+    pixel width and height."""
+    data = html_png(figure)
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # IHDR
     return base64.b64encode(data).decode("ascii"), width, height
 

@@ -5,7 +5,6 @@ an image at FIGURE_PPI, its title and caption as text. Fonts are embedded as Tru
 (pdf.fonttype 42) so the text can be searched and extracted."""
 from __future__ import annotations
 
-import io
 import textwrap
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from matplotlib.font_manager import FontProperties  # noqa: E402
 from matplotlib.table import Cell  # noqa: E402
 from matplotlib.textpath import TextToPath  # noqa: E402
 
-from .figures import PAGE_FIGURE_BOX, ReportFigure  # noqa: E402
+from .figures import ReportFigure  # noqa: E402
+from .raster import FIGURE_BOX, FIGURE_PPI, page_image, page_scale  # noqa: E402,F401  (page_scale: re-exported)
 from stats.findings import Findings  # noqa: E402
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows,  # noqa: E402
                         claim_detail_rows, claim_rows, crossover_header, crossover_rows, headline_header,
@@ -27,15 +27,11 @@ from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_he
                         winner_header, winner_rows)
 
 PORTRAIT, LANDSCAPE = (8.27, 11.69), (11.69, 8.27)  # A4, inches
-# The area of a landscape page a figure may take (inches; below the title, above the caption)
-# and the resolution it is drawn at there.
-FIGURE_BOX, FIGURE_PPI = PAGE_FIGURE_BOX, 200
 _NOTICE = {"color": "#a02000", "fontweight": "bold", "va": "top"}
 _LINES_PER_PAGE, _WRAP = 62, 105
 _ROWS_PER_PAGE = 30
 # The pages' own text is plain (math text off: names are drawn as they are); a report figure is
-# drawn with math text on, for its log axes' 10^k tick labels (its names are escaped, figures.literal).
-_FIGURE_RC = {"text.parse_math": True}
+# drawn with math text on (reports.raster).
 
 
 def _text_pages(pdf: PdfPages, lines: list[tuple[str, str]]) -> None:
@@ -180,11 +176,7 @@ def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list
             page.text(0.04, 0.928, notice, fontsize=8, **_NOTICE)
         page.text(0.04, 0.915 - (0.02 if notice else 0), "\n".join(textwrap.wrap(lede(findings), 150)), fontsize=8,
                   va="top")
-        buf = io.BytesIO()
-        with plt.rc_context(_FIGURE_RC):
-            f.figure.savefig(buf, format="png", dpi=150, bbox_inches="tight")
-        buf.seek(0)
-        image = plt.imread(buf)
+        image, _ = page_image(f.figure)   # drawn once for the HTML and the PDF (reports.raster)
         ax = page.add_axes([0.03, 0.2, 0.42, 0.62])
         ax.imshow(image)
         ax.set_anchor("N")
@@ -205,23 +197,10 @@ def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list
     return n_pages
 
 
-def page_scale(figure) -> float:
-    """The factor a figure is drawn at on its PDF page: it fits FIGURE_BOX, never enlarged."""
-    box, pad = figure.get_tightbbox(), 2 * matplotlib.rcParams["savefig.pad_inches"]
-    return min(1.0, FIGURE_BOX[0] / (box.width + pad), FIGURE_BOX[1] / (box.height + pad))
-
-
 def _figure_page(pdf: PdfPages, f: ReportFigure) -> None:
     """One figure on an A4 landscape page: its title, the figure scaled to fit FIGURE_BOX (as an
     image of FIGURE_PPI on the page) and its caption."""
-    from PIL import Image
-
-    with plt.rc_context(_FIGURE_RC):
-        scale = page_scale(f.figure)
-        buf = io.BytesIO()
-        f.figure.savefig(buf, format="png", dpi=FIGURE_PPI * scale, bbox_inches="tight")
-    buf.seek(0)
-    image = Image.open(buf).convert("RGB")
+    image, _ = page_image(f.figure)
     width, height = (n / FIGURE_PPI for n in image.size)  # inches on the page
     page = plt.figure(figsize=LANDSCAPE)
     page.text(0.04, 0.96, f.title, fontsize=11, fontweight="bold", va="top")
