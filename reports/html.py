@@ -76,6 +76,7 @@ tr.verdict-refuted td:nth-child(3) { color: #a11; font-weight: bold; }
 <tbody>{% for row in h.rows %}<tr>{% for v in row %}<td{% if loop.index > 1 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% else %}<tr><td colspan="{{ headline_header|length }}">No storage level holds a codec: see the front and the cell table (harness report --storage-levels).</td></tr>{% endfor %}</tbody>
 </table>
 <p class="note">{{ h.caption }}</p>
+{% if h.unplaced %}<p class="note">{{ h.unplaced }}</p>{% endif %}
 </div>
 </div>
 {% endfor %}
@@ -193,7 +194,9 @@ def render_html(title: str, findings: Findings, figures: list[ReportFigure], man
             entry["png"], entry["width"], entry["height"] = png_base64(f.figure)
         if f.key.startswith("front-"):
             scenario = f.key[len("front-"):]
-            headlines.append({**entry, "scenario": scenario, "rows": headline_rows(findings, scenario)})
+            unplaced = " ".join(x.unplaced for x in setting_summaries(findings).get(scenario, []) if x.unplaced)
+            headlines.append({**entry, "scenario": scenario, "rows": headline_rows(findings, scenario),
+                              "unplaced": unplaced})
         else:
             shown.append(entry)
     return env.from_string(_TEMPLATE).render(

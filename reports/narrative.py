@@ -92,15 +92,21 @@ def _front_rows(cells: pd.DataFrame) -> list[tuple[str, ...]]:
 
 
 def _unplaced(findings: Findings, setting: tuple) -> str:
+    """The codecs of a setting in no equal-storage comparison, why, and how to compare them; those
+    on the Pareto front are said to be (the first screen shows them there)."""
     cells = _select(findings.cells, setting)
     placed = set(_select(findings.equal, setting).scheme.unique())
-    missing = cells[~cells.scheme.isin(placed)].groupby("scheme").storage.agg(["min", "max"])
+    missing = cells[~cells.scheme.isin(placed)]
     if missing.empty:
         return ""
-    parts = [f"{name} ({num(r['min'])}" + (f"–{num(r['max'])}" if r["max"] > r["min"] * 1.001 else "") + ")"
-             for name, r in missing.iterrows()]
-    return (f"Not compared at any storage level (measured bits/element outside every level ±"
-            f"{TOLERANCE / 2:.1%} and not on both sides of one): {', '.join(parts)}.")
+    on_front = set(missing[missing.on_front.fillna(False).astype(bool)].scheme) if "on_front" in missing else set()
+    spans = missing.groupby("scheme").storage.agg(["min", "max"])
+    parts = [f"{name} ({num(r['min'])}" + (f"–{num(r['max'])}" if r["max"] > r["min"] * 1.001 else "")
+             + (" bits/element, on the Pareto front)" if name in on_front else ")") for name, r in spans.iterrows()]
+    levels = ",".join(num(x) for x in sorted(spans["min"].unique())[:3])
+    return (f"Not compared at any storage level: {', '.join(parts)} — measured storage outside every level "
+            f"±{TOLERANCE / 2:.1%} and not between two of the codec's own cells around one (values are "
+            f"interpolated, never extrapolated); `harness report --storage-levels {levels}` compares them there.")
 
 
 def setting_summaries(findings: Findings) -> dict[str, list[SettingSummary]]:

@@ -189,8 +189,10 @@ def _headline_pages(pdf: PdfPages, title: str, findings: Findings, figures: list
         rows = headline_rows(findings, scenario) or [tuple("—" for _ in header)]
         widths, wrapped_header, wrapped, size = table_layout(header, rows, LANDSCAPE[0] * box[2] * 72)
         _draw_table(table_ax, wrapped_header, wrapped, widths, size, LANDSCAPE[1] * box[3] * 72)
-        page.text(0.04, 0.12, "\n".join(textwrap.wrap(f.caption + " " + verdict_note(findings), 170)), fontsize=7,
-                  va="top")
+        unplaced = " ".join(x.unplaced for x in setting_summaries(findings).get(scenario, []) if x.unplaced)
+        page.text(0.04, 0.12, "\n".join(textwrap.wrap(" ".join(filter(None, (f.caption, unplaced,
+                                                                          verdict_note(findings)))), 170)),
+                  fontsize=7, va="top")
         pdf.savefig(page)
         plt.close(page)
         n_pages += 1

@@ -641,3 +641,29 @@ def test_screenshot_captures_the_whole_page(tmp_path):
     assert pixels.shape[1] == 800 and 9000 <= pixels.shape[0] <= 9000 + 64
     band = pixels[8965:8995]
     assert (band[..., 0] > 200).all() and (band[..., 1] < 60).all()
+
+
+def test_a_front_codec_in_no_comparison_is_named_on_the_first_screen_with_the_levels_that_compare_it(run_dir,
+                                                                                                     tmp_path):
+    """Codecs on the front that no storage level reaches (the default levels, b + 0.5, miss the
+    codecs storing b + 2 bits/element at d = 16) are named under the headline, with why and the
+    --storage-levels that compare them; given those levels, they are compared."""
+    import re as _re
+    import shutil
+
+    from reports.narrative import setting_summaries
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("report.*"))
+    assert main(["report", str(copy), "--permutations", "20"]) == 0
+    html = (copy / "report.html").read_text(encoding="utf-8")
+    headline = html.split('id="headline"', 1)[1].split("</section>", 1)[0]
+    said = [m for m in _re.finditer(r"Not compared at any storage level: (.*?) — .*?--storage-levels ([\d.,]+)`",
+                                    headline) if "on the Pareto front" in m.group(1)]
+    assert said, "no front codec named under the headline"
+    levels = tuple(float(x) for x in said[0].group(2).split(","))
+    named = set(_re.findall(r"([\w-]+) \(", said[0].group(1)))
+    found = analyse(RunStore(run_dir).trials(), n_permutations=20, levels=levels)
+    placed = set(found.equal.scheme.unique())
+    assert named & placed and all(not s.unplaced or not (named & placed) & set(_re.findall(r"([\w-]+) \(", s.unplaced))
+                                  for v in setting_summaries(found).values() for s in v)
