@@ -197,6 +197,39 @@ def dimension_figure(findings: Findings, styles) -> ReportFigure:
     return ReportFigure("dimension", title, caption, fig)
 
 
+# where a front point's label may sit (points from the point): right or left of it, just above, just
+# below, then further up and down; _place_labels takes the first that overlaps no label before it
+_LABEL_OFFSETS = tuple((sx * 4, dy) for dy in (3, -10, 12, -19, 21, -28, 30, -37) for sx in (1, -1))
+
+
+def _place_labels(ax, renderer) -> None:
+    """Move each annotation of ax to the first of _LABEL_OFFSETS (mirrored to the left of the point
+    for negative x) where it overlaps no label placed before it and stays inside the axes; where
+    none does, the one overlapping least. In display space, after the layout is final."""
+    placed = []
+    box_of_axes = ax.get_window_extent(renderer)
+    scale = ax.figure.dpi / 72
+    for label in [t for t in ax.texts if hasattr(t, "xyann")]:
+        label.xyann = _LABEL_OFFSETS[0]
+        label.set_horizontalalignment("left")
+        base = label.get_window_extent(renderer)
+        best, best_cost = None, None
+        for dx, dy in _LABEL_OFFSETS:
+            shift_x = (dx - _LABEL_OFFSETS[0][0]) * scale - (base.width if dx < 0 else 0)
+            box = base.translated(shift_x, (dy - _LABEL_OFFSETS[0][1]) * scale)
+            cost = sum(max(0, min(box.x1, b.x1) - max(box.x0, b.x0)) * max(0, min(box.y1, b.y1) - max(box.y0, b.y0))
+                       for b in placed)
+            cost += 0 if (box_of_axes.x0 <= box.x0 and box.x1 <= box_of_axes.x1) else base.width * base.height
+            if best_cost is None or cost < best_cost:
+                best, best_cost = (dx, dy, box), cost
+            if cost == 0:
+                break
+        dx, dy, box = best
+        label.xyann = (dx, dy)
+        label.set_horizontalalignment("right" if dx < 0 else "left")
+        placed.append(box)
+
+
 def front_figure(findings: Findings, styles, scenario: str) -> ReportFigure:
     """The headline of a scenario: every cell of each setting as a grey point on (measured storage,
     mean d₂(T)), the Pareto front as a step line through its cells in the codecs' colours, each
@@ -221,14 +254,14 @@ def front_figure(findings: Findings, styles, scenario: str) -> ReportFigure:
         # a fixed-width codec's budgets are one point (identical cells): one marker, one label
         points = front.groupby(["scheme", "storage", "d2_t", "d2_t_low", "d2_t_high"], sort=False).budget.agg(
             lambda b: ",".join(map(str, sorted(b)))).reset_index()
-        for k, r in enumerate(points.itertuples()):
+        for r in points.itertuples():
             st = styles[r.scheme]
             colour = st.colour if r.scheme in coloured else _FRONT_COLOUR
             _tag(ax.errorbar([r.storage], [r.d2_t], yerr=[[r.d2_t - r.d2_t_low], [r.d2_t_high - r.d2_t]],
                              color=colour, marker=st.marker, markersize=6, capsize=2, linewidth=1, zorder=4),
                  r.scheme)
-            ax.annotate(f"{r.scheme} b={r.budget}", (r.storage, r.d2_t), xytext=(4, 3 if k % 2 == 0 else -10),
-                        textcoords="offset points", fontsize=7, color=colour)  # alternate sides: neighbours' labels apart
+            ax.annotate(f"{r.scheme} b={r.budget}", (r.storage, r.d2_t), xytext=_LABEL_OFFSETS[0],
+                        textcoords="offset points", fontsize=7, color=colour)
         _scale(ax, "y", np.r_[sel.d2_t, front.d2_t_low.clip(lower=sel.d2_t.min() / 10)])
         _scale(ax, "x", sel.storage)
         _, dim, seq_len, queries, n_cal = setting
@@ -239,6 +272,9 @@ def front_figure(findings: Findings, styles, scenario: str) -> ReportFigure:
     for j in range(len(settings), n_rows * n_cols):
         axes[divmod(j, n_cols)].set_visible(False)
     fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    for ax in axes.flat:
+        _place_labels(ax, renderer)
     caption = (f"{scenario}: grey points are every cell (a codec at one budget); the black step line is the Pareto "
                f"front (no other cell stores fewer bits with a lower mean d₂(T)), its points in the codecs' colours "
                f"with 95% confidence intervals.")

@@ -667,3 +667,53 @@ def test_a_front_codec_in_no_comparison_is_named_on_the_first_screen_with_the_le
     placed = set(found.equal.scheme.unique())
     assert named & placed and all(not s.unplaced or not (named & placed) & set(_re.findall(r"([\w-]+) \(", s.unplaced))
                                   for v in setting_summaries(found).values() for s in v)
+
+
+def _crowded_front(names):
+    """Findings whose Pareto front is every codec: codec i < n − 1 at 2 + 0.06 i bits with mean d2_t
+    0.5 · 0.93^i, close together, and the last at 9 bits and 0.001, so the others crowd one end of
+    the axis (their labels collide at fixed offsets)."""
+    rng = np.random.default_rng(12)
+    rows = []
+    for i, name in enumerate(names):
+        bits, error = (2 + 0.06 * i, 0.5 * 0.93 ** i) if i < len(names) - 1 else (9.0, 0.001)
+        for trial in range(6):
+            row = {c: rng.uniform(0.01, 0.5) for c in TRIAL_COLUMNS}
+            row.update(scenario="gaussian", scheme=name, budget=2, dim=32, seq_len=64, queries=8, trial=trial, seed=0,
+                       impl="torch", device="cpu", dtype="float32", rng="pcg64", heads=1, calib_tokens=512,
+                       bits_per_element=bits, storage_bits_per_element=bits,
+                       d2_t=error * (1 + 0.01 * rng.standard_normal()))
+            rows.append(row)
+    return analyse(pd.DataFrame(rows), n_permutations=20)
+
+
+def _label_overlaps(figure) -> int:
+    renderer = figure.canvas.get_renderer()
+    count = 0
+    for ax in figure.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.texts if hasattr(t, "xyann")]
+        count += sum(1 for i, a in enumerate(boxes) for b in boxes[i + 1:]
+                     if max(0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0, min(a.y1, b.y1) - max(a.y0, b.y0)) > 0)
+    return count
+
+
+def test_front_labels_do_not_overlap(monkeypatch):
+    """Each front point's label sits where it overlaps no other label of its panel; at the fixed
+    offsets the labels of this crowded front collide."""
+    import matplotlib.pyplot as plt
+
+    import reports.figures as figures_module
+    import schemes
+
+    findings = _crowded_front(schemes.available()[:8])
+    assert findings.cells.on_front.sum() == 8
+    placed = figures_module.front_figure(findings, figures_module.scheme_styles(findings.cells.scheme.unique()),
+                                         "gaussian").figure
+    monkeypatch.setattr(figures_module, "_place_labels", lambda ax, renderer: None)
+    fixed = figures_module.front_figure(findings, figures_module.scheme_styles(findings.cells.scheme.unique()),
+                                        "gaussian").figure
+    try:
+        assert _label_overlaps(fixed) > 0 and _label_overlaps(placed) == 0
+    finally:
+        plt.close(placed)
+        plt.close(fixed)
