@@ -760,7 +760,7 @@ def run_selftest(settings: Settings = Settings(), repetitions: int = 10, *, prog
                 "budget": settings.budget, "description": change.description, "target": "not codec-difference"}
         if change.slow and settings.skip_slow:
             cases.append({**case, "repetitions": 0, "skipped": "left out of --quick", "rate": None, "met": None,
-                          "verdicts": {}})
+                          "verdicts": {}, "cells": 0})
             say(f"{change.name}: skipped (--quick)")
             continue
         t0 = time.perf_counter()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ..errors import UsageError
@@ -39,8 +38,8 @@ def run(args) -> int:
         (f" --repetitions {args.repetitions}" if args.repetitions is not None else "")
     text = json.dumps(payload, indent=2, default=float)
     if args.out is not None:
-        with tempfile.NamedTemporaryFile("w", dir=args.out.parent, delete=False, suffix=".tmp") as f:
-            f.write(text + "\n")
-        os.replace(f.name, args.out)
+        partial = args.out.with_name(args.out.name + ".tmp")   # written whole, then renamed: never half a file
+        partial.write_text(text + "\n")
+        os.replace(partial, args.out)
     print(text if args.json else table_markdown(payload))
     return 0
