@@ -21,6 +21,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} name {name!r} is empty, not lowercase, reserved or taken")
         self._entries[name] = entry
 
+    def remove(self, name: str) -> None:
+        """Take `name` out (KeyError when it is not registered)."""
+        del self._entries[name]
+
     def get(self, name: str) -> T | None:
         return self._entries.get(name)
 

@@ -7,6 +7,7 @@ command that needs its names. A namespace whose package is missing is listed by
 `unavailable()` with the reason, and so is each member that cannot run here."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable
@@ -57,6 +58,23 @@ def register_variant(name: str, cls: type[Scheme], description: str, *, family: 
         return scheme
     make.__doc__ = description
     register(name, make, description, family=family)
+
+
+@contextlib.contextmanager
+def registered(entries):
+    """Register the SchemeSpecs `entries` as built-ins for the block only: inside it they are
+    schemes like any other (the sweep, `validate` and `compare` find them by name); on exit,
+    exceptions included, they are taken out again, so nothing stays registered (the known-answer
+    benchmark's bugged codecs, harness/known_answers.py). A name that is taken is refused."""
+    added = []
+    try:
+        for entry in entries:
+            _BUILTIN.add(entry.name, entry)
+            added.append(entry.name)
+        yield
+    finally:
+        for name in reversed(added):
+            _BUILTIN.remove(name)
 
 
 def register_namespace(prefix: str, load, missing: str) -> None:
