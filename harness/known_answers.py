@@ -829,5 +829,32 @@ def table_markdown(payload: dict) -> str:
                  f"{len(s['compare_schemes'])} codecs × b = {', '.join(map(str, s['compare_budgets']))}, "
                  f"{s['compare_trials']} trials; {payload['repetitions']} repetition(s) (root seeds "
                  f"{payload['seeds'][0]}, {payload['seeds'][0] + 10}, ...); {payload['wall_s']:.0f} s on "
-                 f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores ({m.get('uptime', '')}).")
+                 f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores ({_load(m)}).")
+    return "\n".join(lines)
+
+
+def _load(machine: dict) -> str:
+    """'load average a, b, c' from the recorded uptime line."""
+    text = machine.get("uptime", "")
+    return "load average " + text.split("load average:", 1)[1].strip() if "load average:" in text else text
+
+
+def summary_markdown(payload: dict) -> str:
+    """The benchmark in three rows (the README's; docs/statistics.md has every case): per kind, how
+    many cases meet the target and the lowest rate of the right answer."""
+    lines = ["| cases | right answer | met the ≥ 95 % target | lowest rate |", "|---|---|---|---|"]
+    for kind, count, answer in (("bug", "bugs injected into real codecs", "`codec-difference`"),
+                                ("harmless", "harmless implementation changes", "anything else"),
+                                ("seed-compare", "seed-only compares of 30 cells", "no `codec-difference` cell")):
+        cases = [c for c in payload["cases"] if c["kind"] == kind and not c.get("skipped")]
+        if not cases:
+            continue
+        lowest = min(cases, key=lambda c: c["rate"])
+        lines.append(f"| {count} ({len(cases)}) | {answer} | {sum(c['met'] for c in cases)} of {len(cases)} | "
+                     f"{_percent(lowest['rate'])} ({lowest['case']}) |")
+    m = payload.get("machine", {})
+    lines.append("")
+    lines.append(f"From `harness selftest --repetitions {payload['repetitions']}` ({payload['wall_s'] / 60:.0f} min on "
+                 f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {_load(m)}); every case: "
+                 f"[docs/statistics.md](docs/statistics.md#known-answers).")
     return "\n".join(lines)

@@ -119,6 +119,19 @@ def produce_operating(args) -> dict:
             "repetitions": args.repetitions, "rows": table.to_dict("records")}
 
 
+# --- the known-answer benchmark (harness selftest) ---------------------------------------------------------
+def render_known_answers(data: dict) -> str:
+    from harness.known_answers import table_markdown
+
+    return table_markdown(data)
+
+
+def render_known_answers_summary(data: dict) -> str:
+    from harness.known_answers import summary_markdown
+
+    return summary_markdown(data)
+
+
 # --- the registry -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Table:
@@ -131,6 +144,8 @@ TABLES: dict[str, Table] = {
     "reproduction": Table(DATA / "reproduction.json", render_reproduction, produce_reproduction),
     "reproduction-details": Table(DATA / "reproduction.json", render_reproduction_details),
     "operating": Table(DATA / "operating.json", render_operating, produce_operating),
+    "known-answers": Table(DATA / "known_answers.json", render_known_answers),
+    "known-answers-summary": Table(DATA / "known_answers.json", render_known_answers_summary),
 }
 
 
