@@ -13,8 +13,9 @@ The runs differ from BASE in one implementation variable each (RUNS):
 Stored compactly (float32 throughout, a few hundred KB): `values` (run, cell, trial, six-D)
 holds BASE and the unpaired runs as they are; a paired run holds its difference from BASE,
 computed in float64 and then rounded, so BASE + difference keeps each paired difference to
-float32's relative precision of the difference itself (dtype's are ~1e-8 of the metric,
-far below float32's step of BASE), and bit-identical rows give an exact zero. NaN marks a
+float32's relative precision of the difference itself (dtype's are mostly below 1e-3 of a
+metric's between-trial sd, many below float32's step of BASE), and bit-identical rows give an
+exact zero. NaN marks a
 cell a run lacks (impl for a codec without a reference). `data[r]` names the data run r ran
 on (equal names: paired), `difference[r]` says which runs are stored as differences; the
 JSON beside the file records the command, versions, run times and machine.
