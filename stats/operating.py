@@ -254,18 +254,27 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, default=JSON, help=f"where to write the results (default "
                    f"{JSON.relative_to(ROOT)}; '-' writes none)")
     args = p.parse_args(argv)
+
+    def usage(message: str) -> int:
+        print(f"python -m stats.operating: {message}", file=sys.stderr)
+        return 2
     try:
         ns = tuple(int(x) for x in args.ns.split(","))
     except ValueError:
-        p.error(f"--ns {args.ns!r} must be comma-separated integers, e.g. 30,60,100,200")
-    if args.repetitions < 1 or min(ns) < 3:
-        p.error("--repetitions must be at least 1 and every n at least 3")
+        return usage(f"--ns {args.ns!r} must be comma-separated integers, e.g. 30,60,100,200")
+    if args.repetitions < 1:
+        return usage(f"--repetitions {args.repetitions} must be at least 1")
     if not args.rows.is_file():
-        p.error(f"--rows {args.rows} does not exist; write it with python -m harness.operating_rows")
+        return usage(f"--rows {args.rows} does not exist; write it with python -m harness.operating_rows")
+    pairs = load_pairs(args.rows)
+    n_total = min(len(pair.x) for pair in pairs)
+    if min(ns) < 3 or 2 * max(ns) > n_total:
+        return usage(f"--ns {args.ns}: every n must lie in 3..{n_total // 2} (main and null take 2n of a "
+                     f"cell's {n_total} trials)")
     import torch
     torch.set_num_threads(1)  # thousands of small energy tests: thread hand-offs cost more than the work
     before, start = machine(), time.perf_counter()
-    payload = study(load_pairs(args.rows), ns=ns, repetitions=args.repetitions, n_permutations=args.permutations,
+    payload = study(pairs, ns=ns, repetitions=args.repetitions, n_permutations=args.permutations,
                     margin=args.margin, seed=args.seed)
     payload.update(command="python -m stats.operating " + " ".join(sys.argv[1:] if argv is None else argv),
                    rows=str(args.rows.relative_to(ROOT) if args.rows.is_relative_to(ROOT) else args.rows),

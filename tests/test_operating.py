@@ -157,3 +157,37 @@ def test_on_real_rows_a_seed_change_is_rarely_a_codec_difference_and_a_5_percent
     assert null["counts"].get("codec-difference", 0) <= stats.binom.ppf(0.99, 24, 0.05), null["counts"]
     [power] = payload["power"]
     assert power["codec_difference"] >= 14, power
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ns", "30,x"], "--ns '30,x' must be comma-separated integers"),
+    (["--ns", "30,201"], "--ns 30,201: every n must lie in 3..200"),
+    (["--repetitions", "0"], "--repetitions 0 must be at least 1"),
+    (["--rows", "missing.npz"], "--rows missing.npz does not exist"),
+])
+def test_bad_options_are_one_line_usage_errors_that_write_nothing(tmp_path, capsys, argv, message):
+    from stats.operating import main
+    out = tmp_path / "operating.json"
+    assert main(argv + ["--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m stats.operating: {message}") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_main_writes_the_json_with_its_command_and_machine_and_prints_its_table(tmp_path, capsys):
+    import json
+
+    from stats.operating import main
+    before = torch.get_num_threads()
+    out = tmp_path / "operating.json"
+    try:
+        assert main(["--repetitions", "1", "--ns", "30", "--permutations", "19", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    payload = json.loads(out.read_text())
+    assert payload["command"] == f"python -m stats.operating --repetitions 1 --ns 30 --permutations 19 --json {out}"
+    assert payload["repetitions"] == 1 and payload["permutations"] == 19 and payload["ns"] == [30]
+    assert payload["rows"] == "tests/data/operating_rows.npz"
+    assert payload["machine"]["cores"] >= 1 and "load average" in payload["machine"]["uptime"]
+    assert [r["change"] for r in payload["null"]] == list(HARMLESS)
+    assert capsys.readouterr().out.endswith(table_markdown(payload) + "\n")
