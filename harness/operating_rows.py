@@ -8,7 +8,9 @@ The runs differ from BASE in one implementation variable each (RUNS):
 
 - seed (root seed 1) and rng (Philox instead of PCG64) draw other data: unpaired with BASE;
 - dtype (float64), impl (the NumPy reference; only the codecs it has) and threads (torch on
-  2 threads instead of 1) run on BASE's data trial by trial: paired with BASE.
+  2 threads instead of 1) run on BASE's data trial by trial: paired with BASE;
+- and the nulls `harness validate` pairs with them: scheme_seed (the codecs' own seed 1, the
+  data unchanged: paired) and seed2 (root seed 2: unpaired).
 
 Stored compactly (float32 throughout, a few hundred KB): `values` (run, cell, trial, six-D)
 holds BASE and the unpaired runs as they are; a paired run holds its difference from BASE,
@@ -49,6 +51,10 @@ RUNS = {
     "dtype": ({"dtype": "float64"}, 1, "seed 0, pcg64"),
     "impl": ({"impl": "reference"}, 1, "seed 0, pcg64"),
     "threads": ({}, 2, "seed 0, pcg64"),
+    # the nulls `harness validate` runs for these (like for like): the codec's own seed on the
+    # same data for a paired change, the root seed + 2 (+ 1 for rng) for an unpaired one
+    "scheme_seed": ({"scheme_seed": 1}, 1, "seed 0, pcg64"),
+    "seed2": ({"seed": 2}, 1, "seed 2, pcg64"),
 }
 
 

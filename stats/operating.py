@@ -4,30 +4,38 @@ and how many trials a known injected effect needs to be called a codec-differenc
 
 Rows. tests/data/operating_rows.npz (written by `python -m harness.operating_rows`, through the
 harness's runner; its JSON beside it records the command and machine): heavy_tail, six codecs
-of different families at b = 2 and 3, d = 64, S = 256, 400 trials per cell, in a base run and
-in five runs that each change one harmless variable (HARMLESS): seed and RNG family draw other
+of different families at b = 2 and 3, d = 64, S = 256, 400 trials per cell, in a base run, in
+five runs that each change one harmless variable (HARMLESS): seed and RNG family draw other
 data (unpaired with the base), dtype, the reference implementation and the torch thread count
-run on the base's data trial by trial (paired).
+run on the base's data trial by trial (paired); and in the runs of their nulls (NULL_OF).
 
-Resampling. A repetition at n trials takes, for one (change, codec, budget) cell, 2n of the
-cell's trials WITHOUT replacement and splits them: the main comparison base[I] vs changed[J]
-and its null, the same harmless change on other trials, base[K] vs changed[L] (I, K disjoint;
-paired: J = I and L = K, the samples share their data key; unpaired: J, L drawn the same way
-independently). The null is like for like: the same design, the same change, independent data.
-A subsample drawn without replacement from an i.i.d. sample is itself an i.i.d. sample of the
+Nulls, like for like, as `harness validate` builds them (harness/commands/validate.py): a
+change that keeps the data (dtype, impl, threads) is judged against the codecs' own seed
+changed on the same data (paired, scheme_seed); one that draws other data (seed, rng) against
+the root seed changed (unpaired; seed + 2 for the seed, + 1 for the RNG). The main comparison
+is base vs changed, the null base vs null run, both on the same base sample.
+
+Resampling. A repetition at n trials draws, for one (change, codec, budget) cell, n trials
+WITHOUT replacement from each pool of 400 it uses: base[I] vs changed[J] (main) and base[I] vs
+null[K] (null); J = I when the change keeps the data, K = I when the null does (the samples
+then share their data key: paired), else drawn independently from their own pools. A
+subsample drawn without replacement from an i.i.d. sample is itself an i.i.d. sample of the
 true distribution, so each repetition is distributed exactly as a fresh experiment of n trials
-(a bootstrap with replacement would add ties and the difference between the two 400-trial
-pools as if it were real: at n = 200 a Welch test on it would reject ~11 % instead of 5 %).
-Repetitions of one cell share its 400 trials, so rates at n = 200 (every trial used) vary
-less between repetitions than between cells: the cells (twelve per change) are the
-independent units. Repetition r uses cell r mod (number of cells), so every codec counts alike.
+(a bootstrap with replacement would add ties and the difference between two 400-trial pools
+as if it were real: at n = 200 a Welch test on it rejects ~11 % instead of 5 %). Repetitions of
+one cell share its 400 trials, so its rates at large n vary less between repetitions than
+between cells: the cells (twelve per change, four for impl) are the independent units.
+Repetition r uses cell r mod (number of cells), so every codec counts alike.
 
 Injected effects (EFFECTS), applied to the changed side of the main comparison only, on the
-cell's whole 400-trial pool before resampling (m = the pool's per-metric mean, sd its
-standard deviation): a mean shift by a fraction δ of the mean, y + δ·m (on all six metrics,
-or on snr_err_t and dir_err_t only), which moves the mean by δ·m and keeps the spread; a
-spread change y ↦ m + k·(y − m), which keeps the mean and multiplies the standard deviation by
-k (in a paired comparison the per-trial differences then have mean 0 and sd (k − 1)·sd).
+cell's whole 400-trial pool before resampling (m = the pool's per-metric mean): a mean shift
+by a fraction δ of the mean, y + δ·m (on all six metrics, or on snr_err_t and dir_err_t
+only), which moves the mean by δ·m and keeps the spread; a spread change y ↦ m + k·(y − m),
+which keeps the mean and multiplies the standard deviation by k. Where the changed rows
+equal the base's trial by trial (threads; dtype nearly), the injected effect is all there is
+between the two sides of a pair, so paired power there is the power against a constant shift
+(or against differences k − 1 times the trials' deviations): an upper bound for a real
+codec pair, whose per-trial differences have a spread of their own (impl shows one).
 Power is the rate of `codec-difference`; the trials needed for 80 % power is the smallest n
 of the grid whose rate reaches 80 % (None: not within the grid).
 
@@ -57,6 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "tests" / "data" / "operating_rows.npz"
 JSON = ROOT / "docs" / "data" / "operating.json"
 HARMLESS = ("seed", "rng", "dtype", "impl", "threads")
+NULL_OF = {"seed": "seed2", "rng": "seed", "dtype": "scheme_seed", "impl": "scheme_seed", "threads": "scheme_seed"}
 NS = (30, 60, 100, 200)
 T_ONLY = tuple(j for j, m in enumerate(SIX_D) if m.endswith("_t"))
 # effect name -> (kind, size, coordinates): "shift" adds size·mean, "spread" scales deviations by size
@@ -71,63 +80,72 @@ POWER = 0.80
 # --- the rows -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pair:
-    """One harmless-change cell: the base run's rows x and the changed run's rows y (trials, 6)
-    of one codec and budget; paired when both ran on the same data trial by trial."""
+    """One harmless-change cell of one codec and budget (rows (trials, 6)): the base run's x,
+    the changed run's y and the null run's z (NULL_OF); y_paired (z_paired) when y (z) ran on
+    x's data trial by trial."""
     change: str
     codec: str
     budget: int
     x: np.ndarray
     y: np.ndarray
-    paired: bool
+    z: np.ndarray
+    y_paired: bool
+    z_paired: bool
 
 
 def load_pairs(path: Path = ROWS) -> list[Pair]:
-    """The harmless-change cells of the stored rows (module doc), float64; a paired run's
-    stored difference is added back to the base."""
+    """The harmless-change cells of the stored rows (module doc), float64; a run stored as a
+    difference from the base has the base added back."""
     with np.load(path) as z:
         values, runs, data = z["values"].astype(np.float64), list(z["runs"]), list(z["data"])
         difference, codecs, budgets = z["difference"], list(z["codecs"]), [int(b) for b in z["budgets"]]
         if tuple(z["metrics"]) != SIX_D:
             raise ValueError(f"{path}: metrics {tuple(z['metrics'])} are not stats.metrics.SIX_D {SIX_D}")
+    missing = sorted({"base", *HARMLESS, *NULL_OF.values()} - set(runs))
+    if missing:
+        raise ValueError(f"{path} lacks run(s) {', '.join(missing)}; rewrite it with python -m harness.operating_rows")
     base = values[runs.index("base")]
-    cells = [(c, b) for c in codecs for b in budgets]
+
+    def rows(run, i):
+        r = runs.index(run)
+        return base[i] + values[r, i] if difference[r] else values[r, i]
+
+    def paired(run):
+        return data[runs.index(run)] == data[runs.index("base")]
     pairs = []
-    for r, change in enumerate(runs):
-        if change == "base":
-            continue
-        for i, (codec, budget) in enumerate(cells):
-            y = base[i] + values[r, i] if difference[r] else values[r, i]
+    for change in HARMLESS:
+        for i, (codec, budget) in enumerate((c, b) for c in codecs for b in budgets):
+            y = rows(change, i)
             if np.isnan(y).all():
                 continue  # a cell the run lacks (no reference implementation of this codec)
-            pairs.append(Pair(change, str(codec), budget, base[i], y, data[r] == data[runs.index("base")]))
+            pairs.append(Pair(change, str(codec), budget, base[i], y, rows(NULL_OF[change], i), paired(change),
+                              paired(NULL_OF[change])))
     return pairs
 
 
 # --- resampling and injection ---------------------------------------------------------------
-def resample(gen: np.random.Generator, n_total: int, n: int, paired: bool) -> tuple:
-    """Trial indices (I, J, K, L) of one repetition (module doc): main base[I] vs changed[J],
-    null base[K] vs changed[L]; I and K disjoint, J and L disjoint, each of n trials drawn
-    without replacement; paired: J = I and L = K."""
-    if 2 * n > n_total:
-        raise ValueError(f"n = {n} trials per side needs {2 * n} of the cell's trials (main and null on "
-                         f"disjoint trials), but it has {n_total}")
-    first = gen.permutation(n_total)[: 2 * n]
-    second = first if paired else gen.permutation(n_total)[: 2 * n]
-    return first[:n], second[:n], first[n:], second[n:]
+def resample(gen: np.random.Generator, n_total: int, n: int, y_paired: bool, z_paired: bool) -> tuple:
+    """Trial indices (I, J, K) of one repetition (module doc), each n of n_total drawn without
+    replacement: main base[I] vs changed[J], null base[I] vs null[K]; J = I when y_paired,
+    K = I when z_paired, else independent draws."""
+    if not 1 <= n <= n_total:
+        raise ValueError(f"n = {n} trials must lie in 1..{n_total} (the cell's trials)")
+    i = gen.permutation(n_total)[:n]
+    j = i if y_paired else gen.permutation(n_total)[:n]
+    k = i if z_paired else gen.permutation(n_total)[:n]
+    return i, j, k
 
 
 def samples(pair: Pair, indices: tuple, y: np.ndarray | None = None) -> tuple:
-    """(main x, main y), (null x, null y) as TrialSamples from resample's indices; `y`, the
-    changed side's rows of the main comparison (default pair.y: an injected effect goes there).
-    A sample's key is (run's data, its trial indices): paired samples share theirs."""
-    i, j, k, l = indices
-    data_x, data_y = ("base",) * 2 if pair.paired else ("base", pair.change)
+    """(base, changed, null) TrialSamples from resample's indices; `y`, the changed side's rows
+    (default pair.y: an injected effect goes there). A sample's key is (the data its run drew,
+    its trial indices): a paired sample shares the base sample's key."""
+    i, j, k = indices
     y = pair.y if y is None else y
-
-    def sample(rows, data, idx):
-        return TrialSample((data, tuple(idx.tolist())), rows[idx])
-    return ((sample(pair.x, data_x, i), sample(y, data_y, j)),
-            (sample(pair.x, data_x, k), sample(pair.y, data_y, l)))
+    x = TrialSample(("base", tuple(i.tolist())), pair.x[i])
+    changed = TrialSample(x.key if pair.y_paired else (pair.change, tuple(j.tolist())), y[j])
+    null = TrialSample(x.key if pair.z_paired else (NULL_OF[pair.change], tuple(k.tolist())), pair.z[k])
+    return x, changed, null
 
 
 def inject(rows: np.ndarray, effect: str) -> np.ndarray:
@@ -168,19 +186,20 @@ def study(pairs: list[Pair], *, ns=NS, effects=tuple(EFFECTS), repetitions: int 
             for r in range(repetitions):
                 i = r % len(cells)
                 pair = cells[i]
-                indices = resample(gen, len(pair.x), n, pair.paired)
+                indices = resample(gen, len(pair.x), n, pair.y_paired, pair.z_paired)
                 permutation_seed = int(gen.integers(2 ** 31))
-                (mx, my), null_pair = samples(pair, indices)
-                verdict = validate_samples(mx, my, [null_pair], seed=permutation_seed, **options).verdict
+                x, y, z = samples(pair, indices)
+                verdict = validate_samples(x, y, [(x, z)], seed=permutation_seed, **options).verdict
                 counts[verdict] = counts.get(verdict, 0) + 1
                 cell_counts = per_cell.setdefault((pair.codec, pair.budget), {})
                 cell_counts[verdict] = cell_counts.get(verdict, 0) + 1
                 for e in effects:
-                    (mx, my), null_pair = samples(pair, indices, injected[e][i])
-                    hits[e] += validate_samples(mx, my, [null_pair], seed=permutation_seed,
+                    x, y, z = samples(pair, indices, injected[e][i])
+                    hits[e] += validate_samples(x, y, [(x, z)], seed=permutation_seed,
                                                 **options).verdict == "codec-difference"
-            design = "paired" if cells[0].paired else "unpaired"
-            null.append({"change": change, "design": design, "n": n, "repetitions": repetitions,
+            design = "paired" if cells[0].y_paired else "unpaired"
+            null.append({"change": change, "design": design, "null": NULL_OF[change], "n": n,
+                         "repetitions": repetitions,
                          "counts": counts, "cells": [{"codec": k[0], "budget": k[1], "counts": v}
                                                      for k, v in per_cell.items()]})
             power.extend({"change": change, "design": design, "effect": e, "n": n, "repetitions": repetitions,
@@ -268,9 +287,8 @@ def main(argv=None) -> int:
         return usage(f"--rows {args.rows} does not exist; write it with python -m harness.operating_rows")
     pairs = load_pairs(args.rows)
     n_total = min(len(pair.x) for pair in pairs)
-    if min(ns) < 3 or 2 * max(ns) > n_total:
-        return usage(f"--ns {args.ns}: every n must lie in 3..{n_total // 2} (main and null take 2n of a "
-                     f"cell's {n_total} trials)")
+    if min(ns) < 3 or max(ns) > n_total:
+        return usage(f"--ns {args.ns}: every n must lie in 3..{n_total} (the stored trials per cell)")
     import torch
     torch.set_num_threads(1)  # thousands of small energy tests: thread hand-offs cost more than the work
     before, start = machine(), time.perf_counter()
@@ -287,31 +305,6 @@ def main(argv=None) -> int:
           f"(load: {before['uptime']} -> {payload['machine_after']['uptime']})\n")
     print(table_markdown(payload))
     return 0
-
-
-# --- constructed draws (tests/test_validation.py) -----------------------------------------
-LOCATION = 10.0
-SHIFTED = "dir_err_k"
-
-
-def draw(gen: np.random.Generator, codec_shift: float, impl_shift: float, *, n: int = 40, paired: bool = False,
-         correlation: float = 0.7) -> tuple:
-    """Constructed samples (not real rows), one repetition: (A, B, [(A, A′), (B, B′)]) as
-    TrialSamples, N(LOCATION, 1) per coordinate, B = A + codec_shift and A′, B′ shifted by
-    impl_shift on SHIFTED. Paired samples share their data key and a per-trial component
-    (every coordinate correlated `correlation` between samples); unpaired ones are independent."""
-    j = SIX_D.index(SHIFTED)
-    shifts = {"a": 0.0, "b": codec_shift, "a2": impl_shift, "b2": codec_shift + impl_shift}
-    shared = gen.standard_normal((n, len(SIX_D))) if paired else None
-    made = {}
-    for k, (name, shift) in enumerate(shifts.items()):
-        noise = gen.standard_normal((n, len(SIX_D)))
-        values = np.sqrt(correlation) * shared + np.sqrt(1 - correlation) * noise if paired else noise
-        values = values + LOCATION
-        values[:, j] += shift
-        made[name] = TrialSample(("constructed", 0 if paired else k, tuple(range(n))), values)
-    a, b = made["a"], made["b"]
-    return a, b, [(a, made["a2"]), (b, made["b2"])]
 
 
 if __name__ == "__main__":

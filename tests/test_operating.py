@@ -6,8 +6,8 @@ import torch
 from scipy import stats
 
 from stats.metrics import SIX_D
-from stats.operating import (EFFECTS, HARMLESS, ROWS, T_ONLY, Pair, inject, load_pairs, resample, samples, study,
-                             table_markdown, trials_for_power)
+from stats.operating import (EFFECTS, HARMLESS, NULL_OF, ROWS, T_ONLY, Pair, inject, load_pairs, resample, samples,
+                             study, table_markdown, trials_for_power)
 from stats.validation import VERDICTS
 
 
@@ -25,18 +25,23 @@ def one_torch_thread():
 
 
 # --- the stored rows ------------------------------------------------------------------------
-def test_stored_rows_hold_every_harmless_change(pairs):
+def test_stored_rows_hold_every_harmless_change_and_its_null(pairs):
     assert ROWS.stat().st_size < 600_000
     by_change = {c: [p for p in pairs if p.change == c] for c in HARMLESS}
     # six codecs x b = 2, 3; the reference implementation has tq-kv and sq-kv only
     assert {c: len(v) for c, v in by_change.items()} == {"seed": 12, "rng": 12, "dtype": 12, "impl": 4, "threads": 12}
-    assert {c: {p.paired for p in v} for c, v in by_change.items()} == {
-        "seed": {False}, "rng": {False}, "dtype": {True}, "impl": {True}, "threads": {True}}
+    # like for like: a change that keeps the data has a paired null, one that draws other data an unpaired one
+    assert {c: {(p.y_paired, p.z_paired) for p in v} for c, v in by_change.items()} == {
+        "seed": {(False, False)}, "rng": {(False, False)}, "dtype": {(True, True)}, "impl": {(True, True)},
+        "threads": {(True, True)}}
     for p in pairs:
-        assert p.x.shape == p.y.shape == (400, len(SIX_D)) and np.isfinite(p.x).all() and np.isfinite(p.y).all()
-    # the base run is one and the same in every pair of a cell
-    base = {(p.codec, p.budget): p.x for p in by_change["seed"]}
-    assert all(np.array_equal(p.x, base[p.codec, p.budget]) for p in pairs)
+        assert p.x.shape == p.y.shape == p.z.shape == (400, len(SIX_D))
+        assert np.isfinite(p.x).all() and np.isfinite(p.y).all() and np.isfinite(p.z).all()
+    # one base run in every pair of a cell; the seed change's rows are the rng change's null
+    base = {(p.codec, p.budget): p for p in by_change["seed"]}
+    assert all(np.array_equal(p.x, base[p.codec, p.budget].x) for p in pairs)
+    assert all(np.array_equal(p.z, base[p.codec, p.budget].y) for p in by_change["rng"])
+    assert not any(np.array_equal(p.z, p.y) for p in by_change["seed"])  # seed 2, not seed 1
     # rows do not depend on the torch thread count (harness/distributed.py): a zero difference
     assert all(np.array_equal(p.x, p.y) for p in by_change["threads"])
     # float64 changes the rows, by little: the mean paired difference is far below the between-trial
@@ -45,27 +50,31 @@ def test_stored_rows_hold_every_harmless_change(pairs):
         sd = p.x.std(axis=0)
         assert (np.abs((p.y - p.x).mean(axis=0)) <= 1e-2 * sd).all()
         assert (np.abs(p.y - p.x) > 1e-2 * sd).any(axis=1).sum() <= 40
+    # the codec's own seed moves tq-kv's rows (its rotation) in every trial; the others here draw
+    # nothing from it (sq-kv and shard calibrate on the data), so their paired null is no change at all
+    moved = {p.codec: (p.z != p.x).any(axis=1).sum() for p in by_change["dtype"] if not np.array_equal(p.z, p.x)}
+    assert moved == {"tq-kv": 400}
 
 
 # --- resampling and injection ---------------------------------------------------------------
-@pytest.mark.parametrize("paired", [True, False])
-def test_resample_keeps_pairing_and_splits_main_from_null(paired):
+@pytest.mark.parametrize("y_paired, z_paired", [(True, True), (False, False), (True, False)])
+def test_resample_keeps_pairing(y_paired, z_paired):
     gen = np.random.default_rng(1)
-    i, j, k, l = resample(gen, 400, 200, paired)
-    assert all(len(idx) == 200 and len(set(idx.tolist())) == 200 for idx in (i, j, k, l))
-    assert not set(i.tolist()) & set(k.tolist()) and not set(j.tolist()) & set(l.tolist())
-    assert (np.array_equal(i, j) and np.array_equal(k, l)) == paired
+    i, j, k = resample(gen, 400, 200, y_paired, z_paired)
+    assert all(len(idx) == 200 and len(set(idx.tolist())) == 200 and idx.max() < 400 for idx in (i, j, k))
+    assert np.array_equal(i, j) == y_paired and np.array_equal(i, k) == z_paired
     rows = np.arange(400 * len(SIX_D), dtype=float).reshape(400, len(SIX_D))
-    pair = Pair("dtype" if paired else "seed", "tq-kv", 2, rows, rows + 0.5, paired)
-    (mx, my), (nx, ny) = samples(pair, (i, j, k, l))
-    assert (mx.key == my.key) == paired and (nx.key == ny.key) == paired
-    assert len({mx.key, nx.key}) == 2 and len({my.key, ny.key}) == 2  # main and null on other trials
-    assert np.array_equal(mx.values, rows[i]) and np.array_equal(my.values, rows[j] + 0.5)
-    assert np.array_equal(ny.values, rows[l] + 0.5)
-    if paired:  # the same trial on both sides of a pair
-        assert np.array_equal(my.values - mx.values, np.full_like(mx.values, 0.5))
-    with pytest.raises(ValueError, match="needs 402"):
-        resample(gen, 400, 201, paired)
+    pair = Pair("dtype" if y_paired else "seed", "tq-kv", 2, rows, rows + 0.5, rows + 0.25, y_paired, z_paired)
+    x, y, z = samples(pair, (i, j, k))
+    assert (x.key == y.key) == y_paired and (x.key == z.key) == z_paired
+    assert np.array_equal(x.values, rows[i]) and np.array_equal(y.values, rows[j] + 0.5)
+    assert np.array_equal(z.values, rows[k] + 0.25)
+    if y_paired:  # the same trial on both sides of a pair
+        assert np.array_equal(y.values - x.values, np.full_like(x.values, 0.5))
+    injected = samples(pair, (i, j, k), rows * 2)
+    assert np.array_equal(injected[1].values, 2 * rows[j]) and np.array_equal(injected[2].values, z.values)
+    with pytest.raises(ValueError, match="must lie in 1..400"):
+        resample(gen, 400, 401, y_paired, z_paired)
 
 
 def test_subsamples_without_replacement_keep_a_tests_level_where_a_bootstrap_does_not():
@@ -125,8 +134,9 @@ def test_trials_for_power_is_the_smallest_n_reaching_80_percent():
 def test_a_tiny_study_runs_and_its_table_has_every_verdict(pairs, one_torch_thread):
     payload = study(pairs, ns=(30,), repetitions=2, effects=("shift 5 %", "spread x1.5"), changes=("seed", "dtype"),
                     n_permutations=19)
-    assert [(r["change"], r["design"], r["n"]) for r in payload["null"]] == [("seed", "unpaired", 30),
-                                                                            ("dtype", "paired", 30)]
+    assert [(r["change"], r["design"], r["null"], r["n"]) for r in payload["null"]] == [
+        ("seed", "unpaired", "seed2", 30), ("dtype", "paired", "scheme_seed", 30)]
+    assert NULL_OF["seed"] == "seed2"
     assert all(sum(r["counts"].values()) == 2 and set(r["counts"]) <= set(payload["verdicts"]) for r in payload["null"])
     # repetition r uses cell r mod 12: the first two cells, tq-kv at b = 2 and 3
     assert [(c["codec"], c["budget"]) for c in payload["null"][0]["cells"]] == [("tq-kv", 2), ("tq-kv", 3)]
@@ -161,7 +171,7 @@ def test_on_real_rows_a_seed_change_is_rarely_a_codec_difference_and_a_5_percent
 
 @pytest.mark.parametrize("argv, message", [
     (["--ns", "30,x"], "--ns '30,x' must be comma-separated integers"),
-    (["--ns", "30,201"], "--ns 30,201: every n must lie in 3..200"),
+    (["--ns", "30,401"], "--ns 30,401: every n must lie in 3..400"),
     (["--repetitions", "0"], "--repetitions 0 must be at least 1"),
     (["--rows", "missing.npz"], "--rows missing.npz does not exist"),
 ])
