@@ -166,7 +166,8 @@ def inject(rows: np.ndarray, effect: str) -> np.ndarray:
 def study(pairs: list[Pair], *, ns=NS, effects=tuple(EFFECTS), repetitions: int = 48, n_permutations: int = 199,
           alpha: float = ALPHA, margin: float | None = None, seed: int = 0, changes=HARMLESS) -> dict:
     """The verdict counts of every (change, n): for no effect (the false alarms: each verdict,
-    also per codec and budget) and for each injected effect (codec-differences). Each (change,
+    also per codec and budget) and for each injected effect (codec-differences, also per codec
+    and budget). Each (change,
     n) draws from its own stream (seed, change, n), and every effect is judged on the same
     subsamples, so its numbers do not depend on which others are computed."""
     options = {"alpha": alpha, "n_permutations": n_permutations}
@@ -182,7 +183,7 @@ def study(pairs: list[Pair], *, ns=NS, effects=tuple(EFFECTS), repetitions: int 
             gen = np.random.default_rng([seed, HARMLESS.index(change) if change in HARMLESS else 100 + c, n])
             counts: dict = {}
             per_cell: dict = {}
-            hits = dict.fromkeys(effects, 0)
+            hits = {e: {} for e in effects}   # per (codec, budget): codec-differences
             for r in range(repetitions):
                 i = r % len(cells)
                 pair = cells[i]
@@ -195,15 +196,18 @@ def study(pairs: list[Pair], *, ns=NS, effects=tuple(EFFECTS), repetitions: int 
                 cell_counts[verdict] = cell_counts.get(verdict, 0) + 1
                 for e in effects:
                     x, y, z = samples(pair, indices, injected[e][i])
-                    hits[e] += validate_samples(x, y, [(x, z)], seed=permutation_seed,
-                                                **options).verdict == "codec-difference"
+                    found = validate_samples(x, y, [(x, z)], seed=permutation_seed, **options).verdict
+                    key = (pair.codec, pair.budget)
+                    hits[e][key] = hits[e].get(key, 0) + (found == "codec-difference")
             design = "paired" if cells[0].y_paired else "unpaired"
             null.append({"change": change, "design": design, "null": NULL_OF[change], "n": n,
                          "repetitions": repetitions,
                          "counts": counts, "cells": [{"codec": k[0], "budget": k[1], "counts": v}
                                                      for k, v in per_cell.items()]})
             power.extend({"change": change, "design": design, "effect": e, "n": n, "repetitions": repetitions,
-                          "codec_difference": hits[e]} for e in effects)
+                          "codec_difference": sum(hits[e].values()),
+                          "cells": [{"codec": k[0], "budget": k[1], "repetitions": sum(per_cell[k].values()),
+                                     "codec_difference": v} for k, v in hits[e].items()]} for e in effects)
     verdicts = list(VERDICTS) + sorted({v for row in null for v in row["counts"]} - set(VERDICTS))
     return {"verdicts": verdicts, "ns": list(ns), "effects": list(effects), "repetitions": repetitions,
             "permutations": n_permutations, "alpha": alpha, "margin": margin, "seed": seed,

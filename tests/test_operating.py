@@ -201,3 +201,13 @@ def test_main_writes_the_json_with_its_command_and_machine_and_prints_its_table(
     assert payload["machine"]["cores"] >= 1 and "load average" in payload["machine"]["uptime"]
     assert [r["change"] for r in payload["null"]] == list(HARMLESS)
     assert capsys.readouterr().out.endswith(table_markdown(payload) + "\n")
+
+
+def test_the_study_counts_per_cell_add_up(pairs, one_torch_thread):
+    payload = study(pairs, ns=(30,), repetitions=14, effects=("shift 5 %",), changes=("seed",), n_permutations=19)
+    [null], [power] = payload["null"], payload["power"]
+    # 14 repetitions over 12 cells: tq-kv gets two at each budget, the others one
+    assert {(c["codec"], c["budget"]): sum(c["counts"].values()) for c in null["cells"]} == {
+        (c, b): 2 if c == "tq-kv" else 1 for c in ("tq-kv", "sq-kv", "int4", "kivi", "shard", "h2o") for b in (2, 3)}
+    assert sum(c["codec_difference"] for c in power["cells"]) == power["codec_difference"]
+    assert all(c["repetitions"] == (2 if c["codec"] == "tq-kv" else 1) for c in power["cells"])
