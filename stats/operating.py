@@ -30,7 +30,8 @@ Repetition r uses cell r mod (number of cells), so every codec counts alike.
 Injected effects (EFFECTS), applied to the changed side of the main comparison only, on the
 cell's whole 400-trial pool before resampling (m = the pool's per-metric mean): a mean shift
 by a fraction δ of the mean, y + δ·m (on all six metrics, or on snr_err_t and dir_err_t
-only), which moves the mean by δ·m and keeps the spread; a spread change y ↦ m + k·(y − m),
+only), which moves the mean by δ·m and keeps the spread (and, in the rule's own unit, y + 1·sd
+on all six); a spread change y ↦ m + k·(y − m),
 which keeps the mean and multiplies the standard deviation by k. Where the changed rows
 equal the base's trial by trial (threads; dtype nearly), the injected effect is all there is
 between the two sides of a pair, so paired power there is the power against a constant shift
@@ -73,6 +74,9 @@ EFFECTS = {
     "shift 1 %": ("shift", 0.01, None), "shift 2 %": ("shift", 0.02, None), "shift 5 %": ("shift", 0.05, None),
     "T shift 1 %": ("shift", 0.01, T_ONLY), "T shift 2 %": ("shift", 0.02, T_ONLY),
     "T shift 5 %": ("shift", 0.05, T_ONLY), "spread x1.5": ("spread", 1.5, None),
+    # in the rule's own unit (its margin is in standard deviations): a codec's 1-5 % is 0.06 to
+    # 2 sd of a cache metric and 0.02 to 0.5 sd of an output metric in these rows
+    "shift 1 sd": ("shift_sd", 1.0, None),
 }
 POWER = 0.80
 
@@ -149,14 +153,16 @@ def samples(pair: Pair, indices: tuple, y: np.ndarray | None = None) -> tuple:
 
 
 def inject(rows: np.ndarray, effect: str) -> np.ndarray:
-    """rows (trials, 6) with EFFECTS[effect] applied (module doc): a shift adds size·mean to
-    the chosen coordinates; a spread change maps y to mean + size·(y − mean)."""
+    """rows (trials, 6) with EFFECTS[effect] applied (module doc): a shift adds size·mean (or
+    size·sd, "shift_sd") to the chosen coordinates; a spread change maps y to mean + size·(y − mean)."""
     kind, size, columns = EFFECTS[effect]
     columns = list(range(rows.shape[1])) if columns is None else list(columns)
     out = rows.copy()
     mean = rows[:, columns].mean(axis=0)
     if kind == "shift":
         out[:, columns] += size * mean
+    elif kind == "shift_sd":
+        out[:, columns] += size * rows[:, columns].std(axis=0)
     else:
         out[:, columns] = mean + size * (rows[:, columns] - mean)
     return out
@@ -266,6 +272,15 @@ def machine() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "uptime": load}
 
 
+def git_sha() -> str | None:
+    """The checkout's commit (the rule's version the figures belong to), None outside git."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m stats.operating", description=__doc__.splitlines()[0])
     p.add_argument("--repetitions", type=int, default=48, help="repetitions per harmless change and n (default 48)")
@@ -300,6 +315,7 @@ def main(argv=None) -> int:
                     margin=args.margin, seed=args.seed)
     payload.update(command="python -m stats.operating " + " ".join(sys.argv[1:] if argv is None else argv),
                    rows=str(args.rows.relative_to(ROOT) if args.rows.is_relative_to(ROOT) else args.rows),
+                   git_sha=git_sha(),
                    seconds=round(time.perf_counter() - start, 1), machine=before, machine_after=machine())
     if str(args.json) != "-":
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,13 @@ def test_subsamples_without_replacement_keep_a_tests_level_where_a_bootstrap_doe
     assert (boot <= 0.05).mean() > 0.08
 
 
+def test_a_shift_of_one_sd_moves_each_mean_by_its_sd(pairs):
+    for p in pairs[:12]:
+        out = inject(p.y, "shift 1 sd")
+        np.testing.assert_allclose(out.mean(axis=0) - p.y.mean(axis=0), p.y.std(axis=0), rtol=1e-9)
+        np.testing.assert_allclose(out.std(axis=0), p.y.std(axis=0), rtol=1e-9)
+
+
 @pytest.mark.parametrize("effect", [e for e in EFFECTS if EFFECTS[e][0] == "shift"])
 def test_an_injected_shift_moves_the_mean_by_its_fraction_and_keeps_the_spread(pairs, effect):
     _, delta, columns = EFFECTS[effect]
@@ -197,7 +204,7 @@ def test_main_writes_the_json_with_its_command_and_machine_and_prints_its_table(
     payload = json.loads(out.read_text())
     assert payload["command"] == f"python -m stats.operating --repetitions 1 --ns 30 --permutations 19 --json {out}"
     assert payload["repetitions"] == 1 and payload["permutations"] == 19 and payload["ns"] == [30]
-    assert payload["rows"] == "tests/data/operating_rows.npz"
+    assert payload["rows"] == "tests/data/operating_rows.npz" and len(payload["git_sha"]) == 40
     assert payload["machine"]["cores"] >= 1 and "load average" in payload["machine"]["uptime"]
     assert [r["change"] for r in payload["null"]] == list(HARMLESS)
     assert capsys.readouterr().out.endswith(table_markdown(payload) + "\n")
