@@ -17,10 +17,9 @@ holds BASE and the unpaired runs as they are; a paired run holds its difference 
 computed in float64 and then rounded, so BASE + difference keeps each paired difference to
 float32's relative precision of the difference itself (dtype's are mostly below 1e-3 of a
 metric's between-trial sd, many below float32's step of BASE), and bit-identical rows give an
-exact zero. NaN marks a
-cell a run lacks (impl for a codec without a reference). `data[r]` names the data run r ran
-on (equal names: paired), `difference[r]` says which runs are stored as differences; the
-JSON beside the file records the command, versions, run times and machine.
+exact zero. NaN marks a cell a run lacks (impl for a codec without a reference). `data[r]`
+names the data run r ran on (equal names: paired), `difference[r]` says which runs are stored
+as differences; the JSON beside the file records the command, versions, run times and machine.
 
     python -m harness.operating_rows [--trials 400] [--out tests/data/operating_rows.npz]
 """
