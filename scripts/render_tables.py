@@ -12,7 +12,7 @@ JSON (written by --produce from a stored run or a study), and this script writes
     python scripts/render_tables.py            # rewrite every generated block from its JSON
     python scripts/render_tables.py --check    # exit 1 naming each stale block; writes nothing
     harness report RUN_DIR --json > r.json && python scripts/render_tables.py --produce reproduction r.json --size quick
-    python scripts/render_tables.py --produce operating [--repetitions 200]
+    python scripts/render_tables.py --produce operating [--repetitions 96]
 
 Adding a table is one entry in TABLES: its marker name, its JSON file, a render function from the
 loaded JSON to Markdown, and (optionally) a producer that writes the JSON.
@@ -98,25 +98,27 @@ def produce_reproduction(args) -> dict:
 
 # --- operating characteristics of the verdict rule ---------------------------------------------------------
 def render_operating(data: dict) -> str:
-    """The verdict rates of stats.operating as its own markdown() prints them."""
-    import pandas as pd
+    """The false-alarm rates and the trials for 80 % power, as stats.operating prints them."""
+    from stats.operating import table_markdown
 
-    from stats.operating import markdown
-
-    return (f"From `{data['command']}`. Each cell: % codec-difference / implementation-variance / equivalent / "
-            f"inconclusive of {data['repetitions']} repetitions.\n\n" + markdown(pd.DataFrame(data["rows"])))
+    machine, uptime = data["machine"], data["machine"].get("uptime", "")
+    load = uptime.split("load average:", 1)[1].strip() if "load average:" in uptime else "not recorded"
+    return (f"From `{data['command']}` ({data['repetitions']} repetitions per harmless change and n; "
+            f"{data['seconds'] / 60:.0f} min on {machine['cores']} cores of {machine['cpu']}, load average {load}). "
+            f"False alarms, % of repetitions per verdict:\n\n" + table_markdown(data))
 
 
 def produce_operating(args) -> dict:
-    """Run the simulation study of stats.operating (default seed, n and permutations)."""
-    import torch
+    """Run the study of stats.operating on the stored real rows (its own command writes the JSON)."""
+    import tempfile
 
-    from stats.operating import operating_characteristics
+    from stats.operating import main
 
-    torch.set_num_threads(1)   # as python -m stats.operating: thousands of tiny tests
-    table = operating_characteristics(repetitions=args.repetitions)
-    return {"command": f"python -m stats.operating --repetitions {args.repetitions}",
-            "repetitions": args.repetitions, "rows": table.to_dict("records")}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "operating.json"
+        if main(["--repetitions", str(args.repetitions), "--json", str(out)]) != 0:
+            raise SystemExit("stats.operating failed")
+        return json.loads(out.read_text())
 
 
 # --- the known-answer benchmark (harness selftest) ---------------------------------------------------------
@@ -207,7 +209,7 @@ def main(argv=None) -> int:
                    help="write the table's JSON (docs/data/) from a run or a study, then render")
     p.add_argument("source", nargs="?", default=None, help="--produce reproduction: `harness report DIR --json` output")
     p.add_argument("--size", choices=("quick", "paper"), default="quick", help="the reproduction's size (default quick)")
-    p.add_argument("--repetitions", type=int, default=200, help="--produce operating: repetitions per cell")
+    p.add_argument("--repetitions", type=int, default=96, help="--produce operating: repetitions per harmless change and n")
     args = p.parse_args(argv)
     if args.produce:
         table = TABLES[args.produce]

@@ -82,19 +82,19 @@ def test_readme_reproduction_rows_state_the_stored_claims():
 
 
 def test_operating_data_is_what_the_rule_gives_today():
-    """The study's grey-zone cell (c = 1, i = 0.5, unpaired) recomputed with the current verdict rule:
-    each cell draws from its own stream, so one cell alone gives the rates it has in the whole study."""
+    """One cell of the study (the seed change at n = 30) recomputed on the stored rows with the
+    current verdict rule: each (change, n) draws from its own stream, so one cell alone gives the
+    counts it has in the whole study."""
     from kvcommon.threads import torch_threads
-    from stats.operating import operating_characteristics
+    from stats.operating import load_pairs, study
 
     data = _data("operating")
-    stored = {(r["paired"], r["codec_shift"], r["impl_shift"]): r for r in data["rows"]}
-    assert len(stored) == 50
-    with torch_threads(1):   # as the study runs: thousands of tiny tests
-        fresh = operating_characteristics([(1.0, 0.5)], repetitions=data["repetitions"], pairings=(False,))
-    for r in fresh.to_dict("records"):
-        old = stored[(r["paired"], r["codec_shift"], r["impl_shift"])]
-        assert {k: r[k] for k in old} == old, "run: python scripts/render_tables.py --produce operating"
+    stored = {(r["change"], r["n"]): r["counts"] for r in data["null"]}
+    with torch_threads(1):   # as the study runs: many small tests
+        fresh = study(load_pairs(), ns=(30,), effects=(), repetitions=data["repetitions"],
+                      n_permutations=data["permutations"], seed=data["seed"], changes=("seed",))
+    assert fresh["null"][0]["counts"] == stored[("seed", 30)], \
+        "run: python scripts/render_tables.py --produce operating"
 
 
 @pytest.mark.slow
