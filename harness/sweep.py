@@ -134,8 +134,9 @@ class SweepConfig:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
             for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,
                                                                      self.calib_tokens):
-                scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal,
-                                                          self.decode_tokens))
+                shape = scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal, self.decode_tokens)
+                scenario.check_shape(shape)
+                scenario.check_data(shape)
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
                 scheme = create(name, budget=budget, dim=dim, rng=self.rng)

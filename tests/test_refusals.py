@@ -1,0 +1,79 @@
+"""Inputs that ran to wrong numbers with exit 0, lost data, left files behind or ended in a raw
+exception (issue 31): each is refused with exit 2 and one line naming what is wrong and what is
+valid, before anything is written, or is completed as the help text says."""
+import math
+
+import numpy as np
+import pytest
+
+import scenarios
+from harness.cli import main
+
+TINY = ["run", "--dim", "32", "--seq-len", "64", "--queries", "8", "--trials", "2", "--budget", "2", "--quiet"]
+
+
+def refused(capsys, argv, *words):
+    """main(argv) exits 2 with one line on stderr holding every word, and no traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+    return err
+
+
+# ---------------------------------------------------------------- 1: scenario parameters
+
+@pytest.mark.parametrize("scenario, words", [
+    ("heavy_tail:dof=nan", ["dof=nan", "finite"]),
+    ("heavy_tail:dof=inf", ["dof=inf", "finite"]),
+    ("heavy_tail:alpha=nan", ["alpha=nan", "finite"]),
+    ("spectral_decay:alpha=-inf", ["alpha=-inf", "finite"]),
+    ("gaussian:drift=nan", ["drift=nan", "finite"]),
+    ("gaussian:temperature=inf", ["temperature=inf", "finite"]),
+    ("gaussian:temperature=1e-300", ["temperature=1e-300", "temperature must lie in ["]),
+    ("rope_lowrank:temperature=1e300", ["temperature=1e+300", "temperature must lie in ["]),
+    ("lowrank_aligned:noise=1e300", ["noise=1e+300", "outside ["]),
+    ("rope_lowrank:noise=1e300", ["noise=1e+300", "draw fails"]),
+    ("outlier_channels:outlier_scale=1e300", ["outlier_scale=1e+300", "outside ["]),
+])
+def test_a_parameter_that_is_not_finite_or_breaks_the_data_is_refused(tmp_path, capsys, scenario, words):
+    out = tmp_path / "never"
+    refused(capsys, [*TINY, "--scenario", scenario, "--scheme", "tq-kv,int4", "--out", str(out)], *words)
+    assert not out.exists()
+
+
+def test_the_carried_range_is_what_float32_squares_and_sums():
+    """carried_range against float32 itself: at hi a logits row of S·d products of two entries
+    squares and sums to a finite float32, at 2·hi to inf; at lo a relative error eps in a logit
+    squares to a normal float32, at lo/2 no longer (independent: float32 arithmetic in NumPy)."""
+    n = 64 * 32
+    lo, hi = scenarios.base.carried_range(n)
+    f32 = np.finfo(np.float32)
+    for m, finite in ((hi * 0.999, True), (2 * hi, False)):
+        logit = np.float32(m) * np.float32(m) * np.float32(math.sqrt(32))   # q·k/√d with every entry m
+        with np.errstate(over="ignore"):
+            row = np.sum(np.full(64, logit * logit, dtype=np.float32), dtype=np.float32)
+        assert np.isfinite(row) == finite, m
+    for m, normal in ((lo * 1.001, True), (lo / 2, False)):
+        error = np.float32(f32.eps) * np.float32(m) * np.float32(m)
+        assert (error * error >= f32.tiny) == normal, m
+
+
+def test_the_temperature_range_it_names_is_the_one_it_enforces(tmp_path, capsys):
+    """The range named for temperature: just inside it runs, just outside it is refused."""
+    err = refused(capsys, [*TINY, "--scenario", "gaussian:temperature=1e-30", "--scheme", "int4",
+                           "--out", str(tmp_path / "x")], "temperature must lie in")
+    lo, hi = (float(x) for x in err.split("temperature must lie in [")[1].split("]")[0].split(", "))
+    shape = scenarios.TrialShape(1, 64, 8, 32, 512)
+    scenarios.create(f"gaussian:temperature={lo * 1.1}").check_data(shape)
+    scenarios.create(f"gaussian:temperature={hi / 1.1}").check_data(shape)
+    for bad in (lo / 1.1, hi * 1.1):
+        with pytest.raises(ValueError, match="temperature must lie in"):
+            scenarios.create(f"gaussian:temperature={bad}").check_data(shape)
+
+
+def test_every_scenario_at_its_defaults_passes_the_probe():
+    for name in scenarios.available():
+        for dim, seq_len in ((16, 16), (256, 8192)):
+            scenarios.create(name).check_data(scenarios.TrialShape(2, seq_len, 64, dim, 512, 16))
