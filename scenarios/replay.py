@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import register
-from .base import Scenario
+from .base import Scenario, out_of_range
 
 CAPTURE_FORMAT = "kvharness-capture/1"
 REQUIRED_METADATA = ("format", "model", "model_sha256", "layers", "heads", "kv_heads", "head_dim",
@@ -179,6 +179,14 @@ def _check(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str])
     for name in names:
         if name not in INDEX_TENSORS and not np.all(np.isfinite(tensors[name])):
             raise ValueError(f"{path}: tensor {name} holds NaN or Inf")
+    # Finite is not enough: the metrics square the values and sum them over a window's S·d entries
+    # in the run's dtype, so a file scaled by 1e30 (float32) or 1e300 (float64) overflows them to
+    # inf, and one scaled by 1e-320 (subnormal) underflows them to 0 (rel_mse 0/0 stored as 0).
+    # The bound is carried_range's at the longest window the file holds, S = N: float32's, the
+    # narrowest dtype a run computes in, so the file serves either --dtype.
+    wrong = out_of_range({f"tensor {n}": tensors[n] for n in names if n not in INDEX_TENSORS}, n_tokens * dim)
+    if wrong is not None:
+        raise ValueError(f"{path}: {wrong[2]}; rescale the capture into that range")
     return Capture(str(path), dict(metadata), q, k, v, tensors.get("q_rope") if rope else None,
                    tensors.get("k_rope") if rope else None, tensors["positions"].astype(np.int64),
                    tensors["segments"].astype(np.int64))

@@ -77,3 +77,37 @@ def test_every_scenario_at_its_defaults_passes_the_probe():
     for name in scenarios.available():
         for dim, seq_len in ((16, 16), (256, 8192)):
             scenarios.create(name).check_data(scenarios.TrialShape(2, seq_len, 64, dim, 512, 16))
+
+
+# ---------------------------------------------------------------- 2: replay files out of range
+
+@pytest.mark.parametrize("dtype, factor, shown", [
+    (np.float32, 1e30, "e+30"), (np.float64, 1e300, "e+300"), (np.float64, 1e-320, "e-320"),
+    (np.float32, 1e-30, "e-30"), (np.float32, 0.0, "up to 0,"),
+])
+def test_a_replay_file_outside_what_float32_carries_is_refused(tmp_path, capsys, dtype, factor, shown):
+    from test_capture_replay import synthetic_arrays, write_npz
+    arrays, meta = synthetic_arrays(np.random.default_rng(0))
+    for name in ("q", "k", "v"):
+        arrays[name] = (arrays[name].astype(np.float64) * factor).astype(dtype)
+    path = write_npz(tmp_path / "scaled.npz", arrays, meta)
+    out = tmp_path / "never"
+    refused(capsys, [*TINY, "--scenario", f"replay:{path}", "--scheme", "tq-kv,int4", "--out", str(out)],
+            "scaled.npz", "tensor q holds magnitudes", shown, "outside [")
+    assert not out.exists()
+
+
+def test_a_replay_file_within_the_range_runs(tmp_path):
+    """The same file scaled by 1e4 and 1e-4, both inside the range, runs; every metric finite."""
+    from harness.store import RunStore
+    from test_capture_replay import synthetic_arrays, write_npz
+    for factor in (1e4, 1e-4):
+        arrays, meta = synthetic_arrays(np.random.default_rng(0))
+        for name in ("q", "k", "v"):
+            arrays[name] = arrays[name] * np.float32(factor)
+        path = write_npz(tmp_path / f"x{factor}.npz", arrays, meta)
+        out = tmp_path / f"run{factor}"
+        assert main([*TINY, "--scenario", f"replay:{path}", "--scheme", "int4", "--out", str(out)]) == 0
+        rows = RunStore(out).trials()
+        assert len(rows) == 2 and np.isfinite(rows[["rel_mse_k", "d2_t", "logit_rel_mse"]].to_numpy()).all()
+        assert (rows["rel_mse_k"] > 0).all()
