@@ -111,3 +111,57 @@ def test_a_replay_file_within_the_range_runs(tmp_path):
         rows = RunStore(out).trials()
         assert len(rows) == 2 and np.isfinite(rows[["rel_mse_k", "d2_t", "logit_rel_mse"]].to_numpy()).all()
         assert (rows["rel_mse_k"] > 0).all()
+
+
+# ---------------------------------------------------------------- 5: export over the run's own files
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    out = tmp_path / "run"
+    assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(out)]) == 0
+    return out
+
+
+def _snapshot(directory):
+    return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("name", ["results.sqlite", "manifest.json", ".lock", "report.html"])
+def test_export_refuses_the_runs_own_files(tiny_run, capsys, name):
+    (tiny_run / "report.html").write_text("<html></html>")
+    before = _snapshot(tiny_run)
+    refused(capsys, ["export", str(tiny_run), "--output", str(tiny_run / name)], "is a file of the run")
+    assert _snapshot(tiny_run) == before
+
+
+def test_export_refuses_the_runs_files_under_another_name(tiny_run, tmp_path, capsys):
+    before = _snapshot(tiny_run)
+    (tmp_path / "link.csv").symlink_to(tiny_run / "results.sqlite")
+    refused(capsys, ["export", str(tiny_run), "--output", str(tmp_path / "link.csv")], "is a file of the run")
+    import os
+    os.link(tiny_run / "manifest.json", tmp_path / "hard.csv")
+    refused(capsys, ["export", str(tiny_run), "--output", str(tmp_path / "hard.csv")], "is a file of the run")
+    other = tmp_path / "other"
+    assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(other)]) == 0
+    refused(capsys, ["export", str(tiny_run), "--output", str(other / "results.sqlite")], "is a file of the run")
+    assert _snapshot(tiny_run) == before
+
+
+def test_export_never_renames_over_a_file_that_is_not_regular(tiny_run, tmp_path, capsys):
+    import os
+    import stat
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    refused(capsys, ["export", str(tiny_run), "--output", str(fifo)], "not a regular file")
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_export_through_a_symlink_writes_the_file_it_points_to(tiny_run, tmp_path):
+    import os
+    target = tmp_path / "target.csv"
+    target.write_text("old")
+    (tmp_path / "link.csv").symlink_to(target)
+    assert main(["export", str(tiny_run), "--output", str(tmp_path / "link.csv")]) == 0
+    assert os.path.islink(tmp_path / "link.csv") and target.read_text().startswith("scenario,")
+    assert main(["export", str(tiny_run)]) == 0 and (tiny_run / "results.csv").exists()   # the default is fine
