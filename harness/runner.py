@@ -90,6 +90,18 @@ def check_memory(config: SweepConfig, device) -> None:
                           f"{available / 2 ** 30:.1f} GiB available on {device.type}; lower --dim, --seq-len, --queries "
                           f"or --heads")
 
+class DataOutOfRange(UsageError):
+    """A scenario's parameters make its data overflow or vanish in the metrics."""
+
+
+def check_data(config: SweepConfig) -> None:
+    """DataOutOfRange (one line) when a scenario's parameters make its data overflow or vanish in
+    the metrics (SweepConfig.check_data); after check_memory, since the probe draws a trial's population."""
+    try:
+        config.check_data()
+    except ValueError as exc:
+        raise DataOutOfRange(f"harness run: {exc}") from None
+
 def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
               memory_budget: int | None = None, workers: int | None = None,
               scheduler: str | None = None) -> RunResult:
@@ -104,6 +116,7 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
     start = time.perf_counter()
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     check_memory(config, device)
+    check_data(config)
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock())
         fresh = store.read_manifest() is None and not store.path.exists()

@@ -134,9 +134,8 @@ class SweepConfig:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
             for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,
                                                                      self.calib_tokens):
-                shape = scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal, self.decode_tokens)
-                scenario.check_shape(shape)
-                scenario.check_data(shape)
+                scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal,
+                                                          self.decode_tokens))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
                 scheme = create(name, budget=budget, dim=dim, rng=self.rng)
@@ -144,6 +143,17 @@ class SweepConfig:
                     getattr(scheme, "check_cache", lambda n: None)(seq_len + self.decode_tokens)
             except ValueError as exc:
                 raise ValueError(f"scheme {name} (budget {budget}, dim {dim}): {exc}") from None
+
+    def check_data(self) -> None:
+        """ValueError (one line) when a scenario's parameters make its data overflow or vanish in
+        the metrics (Scenario.check_data, a probe draw per shape). Apart from validate: the probe
+        draws a (d, d) population, so it runs once one trial is known to fit in memory."""
+        for name in self.scenarios:
+            scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
+            for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,
+                                                                     self.calib_tokens):
+                scenario.check_data(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal,
+                                                         self.decode_tokens))
 
     def cells(self) -> list[Cell]:
         """Every cell, grouped so that cells sharing data are adjacent."""

@@ -142,10 +142,11 @@ def default_out(config: SweepConfig, root: Path = Path("runs")) -> Path:
 def run(args) -> int:
     from reports import format_summary, summary_table
 
-    from ..runner import RunConflict, check_memory, run_sweep
+    from ..runner import RunConflict, check_data, check_memory, run_sweep
 
     config = config_from_args(args)
     check_memory(config, resolve_device(config.device))  # before a directory is made
+    check_data(config)
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise UsageError(f"harness run: --out {args.out} is a file; give a directory (new, or holding this run with "
                          f"--resume)")
