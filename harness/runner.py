@@ -39,7 +39,8 @@ class RunResult:
 
 def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
     """RunConflict when the directory holds a run and this is not its --resume, or holds another
-    run; CorruptStore when its results.sqlite is damaged. Writes nothing."""
+    run; CorruptStore when its results.sqlite is damaged, ForeignStore when it is another program's,
+    ReadOnlyStore when it cannot be written. Writes nothing."""
     manifest = store.read_manifest()
     if manifest is not None or store.path.exists():
         if not resume:
@@ -57,6 +58,7 @@ def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
                               f"this kvharness keys {', '.join(changed)} by family (rule {SEED_RULE}), so resuming "
                               f"would mix rows of two seed rules; choose another --out")
         store.check_integrity()
+        store.check_writable()
 
 def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
     """Check the directory against this run (RunConflict when it holds another) and write the manifest."""

@@ -63,6 +63,17 @@ _OWN_TABLES = {"trials", "cells", DIAGNOSTICS_TABLE}  # written only through wri
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
 
+# The columns each of the run's tables holds in every version a store can be read or resumed
+# from (ADDED_COLUMNS and cells.calib_tokens are added on open): a table that lacks one is
+# another program's.
+_REQUIRED_COLUMNS = {
+    "trials": tuple(c for c in TRIAL_COLUMNS if c not in ADDED_COLUMNS),
+    "cells": tuple(c for c in CELL_COLUMNS if c != "calib_tokens") + ("n_trials", "wall_s", "finished_at"),
+    "chunks": CELL_COLUMNS + ("first_trial", "n_trials", "wall_s", "finished_at"),
+    DIAGNOSTICS_TABLE: CELL_COLUMNS + ("trial", "name", "value"),
+}
+
+
 def _sql_value(value):
     """A frame cell as sqlite stores it: numpy scalars as Python numbers, NaN and None as NULL."""
     if isinstance(value, np.generic):
@@ -105,6 +116,14 @@ class CorruptStore(UsageError):
 
 class StoreLocked(UsageError):
     """Another run holds the directory's lock."""
+
+
+class ForeignStore(UsageError):
+    """results.sqlite is not a kvharness store (another program's database, a directory)."""
+
+
+class ReadOnlyStore(UsageError):
+    """results.sqlite cannot be written (a --resume checks before it writes anything)."""
 
 
 # what sqlite's messages about a damaged file contain, and the message
@@ -282,14 +301,45 @@ class RunStore:
 
     def check_integrity(self) -> None:
         """CorruptStore (one line naming the file) unless PRAGMA quick_check finds the store sound;
-        nothing to check where there is no store yet."""
+        ForeignStore unless it is a regular file whose tables are a kvharness store's (or it has
+        no table yet); nothing to check where there is no store yet."""
         if not self.path.exists():
             return
+        if not self.path.is_file():
+            raise ForeignStore(f"{self.path} is not a regular file, so not a kvharness store; give a run directory "
+                               f"(or, to run, another --out)")
         with self._reading() as con:
             found = [row[0] for row in con.execute("PRAGMA quick_check")]
-        if found != ["ok"]:
-            detail = " ".join(" ".join(found[:2]).replace("*** in database main ***", "").split())
-            raise self._damaged(detail if len(detail) <= 120 else detail[:117] + "...")
+            if found != ["ok"]:
+                detail = " ".join(" ".join(found[:2]).replace("*** in database main ***", "").split())
+                raise self._damaged(detail if len(detail) <= 120 else detail[:117] + "...")
+            tables = {name: {row[1] for row in con.execute(f"PRAGMA table_info({name})")}
+                      for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "trials" not in tables:
+            raise ForeignStore(f"{self.path} holds another program's tables ({', '.join(sorted(tables)[:4])}) and "
+                               f"no trials table: not a kvharness store; give a run directory (or another --out)")
+        for table, required in _REQUIRED_COLUMNS.items():
+            missing = [c for c in required if table in tables and c not in tables[table]]
+            if missing:
+                raise ForeignStore(f"{self.path}: its {table} table lacks the column(s) {', '.join(missing[:4])}"
+                                   f"{' ...' if len(missing) > 4 else ''}: another program's table, not a kvharness "
+                                   f"store; nothing was changed; give a run directory (or another --out)")
+
+    def check_writable(self) -> None:
+        """ReadOnlyStore (one line) when sqlite cannot write results.sqlite (a read-only file,
+        directory or file system), found by a write that is rolled back: the file is unchanged."""
+        if not self.path.exists():
+            return
+        con = sqlite3.connect(self.path)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("CREATE TABLE kvharness_write_probe (x)")
+        except sqlite3.OperationalError as exc:
+            raise ReadOnlyStore(f"{self.path} cannot be written (sqlite: {exc}); make it and its directory "
+                                f"writable, or run again into a new --out") from None
+        finally:
+            con.rollback()
+            con.close()
 
     @contextlib.contextmanager
     def _reading(self):
@@ -317,7 +367,13 @@ class RunStore:
         when another process holds it. Creates the directory if needed."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:   # another user's lock file: flock needs only a read descriptor
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); choose another --out") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -325,8 +381,9 @@ class RunStore:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
                 raise StoreLocked(f"{self.directory} is being written by another harness run (pid {holder}); "
                                   f"wait for it to finish, or choose another --out") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            with contextlib.suppress(OSError):   # a read descriptor: the holder's pid goes unrecorded
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield
         finally:
             os.close(fd)  # releases the lock

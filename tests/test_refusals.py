@@ -123,7 +123,8 @@ def tiny_run(tmp_path):
 
 
 def _snapshot(directory):
-    return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+    """Every file of the directory with its bytes (the lock file's: the pid of its last holder)."""
+    return {p.name: p.read_bytes() if p.name != ".lock" else None for p in directory.iterdir() if p.is_file()}
 
 
 @pytest.mark.parametrize("name", ["results.sqlite", "manifest.json", ".lock", "report.html"])
@@ -165,3 +166,91 @@ def test_export_through_a_symlink_writes_the_file_it_points_to(tiny_run, tmp_pat
     assert main(["export", str(tiny_run), "--output", str(tmp_path / "link.csv")]) == 0
     assert os.path.islink(tmp_path / "link.csv") and target.read_text().startswith("scenario,")
     assert main(["export", str(tiny_run)]) == 0 and (tiny_run / "results.csv").exists()   # the default is fine
+
+
+# ---------------------------------------------------------------- 6: --resume checks before it writes
+
+RESUME = [*TINY, "--scenario", "gaussian", "--scheme", "int4,tq-kv"]
+
+
+def _interrupted_run(directory):
+    """A run of RESUME whose int4 cell is stored and whose tq-kv cell is not (as if interrupted)."""
+    import sqlite3
+    assert main([*RESUME, "--out", str(directory)]) == 0
+    with sqlite3.connect(directory / "results.sqlite") as con:
+        for table in ("trials", "cells", "chunks"):
+            con.execute(f"DELETE FROM {table} WHERE scheme = 'tq-kv'")
+    manifest = directory / "manifest.json"
+    import json
+    data = json.loads(manifest.read_text())
+    data["finished_at"] = None
+    manifest.write_text(json.dumps(data))
+
+
+def test_resume_on_another_programs_trials_table_changes_nothing(tmp_path, capsys):
+    import sqlite3
+    out = tmp_path / "run"
+    _interrupted_run(out)
+    (out / "results.sqlite").unlink()
+    with sqlite3.connect(out / "results.sqlite") as con:
+        con.execute("CREATE TABLE trials (id INTEGER PRIMARY KEY, name TEXT, score REAL)")
+        con.execute("INSERT INTO trials (name, score) VALUES ('a', 1.5), ('b', 2.5)")
+    before = _snapshot(out)
+    refused(capsys, [*RESUME, "--out", str(out), "--resume"], "its trials table lacks the column(s) scenario",
+            "another program's")
+    assert _snapshot(out) == before
+    for command in (["report", str(out), "--json"], ["export", str(out)]):
+        refused(capsys, command, "another program's")
+    assert _snapshot(out) == before
+
+
+def test_resume_on_a_database_without_a_trials_table_changes_nothing(tmp_path, capsys):
+    import sqlite3
+    out = tmp_path / "run"
+    _interrupted_run(out)
+    (out / "results.sqlite").unlink()
+    with sqlite3.connect(out / "results.sqlite") as con:
+        con.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    before = _snapshot(out)
+    refused(capsys, [*RESUME, "--out", str(out), "--resume"], "no trials table")
+    assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize("lock_mode", [0o666, 0o644])
+def test_resume_on_a_read_only_store_changes_nothing(tmp_path, capsys, lock_mode):
+    """As another user than the store's owner (root ignores file modes, so a root test runs the
+    command as nobody): exit 2, one line, the manifest and the store unchanged; whether or not
+    that user may write the lock file the run left."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    base = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        out = base / "run"
+        _interrupted_run(out)
+        (out / "results.sqlite").chmod(0o444)
+        (out / ".lock").chmod(lock_mode)
+        os.chmod(base, 0o755)
+        os.chmod(out, 0o777)            # the directory writable: only the store is read-only
+        before = _snapshot(out)
+        argv = [*RESUME, "--out", str(out), "--resume"]
+        if os.geteuid() != 0:
+            refused(capsys, argv, "cannot be written")
+        else:
+            if shutil.which("setpriv") is None:
+                pytest.skip("running as root without setpriv: no user for whom the store is read-only")
+            root = Path(__file__).resolve().parents[1]
+            (base / "numba").mkdir(mode=0o777)
+            os.chmod(base / "numba", 0o777)
+            done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                   "-m", "harness", *argv], capture_output=True, text=True, cwd=base,
+                                  env={**os.environ, "PYTHONPATH": str(root), "HOME": str(base),
+                                       "NUMBA_CACHE_DIR": str(base / "numba")})
+            assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+            assert "cannot be written" in done.stderr and "Traceback" not in done.stderr
+        assert _snapshot(out) == before
+    finally:
+        shutil.rmtree(base)
