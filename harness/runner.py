@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -159,17 +160,31 @@ def _test_hold(n_commit: int, phase: str) -> None:
         time.sleep(0.05)
 
 def _discard_if_empty(store: RunStore) -> None:
-    """Remove what a new run wrote to its directory (manifest, empty store, lock file, and the
-    directory when nothing else is in it), unless a trial was stored."""
-    try:
-        if store.path.exists() and store.stored_trials():
-            return
-    except Exception:  # noqa: BLE001 - a store we cannot read is not ours to remove
+    """Remove what a new run wrote to its directory (manifest and its temporary file, the store
+    and its side files, lock file, and the directory when nothing else is in it), unless a trial
+    was stored. A store with no trials table (the disk filled as it was made) holds none."""
+    if _holds_a_trial(store):
         return
-    for name in (store.path.name, store.path.name + "-journal", MANIFEST_FILE, LOCK_FILE):
+    for name in (store.path.name, store.path.name + "-journal", store.path.name + "-wal", store.path.name + "-shm",
+                 MANIFEST_FILE, MANIFEST_FILE + ".tmp", LOCK_FILE):
         (store.directory / name).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         store.directory.rmdir()
+
+def _holds_a_trial(store: RunStore) -> bool:
+    """Whether results.sqlite holds a trial row; True where it cannot be read (not ours to remove)."""
+    if not store.path.exists():
+        return False
+    try:
+        con = sqlite3.connect(store.path)
+        try:
+            if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trials'").fetchone():
+                return False
+            return con.execute("SELECT 1 FROM trials LIMIT 1").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return True
 
 def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None) -> int:
     """The trials not yet stored, serially or as tasks on a Dask client, each chunk committed as

@@ -172,8 +172,11 @@ class RunStore:
         """Atomic replace, so a crash never leaves half a manifest."""
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / (MANIFEST_FILE + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.directory / MANIFEST_FILE)
+        try:
+            tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self.directory / MANIFEST_FILE)
+        finally:   # a full disk: no half-written temporary file left either
+            tmp.unlink(missing_ok=True)
 
     # --- results ----------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -364,29 +367,64 @@ class RunStore:
     @contextlib.contextmanager
     def lock(self):
         """Hold the directory's lock file (flock) for the life of the block: StoreLocked at once
-        when another process holds it. Creates the directory if needed."""
+        when another process holds it. Creates the directory if needed. A run refused inside the
+        block (UsageError, ValueError) removes the lock file when it made it, so a refusal leaves
+        nothing in a directory; it unlinks the file while holding it, and a process that locked
+        the file before it was unlinked sees that the path no longer names it and locks afresh."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / LOCK_FILE
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except PermissionError:   # another user's lock file: flock needs only a read descriptor
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError as exc:
-                raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); choose another --out") from None
-        try:
+        for _ in range(100):
+            fd, created = self._open_lock(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
                 raise StoreLocked(f"{self.directory} is being written by another harness run (pid {holder}); "
                                   f"wait for it to finish, or choose another --out") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)   # unlinked by a refused run after we opened it: lock the file the path names now
+        else:
+            raise StoreLocked(f"{self.directory}: its lock file keeps changing; choose another --out")
+        try:
             with contextlib.suppress(OSError):   # a read descriptor: the holder's pid goes unrecorded
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield
+        except (UsageError, ValueError):
+            if created:
+                path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)  # releases the lock
+
+    def _open_lock(self, path: Path) -> tuple[int, bool]:
+        """(a descriptor of the lock file, whether this call created it)."""
+        for _ in range(100):
+            try:
+                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                pass
+            except PermissionError as exc:   # a directory we may not write: only an existing lock file will do
+                if not path.exists():
+                    raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); "
+                                        f"choose another --out") from None
+            try:
+                return os.open(path, os.O_RDWR), False
+            except FileNotFoundError:   # removed in between: make it
+                continue
+            except PermissionError:   # another user's lock file: flock needs only a read descriptor
+                try:
+                    return os.open(path, os.O_RDONLY), False
+                except OSError as exc:
+                    raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); "
+                                        f"choose another --out") from None
+        raise StoreLocked(f"{self.directory}: its lock file keeps changing; choose another --out")
 
     def cells(self) -> pd.DataFrame:
         """The finished cells with their trial count, wall time and peak memory."""

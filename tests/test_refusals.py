@@ -254,3 +254,122 @@ def test_resume_on_a_read_only_store_changes_nothing(tmp_path, capsys, lock_mode
         assert _snapshot(out) == before
     finally:
         shutil.rmtree(base)
+
+
+# ---------------------------------------------------------------- 7: nothing left behind
+
+@pytest.mark.parametrize("where", ["store", "manifest"])
+def test_a_new_run_on_a_full_disk_leaves_nothing(tmp_path, capsys, monkeypatch, where):
+    """The disk fills as the store's tables are made (sqlite: 'database or disk is full', leaving
+    an empty results.sqlite), or as the manifest is written (a half temporary file): the run
+    exits 1 in one line and its directory is gone, lock file included."""
+    import sqlite3
+
+    from harness.store import RunStore
+    if where == "store":
+        real = RunStore._connect
+
+        def full(self):
+            self.path.touch()               # what sqlite leaves when the first page cannot be written
+            raise sqlite3.OperationalError("database or disk is full")
+        monkeypatch.setattr(RunStore, "_connect", full)
+        assert real
+    else:
+        from pathlib import Path
+        real_write = Path.write_text
+
+        def full(self, text, *args, **kwargs):
+            if self.name.startswith("manifest.json"):
+                real_write(self, text[:10])
+                raise OSError(28, "No space left on device")
+            return real_write(self, text, *args, **kwargs)
+        monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "run"
+    assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("disk is full" in err or "No space left" in err), err
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_a_full_disk_in_an_existing_empty_directory_leaves_it_empty(tmp_path, monkeypatch):
+    import sqlite3
+
+    from harness.store import RunStore
+
+    def full(self):
+        self.path.touch()
+        raise sqlite3.OperationalError("database or disk is full")
+    monkeypatch.setattr(RunStore, "_connect", full)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(out)]) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("command", [["run", *TINY[1:], "--scenario", "gaussian", "--scheme", "int4"],
+                                     ["export", "RUN"]])
+def test_an_empty_out_is_refused(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    flag = "--out" if command[0] == "run" else "--output"
+    if command[0] == "export":
+        assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(tmp_path / "RUN")]) == 0
+    before = sorted(p.name for p in tmp_path.iterdir())
+    refused(capsys, [*command, flag, ""], "empty" if command[0] == "run" else "is a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_refused_run_leaves_no_lock_file(tmp_path, capsys):
+    """A directory holding another program's results.sqlite, or a run of other flags: refused, and
+    the lock file it made is gone (a lock file that was there stays)."""
+    import sqlite3
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with sqlite3.connect(foreign / "results.sqlite") as con:
+        con.execute("CREATE TABLE users (id INTEGER)")
+    for resume in ([], ["--resume"]):
+        refused(capsys, [*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(foreign), *resume])
+        assert sorted(p.name for p in foreign.iterdir()) == ["results.sqlite"]
+    other = tmp_path / "other"
+    assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(other)]) == 0
+    (other / ".lock").unlink()
+    refused(capsys, [*TINY, "--scenario", "gaussian", "--scheme", "tq-kv", "--out", str(other), "--resume"],
+            "holds a different run")
+    assert ".lock" not in {p.name for p in other.iterdir()}
+    (other / ".lock").write_text("")
+    refused(capsys, [*TINY, "--scenario", "gaussian", "--scheme", "tq-kv", "--out", str(other), "--resume"])
+    assert (other / ".lock").exists()
+
+
+def test_a_lock_unlinked_under_a_waiting_process_is_not_held_twice(tmp_path, monkeypatch):
+    """A refused run removes the lock file it made. A process that opened that file before it was
+    unlinked, and locks it after, holds a file no path names: it must lock the file the path names
+    now, or a third process would lock that one too."""
+    import fcntl
+    import os
+
+    from harness import store as store_module
+    from harness.store import RunStore
+    store = RunStore(tmp_path / "run")
+    with pytest.raises(ValueError):
+        with store.lock():
+            raise ValueError("refused")
+    assert not (tmp_path / "run" / ".lock").exists()     # the refused run's lock file is gone
+    real, calls = fcntl.flock, []
+
+    def flock_after_a_refusal(fd, flags):
+        if not calls:   # between our open and our lock another run unlinked the file and made a new one
+            (tmp_path / "run" / ".lock").unlink()
+            (tmp_path / "run" / ".lock").write_text("")
+        calls.append(fd)
+        return real(fd, flags)
+    monkeypatch.setattr(store_module.fcntl, "flock", flock_after_a_refusal)
+    with store.lock():
+        monkeypatch.setattr(store_module.fcntl, "flock", real)
+        fd = os.open(tmp_path / "run" / ".lock", os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):        # the file the path names is the one held
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    assert len(calls) == 2

@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Callable
 
 
 class EveryName(tuple):
     """The names 'all' expanded to (minus any '-NAME' exclusions): a sweep may skip those of them
     that cannot take its configuration, where a name given explicitly is an error."""
+
+
+def path(text: str) -> Path:
+    """An argparse type for a file or directory name: the empty string is refused (Path('') is
+    the current directory, where a run would write its store)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or directory name")
+    return Path(text)
 
 
 def _repeated(items) -> None:

@@ -13,7 +13,7 @@ from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
 from ..sweep import GRIDS, IMPLS, SweepConfig, grid
-from ._args import EveryName, comma_list
+from ._args import EveryName, comma_list, path
 
 NAME = "run"
 HELP = "run a sweep (the cross product of the flags) into a run directory"
@@ -59,7 +59,7 @@ def add_arguments(p):
     p.add_argument("--rng", choices=("pcg64", "mt19937", "philox"),
                    help="bit-generator family of every random stream (default pcg64)")
     p.add_argument("--impl", choices=IMPLS, help="torch (default) or reference (independent NumPy)")
-    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/<scenario>-<time>)")
+    p.add_argument("--out", type=path, default=None, help="run directory (default runs/<scenario>-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary table")
     p.add_argument("--workers", type=int, default=None, help="run cells on a local Dask cluster of N workers")
