@@ -127,6 +127,7 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
         done = store.finished_cells()
         todo = [c for c in config.cells() if c.key not in done]
         if not todo:
+            _complete_manifest(store)
             return RunResult(0, len(done), time.perf_counter() - start)
         try:
             client = None
@@ -143,6 +144,19 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
                 _discard_if_empty(store)
             raise
     return RunResult(len(todo), len(done), time.perf_counter() - start, kept)
+
+def _complete_manifest(store: RunStore) -> None:
+    """A run whose every cell is stored but whose manifest was not completed (killed between its
+    last commit and the manifest's final write): finished_at is set to the moment its last cell
+    was stored (the cells table's latest finished_at), with the cells' peak memory, as the run
+    itself would have written it. A completed manifest is left as it was."""
+    manifest = store.read_manifest()
+    if manifest is None or manifest.get("finished_at") is not None:
+        return
+    cells = store.cells()
+    manifest["finished_at"] = max(cells["finished_at"]) if len(cells) else now()
+    manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
+    store.write_manifest(manifest)
 
 def _test_hold(n_commit: int, phase: str) -> None:
     """Interruption tests: with $KVHARNESS_TEST_HOLD = "N:PHASE:FILE", the run creates FILE and

@@ -373,3 +373,35 @@ def test_a_lock_unlinked_under_a_waiting_process_is_not_held_twice(tmp_path, mon
         finally:
             os.close(fd)
     assert len(calls) == 2
+
+
+# ---------------------------------------------------------------- 8: killed before the manifest's last write
+
+def test_resume_after_a_kill_between_the_last_commit_and_the_manifest_completes_it(tmp_path, capsys):
+    import json
+    import signal
+
+    from harness.store import RunStore
+    from interrupting import start_held, wait_for_hold
+    args = [*TINY[1:], "--scenario", "gaussian", "--scheme", "int4,tq-kv"]
+    out, marker = tmp_path / "run", tmp_path / "held"
+    proc = start_held(["run", *args, "--out", str(out)], marker, 2, "after")     # 2 cells: commit 2 is the last
+    wait_for_hold(proc, marker)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert json.loads((out / "manifest.json").read_text())["finished_at"] is None
+    rows = RunStore(out).trials()
+    assert main(["run", *args, "--out", str(out), "--resume"]) == 0
+    assert "0 cells run, 2 already stored" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    cells = RunStore(out).cells()
+    assert manifest["finished_at"] == max(cells["finished_at"])             # when its last cell was stored
+    from stats.cells import CELL_COLUMNS
+    assert set(manifest["peak_mem_mb_per_cell"]) == {"/".join(map(str, k)) for k in
+                                                     cells[list(CELL_COLUMNS)].itertuples(index=False)}
+    assert "resumed_at" not in manifest
+    done = (out / "manifest.json").read_bytes()
+    assert main(["run", *args, "--out", str(out), "--resume"]) == 0            # a complete manifest stays as it is
+    assert (out / "manifest.json").read_bytes() == done
+    import pandas as pd
+    pd.testing.assert_frame_equal(RunStore(out).trials(), rows)
