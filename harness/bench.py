@@ -88,12 +88,17 @@ def _alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
     return out
 
 
-def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
+def runner_cell(shape: BenchShape, device: torch.device) -> tuple[SweepConfig, Cell]:
+    """The one-cell sweep of the runner comparison and its cell."""
     config = SweepConfig(scenarios=(shape.scenario,), schemes=(shape.scheme,), budgets=(shape.budget,),
                          dims=(shape.dim,), seq_lens=(shape.seq_len,), queries=(shape.queries,),
                          trials=shape.trials, device=device.type)
-    cell = Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries,
-                config.calib_tokens[0])
+    return config, Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries,
+                        config.calib_tokens[0])
+
+
+def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
+    config, cell = runner_cell(shape, device)
     data = _unremembered(draw_trials(config, cell, range(shape.trials), device, torch.float32))
     scheme = create_scheme(config, cell)
 
