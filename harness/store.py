@@ -118,6 +118,10 @@ class StoreLocked(UsageError):
     """Another run holds the directory's lock."""
 
 
+class CorruptManifest(UsageError):
+    """manifest.json is not the JSON object a run writes."""
+
+
 class ForeignStore(UsageError):
     """results.sqlite is not a kvharness store (another program's database, a directory)."""
 
@@ -165,8 +169,19 @@ class RunStore:
 
     # --- manifest ---------------------------------------------------------------------------
     def read_manifest(self) -> dict | None:
+        """The manifest, None where there is none; CorruptManifest where it is not a JSON object."""
         path = self.directory / MANIFEST_FILE
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptManifest(f"{path} cannot be read as JSON ({type(exc).__name__}: {str(exc)[:80]}); restore it "
+                                  f"from a copy, or run again into a new --out") from None
+        if not isinstance(manifest, dict):
+            raise CorruptManifest(f"{path} holds a JSON {type(manifest).__name__}, not the object a run writes; "
+                                  f"restore it from a copy, or run again into a new --out")
+        return manifest
 
     def write_manifest(self, manifest: dict) -> None:
         """Atomic replace, so a crash never leaves half a manifest."""
@@ -445,6 +460,9 @@ class RunStore:
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path} does not exist: not a kvharness run directory")
         with self._reading() as con:
+            if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trials'").fetchone():
+                raise ForeignStore(f"{self.path} holds no trials table (an empty file, or a run that never stored a "
+                                   f"trial): nothing to read; give a run directory")
             order = ", ".join(CELL_COLUMNS + ("trial",))
             where = ""
             keyed = [c for c in CELL_COLUMNS if c in {row[1] for row in con.execute("PRAGMA table_info(cells)")}]

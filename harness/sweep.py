@@ -18,6 +18,7 @@ from kvcommon.rng import RNG_FAMILIES
 from .devices import DEVICES, DTYPES
 
 IMPLS = ("torch", "reference")
+MAX_SEED = 2 ** 63 - 1   # the largest root seed: sqlite stores INTEGER as signed 64-bit
 
 
 def implementation(impl: str):
@@ -128,8 +129,9 @@ class SweepConfig:
         if self.rng not in RNG_FAMILIES:
             raise ValueError(f"unknown RNG family {self.rng!r}; valid: {', '.join(RNG_FAMILIES)}")
         create = implementation(self.impl)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"--seed {self.seed!r} must be a non-negative integer")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed {self.seed!r} must be an integer in 0..{MAX_SEED} (the store's seed column is "
+                             f"a signed 64-bit integer)")
         for name in self.scenarios:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
             for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,

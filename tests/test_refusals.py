@@ -405,3 +405,129 @@ def test_resume_after_a_kill_between_the_last_commit_and_the_manifest_completes_
     assert (out / "manifest.json").read_bytes() == done
     import pandas as pd
     pd.testing.assert_frame_equal(RunStore(out).trials(), rows)
+
+
+# ---------------------------------------------------------------- 11: raw exceptions become one line, exit 2
+
+@pytest.mark.parametrize("seed", [str(2 ** 64), str(2 ** 63), "-1"])
+def test_a_seed_beyond_64_bits_is_refused_before_anything_is_computed(tmp_path, capsys, monkeypatch, seed):
+    from harness import cell as engine
+    computed = []
+    monkeypatch.setattr(engine, "run_cell_chunk", lambda *a: computed.append(a))
+    out = tmp_path / "never"
+    refused(capsys, [*TINY, "--scenario", "gaussian", "--scheme", "int4", "--seed", seed, "--out", str(out)],
+            f"--seed {seed} must be an integer in 0..{2 ** 63 - 1}")
+    assert not out.exists() and not computed
+
+
+def test_the_largest_seed_runs_and_is_stored(tmp_path):
+    from harness.store import RunStore
+    out = tmp_path / "run"
+    assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--seed", str(2 ** 63 - 1), "--out", str(out)]) == 0
+    assert (RunStore(out).trials()["seed"] == 2 ** 63 - 1).all()
+
+
+def _bad_stores(base):
+    """Run directories whose results.sqlite is not a kvharness store, with the words that say so."""
+    import sqlite3
+    cases = {}
+    for kind in ("zero", "schema", "other", "directory"):
+        d = base / kind
+        d.mkdir()
+        if kind == "zero":
+            (d / "results.sqlite").write_bytes(b"")
+            cases[d] = "holds no trials table"
+        elif kind == "directory":
+            (d / "results.sqlite").mkdir()
+            cases[d] = "is not a regular file"
+        else:
+            with sqlite3.connect(d / "results.sqlite") as con:
+                con.execute("CREATE TABLE trials (id INTEGER)" if kind == "schema" else "CREATE TABLE users (id INTEGER)")
+            cases[d] = "trials table lacks the column(s)" if kind == "schema" else "no trials table"
+    return cases
+
+
+def test_a_store_that_is_not_kvharness_is_refused_by_every_reader(tiny_run, tmp_path, capsys):
+    for directory, words in _bad_stores(tmp_path).items():
+        for argv in (["report", str(directory)], ["report", str(directory), "--json"], ["export", str(directory)],
+                     ["compare", str(directory), str(tiny_run)], ["compare", str(tiny_run), str(directory)]):
+            refused(capsys, argv, str(directory / "results.sqlite"), words)
+
+
+@pytest.mark.parametrize("text, words", [("{not json", "cannot be read as JSON"), ("[1, 2]", "holds a JSON list")])
+def test_a_corrupt_manifest_is_refused(tiny_run, capsys, text, words):
+    (tiny_run / "manifest.json").write_text(text)
+    for argv in (["report", str(tiny_run)], ["report", str(tiny_run), "--json"],
+                 [*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(tiny_run), "--resume"]):
+        refused(capsys, argv, "manifest.json", words)
+    assert (tiny_run / "manifest.json").read_text() == text
+
+
+def _capture_cases(base):
+    import json
+    import zipfile
+
+    from test_capture_replay import synthetic_arrays, write_npz
+    arrays, meta = synthetic_arrays(np.random.default_rng(0))
+    cases = {}
+    path = base / "listmeta.npz"
+    np.savez(path, metadata=np.array(json.dumps([1, 2])), **arrays)
+    cases[path] = "metadata is a JSON list, not an object"
+    path = write_npz(base / "member.npz", arrays, meta)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("notes.txt", "not an array")
+    cases[path] = "member 'notes.txt' is not a .npy array"
+    empty, empty_meta = synthetic_arrays(np.random.default_rng(0))
+    for name in ("q", "k", "v"):
+        empty[name] = empty[name][:0]
+    cases[write_npz(base / "nolayers.npz", empty, {**empty_meta, "layers": "0"})] = "empty capture"
+    head = json.dumps({"__metadata__": [1], "k": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    path = base / "listmeta.safetensors"
+    path.write_bytes(len(head).to_bytes(8, "little") + head + bytes(4))
+    cases[path] = "__metadata__ is a JSON list"
+    return cases
+
+
+def test_a_capture_file_of_the_wrong_make_is_refused(tmp_path, capsys):
+    for path, words in _capture_cases(tmp_path).items():
+        out = tmp_path / f"never-{path.stem}"
+        refused(capsys, [*TINY, "--scenario", f"replay:{path}", "--scheme", "int4", "--out", str(out)], path.name, words)
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("address", ["not an address", "tcp://host-without-port", "localhost"])
+def test_a_scheduler_that_is_no_address_is_refused(tmp_path, capsys, address):
+    pytest.importorskip("distributed")
+    out = tmp_path / "never"
+    refused(capsys, [*TINY, "--scenario", "gaussian", "--scheme", "int4", "--scheduler", address, "--out", str(out)],
+            "is not a Dask scheduler address")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags, words", [(["--margin", "inf"], "--margin inf must be a positive finite number"),
+                                          (["--margin", "nan"], "--margin nan"),
+                                          (["--seed", "-1"], "--seed -1 must be an integer in 0..")])
+def test_compare_options_out_of_range_are_refused(tiny_run, capsys, flags, words):
+    refused(capsys, ["compare", str(tiny_run), str(tiny_run), *flags], words)
+
+
+def test_an_out_that_cannot_be_a_directory_is_refused(tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    run = [*TINY, "--scenario", "gaussian", "--scheme", "int4"]
+    refused(capsys, [*run, "--out", str(tmp_path / "afile" / "sub")], "lies under", "which is a file")
+    refused(capsys, [*run, "--out", str(tmp_path / "afile" / "a" / "b")], "lies under", "which is a file")
+    refused(capsys, [*run, "--out", str(tmp_path / "dangling")], "symbolic link", "does not exist")
+    refused(capsys, ["validate", "--scenario", "gaussian", "--scheme", "int4", "--dim", "32", "--seq-len", "64",
+                     "--trials", "3", "--out", str(tmp_path / "afile")], "--out", "is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dangling"]
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_bench_refuses_a_shape_larger_than_memory_up_front(capsys, monkeypatch):
+    from harness import bench
+    ran = []
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr("harness.commands.bench.run_bench", lambda *a, **k: ran.append(a))
+    refused(capsys, ["bench", "--seq-len", str(10 ** 9), "--trials", "2"], "GiB", "lower --trials, --seq-len")
+    assert not ran

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from pathlib import Path
 from typing import Callable
+
+from ..sweep import MAX_SEED
 
 
 class EveryName(tuple):
@@ -89,11 +93,30 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
 
 
 def check_test_options(args, command: str) -> None:
-    """--alpha, --margin and --permutations of the commands that run statistical tests."""
+    """--alpha, --margin, --permutations, --seed and (where the command has it) --out of the
+    commands that run statistical tests."""
     from ..errors import UsageError
     if not 0 < args.alpha < 1:
         raise UsageError(f"harness {command}: --alpha {args.alpha} must lie in (0, 1)")
-    if not args.margin > 0:
-        raise UsageError(f"harness {command}: --margin {args.margin} must be positive")
+    if not 0 < args.margin < math.inf:
+        raise UsageError(f"harness {command}: --margin {args.margin} must be a positive finite number")
     if args.permutations < 1:
         raise UsageError(f"harness {command}: --permutations {args.permutations} must be a positive integer")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"harness {command}: --seed {args.seed} must be an integer in 0..{MAX_SEED}")
+    if getattr(args, "out", None) is not None:
+        check_out_dir(args.out, command, "give a directory for the runs")
+
+
+def check_out_dir(out: Path, command: str, advice: str) -> None:
+    """UsageError unless `out` can be a directory: it is one or does not exist yet, with no file on
+    its way up (mkdir would fail) and not a symbolic link to nowhere (mkdir would fail too)."""
+    from ..errors import UsageError
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"harness {command}: --out {out} is a symbolic link to {os.readlink(out)}, which does not "
+                         f"exist; {advice}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"harness {command}: --out {out} is a file; {advice}")
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(f"harness {command}: --out {out} lies under {above}, which is a file; {advice}")

@@ -13,7 +13,7 @@ from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
 from ..sweep import GRIDS, IMPLS, SweepConfig, grid
-from ._args import EveryName, comma_list, path
+from ._args import EveryName, check_out_dir, comma_list, path
 
 NAME = "run"
 HELP = "run a sweep (the cross product of the flags) into a run directory"
@@ -116,6 +116,12 @@ def config_from_args(args) -> SweepConfig:
         raise UsageError("harness run: give --workers (a local cluster) or --scheduler (an existing one), not both")
     if (args.workers or args.scheduler) and importlib.util.find_spec("distributed") is None:
         raise UsageError("harness run: --workers/--scheduler need dask: pip install 'kvharness[distributed]'")
+    if args.scheduler is not None:
+        from ..distributed import check_address
+        try:
+            check_address(args.scheduler)
+        except ValueError as exc:
+            raise UsageError(f"harness run: {exc}") from None
     try:
         config.validate()
         resolve_device(config.device)
@@ -147,9 +153,8 @@ def run(args) -> int:
     config = config_from_args(args)
     check_memory(config, resolve_device(config.device))  # before a directory is made
     check_data(config)
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise UsageError(f"harness run: --out {args.out} is a file; give a directory (new, or holding this run with "
-                         f"--resume)")
+    if args.out is not None:
+        check_out_dir(args.out, "run", "give a directory (new, or holding this run with --resume)")
     out = args.out or default_out(config)
     store = RunStore(out)
     try:
