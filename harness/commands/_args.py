@@ -15,6 +15,43 @@ class EveryName(tuple):
     that cannot take its configuration, where a name given explicitly is an error."""
 
 
+def plain_number(kind):
+    """An argparse type for int or float that takes the number as ASCII text only: Python's own
+    int('２') is 2 and int('1_0') is 10 (fullwidth digits, digit separators), which a command line
+    should refuse rather than read. The CLI's parsers use it for every type=int and type=float."""
+    def parse(text: str):
+        if not text.isascii() or "_" in text:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a plain {kind.__name__} (ASCII digits, no separators)")
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Once(argparse.Action):
+    """Store an option's value, refusing the option given twice (where a later value would silently
+    replace the first, e.g. --storage-levels 2.5 --storage-levels 3.5)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not self.default:
+            raise argparse.ArgumentError(self, "is given twice; give it once (a comma-separated list where it takes one)")
+        setattr(namespace, self.dest, values)
+
+
+def unique_items(text: str) -> str:
+    """An argparse type for a comma-separated list read later (e.g. --storage-levels): refuses an
+    empty item ('2,,3'), an item given twice and characters outside ASCII; returns the text."""
+    items = [x.strip() for x in text.split(",")]
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"{text!r} holds characters outside ASCII (fullwidth digits?)")
+    if "" in items:
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item; separate values by single commas")
+    _repeated(items)
+    return text
+
+
 def path(text: str) -> Path:
     """An argparse type for a file or directory name: the empty string is refused (Path('') is
     the current directory, where a run would write its store)."""
@@ -40,14 +77,17 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
     name without listing them all (schemes: a built-in without importing an optional package);
     `why(x)`, where given, says why a known name that is not available cannot be used."""
     def parse(text: str):
-        items = [x.strip() for x in text.split(",") if x.strip()]
-        if not items:
+        items = [x.strip() for x in text.split(",")]
+        if not any(items):
             raise argparse.ArgumentTypeError(f"empty list {text!r}")
+        if "" in items:
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item; separate values by single commas")
         if kind is int:
             try:
-                values = tuple(int(x) for x in items)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+                values = tuple(plain_number(int)(x) for x in items)
+            except argparse.ArgumentTypeError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (ASCII "
+                                                 f"digits)") from None
             _repeated(values)
             return values
         _repeated(items)
