@@ -34,7 +34,7 @@ import schemes
 from kvcommon import threads
 from schemes import turboquant
 
-from .cell import create_scheme, draw_trials, run_cell_chunk, run_serial
+from .cell import bytes_per_trial, create_scheme, draw_trials, run_cell_chunk, run_serial, trial_memory_bytes
 from .sweep import Cell, SweepConfig, grid, implementation
 
 
@@ -88,12 +88,24 @@ def _alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
     return out
 
 
-def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
+def runner_cell(shape: BenchShape, device: torch.device) -> tuple[SweepConfig, Cell]:
+    """The one-cell sweep of the runner comparison and its cell."""
     config = SweepConfig(scenarios=(shape.scenario,), schemes=(shape.scheme,), budgets=(shape.budget,),
                          dims=(shape.dim,), seq_lens=(shape.seq_len,), queries=(shape.queries,),
                          trials=shape.trials, device=device.type)
-    cell = Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries,
-                config.calib_tokens[0])
+    return config, Cell(shape.scenario, shape.scheme, shape.budget, shape.dim, shape.seq_len, shape.queries,
+                        config.calib_tokens[0])
+
+
+def memory_needed(shape: BenchShape, device: torch.device) -> int:
+    """Bytes the bench holds at once, at least: the runner comparison's trials in one batch (the
+    scheme table's 8 when there are fewer), each as a sweep's trial (cell.trial_memory_bytes)."""
+    config, cell = runner_cell(shape, device)
+    return trial_memory_bytes(config, cell) + (max(shape.trials, 8) - 1) * bytes_per_trial(config, cell)
+
+
+def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
+    config, cell = runner_cell(shape, device)
     data = _unremembered(draw_trials(config, cell, range(shape.trials), device, torch.float32))
     scheme = create_scheme(config, cell)
 

@@ -14,12 +14,18 @@ import pkgutil
 import sys
 
 from . import commands
+from .commands._args import plain_number
 from .errors import UsageError
 
 ORDER = ("list", "run", "report", "export")  # shown first in --help; the rest follow alphabetically
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for kind in (int, float):   # every type=int and type=float reads ASCII digits only
+            self.register("type", kind, plain_number(kind))
+
     def error(self, message):  # one line, no usage dump
         raise UsageError(f"{self.prog}: {message}")
 

@@ -132,6 +132,21 @@ def worker_environment(n_threads: int) -> dict:
     return env
 
 
+def check_address(scheduler: str) -> None:
+    """ValueError (one line) unless `scheduler` is an address Dask can connect to: PROTOCOL://LOCATION
+    or HOST:PORT, a tcp or tls address with a host and a port (checked by Dask's own parser)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    try:
+        protocol, location = parse_address(scheduler)
+        if protocol in ("tcp", "tls"):
+            host, _ = parse_host_port(location)
+            if not host or any(c.isspace() for c in host):
+                raise ValueError(f"bad host {host!r}")
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--scheduler {scheduler!r} is not a Dask scheduler address ({exc}); give "
+                         f"tcp://HOST:PORT or HOST:PORT") from None
+
+
 @contextlib.contextmanager
 def cluster(workers: int | None, scheduler: str | None, timeout: float = 10, *, spare: int = 0):
     """A connected Dask client: a local cluster of `workers` - `spare` processes (spare: how many

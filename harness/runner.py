@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -39,7 +40,8 @@ class RunResult:
 
 def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
     """RunConflict when the directory holds a run and this is not its --resume, or holds another
-    run; CorruptStore when its results.sqlite is damaged. Writes nothing."""
+    run; CorruptStore when its results.sqlite is damaged, ForeignStore when it is another program's,
+    ReadOnlyStore when it cannot be written. Writes nothing."""
     manifest = store.read_manifest()
     if manifest is not None or store.path.exists():
         if not resume:
@@ -57,6 +59,7 @@ def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
                               f"this kvharness keys {', '.join(changed)} by family (rule {SEED_RULE}), so resuming "
                               f"would mix rows of two seed rules; choose another --out")
         store.check_integrity()
+        store.check_writable()
 
 def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
     """Check the directory against this run (RunConflict when it holds another) and write the manifest."""
@@ -90,6 +93,18 @@ def check_memory(config: SweepConfig, device) -> None:
                           f"{available / 2 ** 30:.1f} GiB available on {device.type}; lower --dim, --seq-len, --queries "
                           f"or --heads")
 
+class DataOutOfRange(UsageError):
+    """A scenario's parameters make its data overflow or vanish in the metrics."""
+
+
+def check_data(config: SweepConfig) -> None:
+    """DataOutOfRange (one line) when a scenario's parameters make its data overflow or vanish in
+    the metrics (SweepConfig.check_data); after check_memory, since the probe draws a trial's population."""
+    try:
+        config.check_data()
+    except ValueError as exc:
+        raise DataOutOfRange(f"harness run: {exc}") from None
+
 def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
               memory_budget: int | None = None, workers: int | None = None,
               scheduler: str | None = None) -> RunResult:
@@ -104,6 +119,7 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
     start = time.perf_counter()
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     check_memory(config, device)
+    check_data(config)
     with contextlib.ExitStack() as stack:
         stack.enter_context(store.lock())
         fresh = store.read_manifest() is None and not store.path.exists()
@@ -111,6 +127,7 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
         done = store.finished_cells()
         todo = [c for c in config.cells() if c.key not in done]
         if not todo:
+            _complete_manifest(store)
             return RunResult(0, len(done), time.perf_counter() - start)
         try:
             client = None
@@ -128,6 +145,19 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
             raise
     return RunResult(len(todo), len(done), time.perf_counter() - start, kept)
 
+def _complete_manifest(store: RunStore) -> None:
+    """A run whose every cell is stored but whose manifest was not completed (killed between its
+    last commit and the manifest's final write): finished_at is set to the moment its last cell
+    was stored (the cells table's latest finished_at), with the cells' peak memory, as the run
+    itself would have written it. A completed manifest is left as it was."""
+    manifest = store.read_manifest()
+    if manifest is None or manifest.get("finished_at") is not None:
+        return
+    cells = store.cells()
+    manifest["finished_at"] = max(cells["finished_at"]) if len(cells) else now()
+    manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
+    store.write_manifest(manifest)
+
 def _test_hold(n_commit: int, phase: str) -> None:
     """Interruption tests: with $KVHARNESS_TEST_HOLD = "N:PHASE:FILE", the run creates FILE and
     waits (to be signalled or killed) at its N-th chunk commit, PHASE 'before' it (the chunk
@@ -144,17 +174,31 @@ def _test_hold(n_commit: int, phase: str) -> None:
         time.sleep(0.05)
 
 def _discard_if_empty(store: RunStore) -> None:
-    """Remove what a new run wrote to its directory (manifest, empty store, lock file, and the
-    directory when nothing else is in it), unless a trial was stored."""
-    try:
-        if store.path.exists() and store.stored_trials():
-            return
-    except Exception:  # noqa: BLE001 - a store we cannot read is not ours to remove
+    """Remove what a new run wrote to its directory (manifest and its temporary file, the store
+    and its side files, lock file, and the directory when nothing else is in it), unless a trial
+    was stored. A store with no trials table (the disk filled as it was made) holds none."""
+    if _holds_a_trial(store):
         return
-    for name in (store.path.name, store.path.name + "-journal", MANIFEST_FILE, LOCK_FILE):
+    for name in (store.path.name, store.path.name + "-journal", store.path.name + "-wal", store.path.name + "-shm",
+                 MANIFEST_FILE, MANIFEST_FILE + ".tmp", LOCK_FILE):
         (store.directory / name).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         store.directory.rmdir()
+
+def _holds_a_trial(store: RunStore) -> bool:
+    """Whether results.sqlite holds a trial row; True where it cannot be read (not ours to remove)."""
+    if not store.path.exists():
+        return False
+    try:
+        con = sqlite3.connect(store.path)
+        try:
+            if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trials'").fetchone():
+                return False
+            return con.execute("SELECT 1 FROM trials LIMIT 1").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return True
 
 def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None) -> int:
     """The trials not yet stored, serially or as tasks on a Dask client, each chunk committed as

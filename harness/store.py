@@ -63,6 +63,17 @@ _OWN_TABLES = {"trials", "cells", DIAGNOSTICS_TABLE}  # written only through wri
 _INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
 
+# The columns each of the run's tables holds in every version a store can be read or resumed
+# from (ADDED_COLUMNS and cells.calib_tokens are added on open): a table that lacks one is
+# another program's.
+_REQUIRED_COLUMNS = {
+    "trials": tuple(c for c in TRIAL_COLUMNS if c not in ADDED_COLUMNS),
+    "cells": tuple(c for c in CELL_COLUMNS if c != "calib_tokens") + ("n_trials", "wall_s", "finished_at"),
+    "chunks": CELL_COLUMNS + ("first_trial", "n_trials", "wall_s", "finished_at"),
+    DIAGNOSTICS_TABLE: CELL_COLUMNS + ("trial", "name", "value"),
+}
+
+
 def _sql_value(value):
     """A frame cell as sqlite stores it: numpy scalars as Python numbers, NaN and None as NULL."""
     if isinstance(value, np.generic):
@@ -107,6 +118,18 @@ class StoreLocked(UsageError):
     """Another run holds the directory's lock."""
 
 
+class CorruptManifest(UsageError):
+    """manifest.json is not the JSON object a run writes."""
+
+
+class ForeignStore(UsageError):
+    """results.sqlite is not a kvharness store (another program's database, a directory)."""
+
+
+class ReadOnlyStore(UsageError):
+    """results.sqlite cannot be written (a --resume checks before it writes anything)."""
+
+
 # what sqlite's messages about a damaged file contain, and the message
 _DAMAGED = {"malformed": "database disk image is malformed", "not a database": "file is not a database"}
 
@@ -146,15 +169,29 @@ class RunStore:
 
     # --- manifest ---------------------------------------------------------------------------
     def read_manifest(self) -> dict | None:
+        """The manifest, None where there is none; CorruptManifest where it is not a JSON object."""
         path = self.directory / MANIFEST_FILE
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptManifest(f"{path} cannot be read as JSON ({type(exc).__name__}: {str(exc)[:80]}); restore it "
+                                  f"from a copy, or run again into a new --out") from None
+        if not isinstance(manifest, dict):
+            raise CorruptManifest(f"{path} holds a JSON {type(manifest).__name__}, not the object a run writes; "
+                                  f"restore it from a copy, or run again into a new --out")
+        return manifest
 
     def write_manifest(self, manifest: dict) -> None:
         """Atomic replace, so a crash never leaves half a manifest."""
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / (MANIFEST_FILE + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.directory / MANIFEST_FILE)
+        try:
+            tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self.directory / MANIFEST_FILE)
+        finally:   # a full disk: no half-written temporary file left either
+            tmp.unlink(missing_ok=True)
 
     # --- results ----------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -282,14 +319,45 @@ class RunStore:
 
     def check_integrity(self) -> None:
         """CorruptStore (one line naming the file) unless PRAGMA quick_check finds the store sound;
-        nothing to check where there is no store yet."""
+        ForeignStore unless it is a regular file whose tables are a kvharness store's (or it has
+        no table yet); nothing to check where there is no store yet."""
         if not self.path.exists():
             return
+        if not self.path.is_file():
+            raise ForeignStore(f"{self.path} is not a regular file, so not a kvharness store; give a run directory "
+                               f"(or, to run, another --out)")
         with self._reading() as con:
             found = [row[0] for row in con.execute("PRAGMA quick_check")]
-        if found != ["ok"]:
-            detail = " ".join(" ".join(found[:2]).replace("*** in database main ***", "").split())
-            raise self._damaged(detail if len(detail) <= 120 else detail[:117] + "...")
+            if found != ["ok"]:
+                detail = " ".join(" ".join(found[:2]).replace("*** in database main ***", "").split())
+                raise self._damaged(detail if len(detail) <= 120 else detail[:117] + "...")
+            tables = {name: {row[1] for row in con.execute(f"PRAGMA table_info({name})")}
+                      for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if tables and "trials" not in tables:
+            raise ForeignStore(f"{self.path} holds another program's tables ({', '.join(sorted(tables)[:4])}) and "
+                               f"no trials table: not a kvharness store; give a run directory (or another --out)")
+        for table, required in _REQUIRED_COLUMNS.items():
+            missing = [c for c in required if table in tables and c not in tables[table]]
+            if missing:
+                raise ForeignStore(f"{self.path}: its {table} table lacks the column(s) {', '.join(missing[:4])}"
+                                   f"{' ...' if len(missing) > 4 else ''}: another program's table, not a kvharness "
+                                   f"store; nothing was changed; give a run directory (or another --out)")
+
+    def check_writable(self) -> None:
+        """ReadOnlyStore (one line) when sqlite cannot write results.sqlite (a read-only file,
+        directory or file system), found by a write that is rolled back: the file is unchanged."""
+        if not self.path.exists():
+            return
+        con = sqlite3.connect(self.path)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("CREATE TABLE kvharness_write_probe (x)")
+        except sqlite3.OperationalError as exc:
+            raise ReadOnlyStore(f"{self.path} cannot be written (sqlite: {exc}); make it and its directory "
+                                f"writable, or run again into a new --out") from None
+        finally:
+            con.rollback()
+            con.close()
 
     @contextlib.contextmanager
     def _reading(self):
@@ -314,22 +382,64 @@ class RunStore:
     @contextlib.contextmanager
     def lock(self):
         """Hold the directory's lock file (flock) for the life of the block: StoreLocked at once
-        when another process holds it. Creates the directory if needed."""
+        when another process holds it. Creates the directory if needed. A run refused inside the
+        block (UsageError, ValueError) removes the lock file when it made it, so a refusal leaves
+        nothing in a directory; it unlinks the file while holding it, and a process that locked
+        the file before it was unlinked sees that the path no longer names it and locks afresh."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
+        for _ in range(100):
+            fd, created = self._open_lock(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
                 raise StoreLocked(f"{self.directory} is being written by another harness run (pid {holder}); "
                                   f"wait for it to finish, or choose another --out") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)   # unlinked by a refused run after we opened it: lock the file the path names now
+        else:
+            raise StoreLocked(f"{self.directory}: its lock file keeps changing; choose another --out")
+        try:
+            with contextlib.suppress(OSError):   # a read descriptor: the holder's pid goes unrecorded
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield
+        except (UsageError, ValueError):
+            if created:
+                path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)  # releases the lock
+
+    def _open_lock(self, path: Path) -> tuple[int, bool]:
+        """(a descriptor of the lock file, whether this call created it)."""
+        for _ in range(100):
+            try:
+                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                pass
+            except PermissionError as exc:   # a directory we may not write: only an existing lock file will do
+                if not path.exists():
+                    raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); "
+                                        f"choose another --out") from None
+            try:
+                return os.open(path, os.O_RDWR), False
+            except FileNotFoundError:   # removed in between: make it
+                continue
+            except PermissionError:   # another user's lock file: flock needs only a read descriptor
+                try:
+                    return os.open(path, os.O_RDONLY), False
+                except OSError as exc:
+                    raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); "
+                                        f"choose another --out") from None
+        raise StoreLocked(f"{self.directory}: its lock file keeps changing; choose another --out")
 
     def cells(self) -> pd.DataFrame:
         """The finished cells with their trial count, wall time and peak memory."""
@@ -350,6 +460,9 @@ class RunStore:
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path} does not exist: not a kvharness run directory")
         with self._reading() as con:
+            if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trials'").fetchone():
+                raise ForeignStore(f"{self.path} holds no trials table (an empty file, or a run that never stored a "
+                                   f"trial): nothing to read; give a run directory")
             order = ", ".join(CELL_COLUMNS + ("trial",))
             where = ""
             keyed = [c for c in CELL_COLUMNS if c in {row[1] for row in con.execute("PRAGMA table_info(cells)")}]

@@ -18,6 +18,7 @@ from kvcommon.rng import RNG_FAMILIES
 from .devices import DEVICES, DTYPES
 
 IMPLS = ("torch", "reference")
+MAX_SEED = 2 ** 63 - 1   # the largest root seed: sqlite stores INTEGER as signed 64-bit
 
 
 def implementation(impl: str):
@@ -132,11 +133,12 @@ class SweepConfig:
         if self.rng not in RNG_FAMILIES:
             raise ValueError(f"unknown RNG family {self.rng!r}; valid: {', '.join(RNG_FAMILIES)}")
         create = implementation(self.impl)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"--seed {self.seed!r} must be a non-negative integer")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed {self.seed!r} must be an integer in 0..{MAX_SEED} (the store's seed column is "
+                             f"a signed 64-bit integer)")
         if self.scheme_seed is not None and (isinstance(self.scheme_seed, bool) or not isinstance(self.scheme_seed, int)
-                                             or self.scheme_seed < 0):
-            raise ValueError(f"scheme seed {self.scheme_seed!r} must be a non-negative integer")
+                                             or not 0 <= self.scheme_seed <= MAX_SEED):
+            raise ValueError(f"scheme seed {self.scheme_seed!r} must be an integer in 0..{MAX_SEED}")
         if self.scheme_rng is not None and self.scheme_rng not in RNG_FAMILIES:
             raise ValueError(f"unknown scheme RNG family {self.scheme_rng!r}; valid: {', '.join(RNG_FAMILIES)}")
         for name in self.scenarios:
@@ -152,6 +154,17 @@ class SweepConfig:
                     getattr(scheme, "check_cache", lambda n: None)(seq_len + self.decode_tokens)
             except ValueError as exc:
                 raise ValueError(f"scheme {name} (budget {budget}, dim {dim}): {exc}") from None
+
+    def check_data(self) -> None:
+        """ValueError (one line) when a scenario's parameters make its data overflow or vanish in
+        the metrics (Scenario.check_data, a probe draw per shape). Apart from validate: the probe
+        draws a (d, d) population, so it runs once one trial is known to fit in memory."""
+        for name in self.scenarios:
+            scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
+            for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,
+                                                                     self.calib_tokens):
+                scenario.check_data(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal,
+                                                         self.decode_tokens))
 
     def cells(self) -> list[Cell]:
         """Every cell, grouped so that cells sharing data are adjacent."""

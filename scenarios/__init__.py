@@ -51,6 +51,9 @@ def _typed(cls: type[Scenario], key: str, text: str):
     """A parameter's value from its text, as the type of the field's default."""
     default = next(f.default for f in fields(cls) if f.name == key)
     kind = type(default)
+    if kind in (int, float) and (not text.isascii() or "_" in text):
+        raise ValueError(f"scenario {cls.name}: parameter {key}={text!r} is not a plain {kind.__name__} (ASCII "
+                         f"digits, no separators)")
     try:
         if kind is bool:
             if text.lower() not in ("true", "false", "1", "0"):

@@ -13,6 +13,8 @@ from the query law on streams of their own, for codecs that observe the prefill'
 """
 from __future__ import annotations
 
+import math
+import zlib
 from dataclasses import dataclass, fields
 from typing import Callable, ClassVar
 
@@ -21,6 +23,39 @@ import numpy as np
 from kvcommon.threads import small_linalg
 
 Streams = Callable[..., np.random.Generator]
+
+# float32: the narrowest dtype a run computes in (run --dtype, its default), so a range it carries
+# is carried by float64 as well.
+_FLOAT32 = np.finfo(np.float32)
+
+
+def carried_range(n_summed: int) -> tuple[float, float]:
+    """[lo, hi]: the largest entry magnitude M of a trial's q, k and v that float32 carries through
+    the metrics, where n_summed = S·d (cached tokens times head dimension).
+
+    The metrics square values and sum them, a row at a time in the run's dtype (stats/metrics.py).
+    The largest such sum is a row of logits, Σ_s (q·k_s/√d)² ≤ S·(√d·M²)² = n_summed·M⁴: finite
+    iff M ≤ (max/n_summed)^¼. At the other end a relative error of eps in the entries must still
+    square to a normal number in a logit, (eps·M²)² ≥ tiny, i.e. M ≥ (tiny/eps²)^¼; below it
+    the errors vanish into zeros and subnormals (an all-zero tensor stores rel_mse 0/0 = 0).
+    float32: lo ≈ 9.6e-7; hi ≈ 1.5e8 at S·d = 6,400, 4.3e7 at 1024·256."""
+    lo = (float(_FLOAT32.tiny) / float(_FLOAT32.eps) ** 2) ** 0.25
+    hi = (float(_FLOAT32.max) / max(1, n_summed)) ** 0.25
+    return lo, hi
+
+
+def out_of_range(arrays: dict[str, np.ndarray], n_summed: int) -> tuple[str, float, str] | None:
+    """(name, largest magnitude, one-line reason) of the first float array whose largest magnitude
+    lies outside carried_range(n_summed) (or that holds NaN or inf), else None."""
+    lo, hi = carried_range(n_summed)
+    for name, x in arrays.items():
+        if not (isinstance(x, np.ndarray) and x.dtype.kind == "f" and x.size):
+            continue
+        largest = max(abs(float(x.max())), abs(float(x.min())))   # no copy of x (captures run to GBs); NaN stays NaN
+        if not lo <= largest <= hi:   # NaN fails both comparisons
+            return name, largest, (f"{name} holds magnitudes up to {largest:.3g}, outside [{lo:.2g}, {hi:.2g}], the "
+                                   f"range float32 carries through the metrics' squared sums over S·d = {n_summed}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -69,6 +104,8 @@ class Scenario:
     def validate(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"scenario {self.name}: parameter {f.name}={value} must be a finite number")
             if f.name == "drift":
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                     raise ValueError(f"scenario {self.name}: parameter drift={value!r} must lie in [0, 1]")
@@ -78,6 +115,37 @@ class Scenario:
     def check_shape(self, shape: TrialShape) -> None:
         """ValueError (one line) when this scenario cannot produce trials of `shape`; the sweep
         calls it before anything is written. Synthetic generators serve any shape."""
+
+    def check_data(self, shape: TrialShape) -> None:
+        """ValueError (one line, naming the parameters set) when a probe draw of `shape` holds
+        values float32 does not carry through the metrics (carried_range): parameters such as
+        temperature=1e-300 or noise=1e300 that are finite but make the data overflow or vanish.
+        The sweep calls it before anything is written. The probe draws from streams of its own
+        (no trial's), at most 256 tokens and 64 queries of one head, so it costs milliseconds;
+        the range is that of the full S + N tokens."""
+        probe = TrialShape(1, min(shape.seq_len, 256), min(shape.n_queries, 64), shape.dim,
+                           min(shape.n_calib, 256), min(shape.n_decode, 64))
+
+        def streams(*labels):
+            return np.random.default_rng(zlib.crc32(repr(("probe",) + labels).encode()))
+
+        n_summed = (shape.seq_len + shape.n_decode) * shape.dim
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                wrong = out_of_range(self.draw(streams, probe), n_summed)
+        except (OverflowError, FloatingPointError) as exc:
+            wrong = ("", math.nan, f"its draw fails ({exc})")
+        if wrong is None:
+            return
+        name, largest, reason = wrong
+        given = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+                          if f.name != "source" and getattr(self, f.name) != f.default) or "defaults"
+        valid = "choose parameters that keep the data in range"
+        if name.startswith("q") and 0 < largest < math.inf:   # the queries scale as 1/temperature
+            lo, hi = carried_range(n_summed)
+            valid = (f"temperature must lie in [{largest * self.temperature / hi:.2g}, "
+                     f"{largest * self.temperature / lo:.2g}] here")
+        raise ValueError(f"scenario {self.name} ({given}): {reason}; {valid}")
 
     def population(self, gen: np.random.Generator, dim: int) -> Population:
         raise NotImplementedError

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import register
-from .base import Scenario
+from .base import Scenario, out_of_range
 
 CAPTURE_FORMAT = "kvharness-capture/1"
 REQUIRED_METADATA = ("format", "model", "model_sha256", "layers", "heads", "kv_heads", "head_dim",
@@ -96,6 +96,8 @@ def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]
     if not isinstance(header, dict):
         raise ValueError(f"{path}: not a safetensors file (header is not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path}: __metadata__ is a JSON {type(metadata).__name__}, not an object of strings")
     data = memoryview(raw)[8 + n_header:]
     tensors = {}
     for name, entry in header.items():
@@ -127,6 +129,9 @@ def read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: not a readable .npz archive or truncated ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from None
+    other = [name for name, x in tensors.items() if not isinstance(x, np.ndarray)]
+    if other:   # np.load hands a member that is not .npy over as its raw bytes
+        raise ValueError(f"{path}: member {other[0]!r} is not a .npy array; a capture .npz holds only .npy members")
     meta = tensors.pop("metadata", None)
     if meta is None or meta.dtype.kind != "U" or meta.ndim != 0:
         raise ValueError(f"{path}: missing metadata (a 0-d string array 'metadata' holding a JSON object)")
@@ -134,6 +139,8 @@ def read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         metadata = json.loads(str(meta))
     except json.JSONDecodeError:
         raise ValueError(f"{path}: metadata is not JSON") from None
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path}: metadata is a JSON {type(metadata).__name__}, not an object")
     return tensors, {str(k): str(v) for k, v in metadata.items()}
 
 
@@ -160,6 +167,9 @@ def _check(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str])
     if k.ndim != 4 or q.ndim != 4 or v.shape != k.shape:
         raise ValueError(f"{path}: wrong shapes q {q.shape}, k {k.shape}, v {v.shape}; expected "
                          f"q (L, Hq, N, d) and k, v (L, Hkv, N, d)")
+    if 0 in q.shape or 0 in k.shape:
+        raise ValueError(f"{path}: empty capture: q {q.shape}, k {k.shape} hold no layer, head, token or dimension "
+                         f"along some axis; capture at least one of each")
     n_layers, n_kv, n_tokens, dim = k.shape
     if q.shape[0] != n_layers or q.shape[2:] != (n_tokens, dim) or n_kv < 1 or q.shape[1] % n_kv:
         raise ValueError(f"{path}: wrong shapes q {q.shape}, k {k.shape}: layers, tokens and head_dim must "
@@ -179,6 +189,14 @@ def _check(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str])
     for name in names:
         if name not in INDEX_TENSORS and not np.all(np.isfinite(tensors[name])):
             raise ValueError(f"{path}: tensor {name} holds NaN or Inf")
+    # Finite is not enough: the metrics square the values and sum them over a window's S·d entries
+    # in the run's dtype, so a file scaled by 1e30 (float32) or 1e300 (float64) overflows them to
+    # inf, and one scaled by 1e-320 (subnormal) underflows them to 0 (rel_mse 0/0 stored as 0).
+    # The bound is carried_range's at the longest window the file holds, S = N: float32's, the
+    # narrowest dtype a run computes in, so the file serves either --dtype.
+    wrong = out_of_range({f"tensor {n}": tensors[n] for n in names if n not in INDEX_TENSORS}, n_tokens * dim)
+    if wrong is not None:
+        raise ValueError(f"{path}: {wrong[2]}; rescale the capture into that range")
     return Capture(str(path), dict(metadata), q, k, v, tensors.get("q_rope") if rope else None,
                    tensors.get("k_rope") if rope else None, tensors["positions"].astype(np.int64),
                    tensors["segments"].astype(np.int64))

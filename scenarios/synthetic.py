@@ -50,7 +50,7 @@ class HeavyTail(_PowerLaw):
     def validate(self):
         super().validate()
         if self.dof <= 2:
-            raise ValueError(f"scenario heavy_tail: dof={self.dof} must exceed 2 (finite variance)")
+            raise ValueError(f"scenario heavy_tail: dof={self.dof} must exceed 2 (finite variance) and be finite")
 
     def latent(self, gen, shape):
         return gen.standard_t(self.dof, shape) * np.sqrt((self.dof - 2) / self.dof)

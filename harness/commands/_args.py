@@ -2,12 +2,62 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+from pathlib import Path
 from typing import Callable
+
+from ..sweep import MAX_SEED
 
 
 class EveryName(tuple):
     """The names 'all' expanded to (minus any '-NAME' exclusions): a sweep may skip those of them
     that cannot take its configuration, where a name given explicitly is an error."""
+
+
+def plain_number(kind):
+    """An argparse type for int or float that takes the number as ASCII text only: Python's own
+    int('２') is 2 and int('1_0') is 10 (fullwidth digits, digit separators), which a command line
+    should refuse rather than read. The CLI's parsers use it for every type=int and type=float."""
+    def parse(text: str):
+        if not text.isascii() or "_" in text:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a plain {kind.__name__} (ASCII digits, no separators)")
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Once(argparse.Action):
+    """Store an option's value, refusing the option given twice (where a later value would silently
+    replace the first, e.g. --storage-levels 2.5 --storage-levels 3.5)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not self.default:
+            raise argparse.ArgumentError(self, "is given twice; give it once (a comma-separated list where it takes one)")
+        setattr(namespace, self.dest, values)
+
+
+def unique_items(text: str) -> str:
+    """An argparse type for a comma-separated list read later (e.g. --storage-levels): refuses an
+    empty item ('2,,3'), an item given twice and characters outside ASCII; returns the text."""
+    items = [x.strip() for x in text.split(",")]
+    if not text.isascii():
+        raise argparse.ArgumentTypeError(f"{text!r} holds characters outside ASCII (fullwidth digits?)")
+    if "" in items:
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item; separate values by single commas")
+    _repeated(items)
+    return text
+
+
+def path(text: str) -> Path:
+    """An argparse type for a file or directory name: the empty string is refused (Path('') is
+    the current directory, where a run would write its store)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or directory name")
+    return Path(text)
 
 
 def _repeated(items) -> None:
@@ -27,14 +77,17 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
     name without listing them all (schemes: a built-in without importing an optional package);
     `why(x)`, where given, says why a known name that is not available cannot be used."""
     def parse(text: str):
-        items = [x.strip() for x in text.split(",") if x.strip()]
-        if not items:
+        items = [x.strip() for x in text.split(",")]
+        if not any(items):
             raise argparse.ArgumentTypeError(f"empty list {text!r}")
+        if "" in items:
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item; separate values by single commas")
         if kind is int:
             try:
-                values = tuple(int(x) for x in items)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+                values = tuple(plain_number(int)(x) for x in items)
+            except argparse.ArgumentTypeError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (ASCII "
+                                                 f"digits)") from None
             _repeated(values)
             return values
         _repeated(items)
@@ -80,14 +133,33 @@ def comma_list(kind, names: Callable[[], list[str]] | None = None, check: Callab
 
 
 def check_test_options(args, command: str) -> None:
-    """--alpha, --margin and --permutations of the commands that run statistical tests."""
+    """--alpha, --margin, --permutations, --seed and (where the command has it) --out of the
+    commands that run statistical tests."""
     from ..errors import UsageError
     if not 0 < args.alpha < 1:
         raise UsageError(f"harness {command}: --alpha {args.alpha} must lie in (0, 1)")
-    if not args.margin > 0:
-        raise UsageError(f"harness {command}: --margin {args.margin} must be positive")
+    if not 0 < args.margin < math.inf:
+        raise UsageError(f"harness {command}: --margin {args.margin} must be a positive finite number")
     if args.permutations < 1:
         raise UsageError(f"harness {command}: --permutations {args.permutations} must be a positive integer")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise UsageError(f"harness {command}: --seed {args.seed} must be an integer in 0..{MAX_SEED}")
+    if getattr(args, "out", None) is not None:
+        check_out_dir(args.out, command, "give a directory for the runs")
+
+
+def check_out_dir(out: Path, command: str, advice: str) -> None:
+    """UsageError unless `out` can be a directory: it is one or does not exist yet, with no file on
+    its way up (mkdir would fail) and not a symbolic link to nowhere (mkdir would fail too)."""
+    from ..errors import UsageError
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"harness {command}: --out {out} is a symbolic link to {os.readlink(out)}, which does not "
+                         f"exist; {advice}")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"harness {command}: --out {out} is a file; {advice}")
+    above = next((p for p in out.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(f"harness {command}: --out {out} lies under {above}, which is a file; {advice}")
 
 
 def check_spread_margin(args, command: str) -> None:

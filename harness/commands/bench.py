@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-from ..bench import BenchShape, grid_time, run_bench, workers_speedup
-from ..devices import DEVICES, resolve_device
+from ..bench import BenchShape, grid_time, memory_needed, run_bench, workers_speedup
+from ..devices import DEVICES, available_memory_bytes, resolve_device
 from ..errors import UsageError
 from ..sweep import GRIDS
 from ._args import comma_list
@@ -64,6 +64,12 @@ def run(args) -> int:
     impls = ("torch", "reference") if args.reference else ("torch",)
     if args.workers is not None and args.workers < 1:
         raise UsageError("harness bench: --workers must be a positive integer")
+    need, available = memory_needed(shape, device), available_memory_bytes(device)
+    if need > available:
+        raise UsageError(f"harness bench: {max(shape.trials, 8)} trials of d = {shape.dim}, S = {shape.seq_len}, "
+                         f"Nq = {shape.queries} in one batch need about {need / 2 ** 30:.1f} GiB, more than the "
+                         f"{available / 2 ** 30:.1f} GiB available on {device.type}; lower --trials, --seq-len, --dim "
+                         f"or --queries")
     result = run_bench(shape, device, list(args.schemes) if args.schemes else None, args.budgets, impls)
     if args.workers:
         result["workers"] = workers_speedup(shape, device, args.workers)

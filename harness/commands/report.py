@@ -15,6 +15,7 @@ from stats.equal_storage import parse_levels
 from ..errors import UsageError
 from ..provenance import now, package_version
 from ..store import RESULTS_FILE, RunStore
+from ._args import Once, unique_items
 
 NAME = "report"
 HELP = "write DIR/report.html and DIR/report.pdf (summary, figures, provenance) from a stored run"
@@ -29,7 +30,7 @@ def add_arguments(p):
                    help="also write DIR/report.png, the page as headless Chromium renders it")
     p.add_argument("--permutations", type=int, default=1000,
                    help="permutations of each energy test in the verdicts (default 1000)")
-    p.add_argument("--storage-levels", default=None, metavar="X[,X...]",
+    p.add_argument("--storage-levels", default=None, metavar="X[,X...]", type=unique_items, action=Once,
                    help="bits per element at which codecs are compared at equal storage (default: b + 0.5 for "
                         "each budget b of the run)")
     p.add_argument("--json", action="store_true",

@@ -13,7 +13,7 @@ from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
 from ..sweep import GRIDS, IMPLS, SweepConfig, grid
-from ._args import EveryName, comma_list
+from ._args import EveryName, check_out_dir, comma_list, path
 
 NAME = "run"
 HELP = "run a sweep (the cross product of the flags) into a run directory"
@@ -59,7 +59,7 @@ def add_arguments(p):
     p.add_argument("--rng", choices=("pcg64", "mt19937", "philox"),
                    help="bit-generator family of every random stream (default pcg64)")
     p.add_argument("--impl", choices=IMPLS, help="torch (default) or reference (independent NumPy)")
-    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/<scenario>-<time>)")
+    p.add_argument("--out", type=path, default=None, help="run directory (default runs/<scenario>-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary table")
     p.add_argument("--workers", type=int, default=None, help="run cells on a local Dask cluster of N workers")
@@ -116,6 +116,12 @@ def config_from_args(args) -> SweepConfig:
         raise UsageError("harness run: give --workers (a local cluster) or --scheduler (an existing one), not both")
     if (args.workers or args.scheduler) and importlib.util.find_spec("distributed") is None:
         raise UsageError("harness run: --workers/--scheduler need dask: pip install 'kvharness[distributed]'")
+    if args.scheduler is not None:
+        from ..distributed import check_address
+        try:
+            check_address(args.scheduler)
+        except ValueError as exc:
+            raise UsageError(f"harness run: {exc}") from None
     try:
         config.validate()
         resolve_device(config.device)
@@ -142,13 +148,13 @@ def default_out(config: SweepConfig, root: Path = Path("runs")) -> Path:
 def run(args) -> int:
     from reports import format_summary, summary_table
 
-    from ..runner import RunConflict, check_memory, run_sweep
+    from ..runner import RunConflict, check_data, check_memory, run_sweep
 
     config = config_from_args(args)
     check_memory(config, resolve_device(config.device))  # before a directory is made
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise UsageError(f"harness run: --out {args.out} is a file; give a directory (new, or holding this run with "
-                         f"--resume)")
+    check_data(config)
+    if args.out is not None:
+        check_out_dir(args.out, "run", "give a directory (new, or holding this run with --resume)")
     out = args.out or default_out(config)
     store = RunStore(out)
     try:
