@@ -182,7 +182,7 @@ def dimension_figure(findings: Findings, styles) -> ReportFigure:
             for i, (name, g, st) in enumerate(_codec_series(sel, names, styles, "dim")):
                 # a small multiplicative dodge so overlapping error bars stay apart
                 x = g.dim * 2 ** (0.02 * (i - (len(drawn) - 1) / 2))
-                _tag(ax.errorbar(x, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t], color=st.colour,
+                _tag(ax.errorbar(x, g.d2_t, yerr=_bars(g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t), color=st.colour,
                                  marker=st.marker, linestyle=st.line, capsize=2, markersize=4, linewidth=1.2), name)
             if len(sel):
                 _scale(ax, "y", sel.d2_t)
@@ -200,6 +200,12 @@ def dimension_figure(findings: Findings, styles) -> ReportFigure:
 # where a front point's label may sit (points from the point): right or left of it, just above, just
 # below, then further up and down; _place_labels takes the first that overlaps no label before it
 _LABEL_OFFSETS = tuple((sx * 4, dy) for dy in (3, -10, 12, -19, 21, -28, 30, -37) for sx in (1, -1))
+
+
+def _bars(below, above) -> np.ndarray:
+    """errorbar's (2, n) extents as a float array: lists of pandas Series there are read through
+    float() of one-element Series, which pandas deprecates (a warning line per point)."""
+    return np.asarray([np.asarray(below, dtype=float), np.asarray(above, dtype=float)])
 
 
 def _place_labels(ax, renderer) -> None:
@@ -457,8 +463,8 @@ def _scatter_cells(findings: Findings, styles, x: str, y: str, key: str, title: 
         for c, (fam, names) in enumerate(groups):
             ax = axes[r, c]
             for name, g, st in _codec_series(every, names, styles, "budget"):
-                _tag(ax.errorbar(g[x], g[y], xerr=[g[x] - g[f"{x}_low"], g[f"{x}_high"] - g[x]],
-                                 yerr=[g[y] - g[f"{y}_low"], g[f"{y}_high"] - g[y]], color=st.colour,
+                _tag(ax.errorbar(g[x], g[y], xerr=_bars(g[x] - g[f"{x}_low"], g[f"{x}_high"] - g[x]),
+                                 yerr=_bars(g[y] - g[f"{y}_low"], g[f"{y}_high"] - g[y]), color=st.colour,
                                  marker=st.marker, linestyle=st.line, markersize=4, linewidth=1, capsize=1.5), name)
             if diagonal:
                 lo = min(every[x].min(), every[y].min()) / 1.5
@@ -630,7 +636,7 @@ def calibration_figure(findings: Findings, styles) -> ReportFigure:
         for c, (fam, names) in enumerate(groups):
             ax = axes[r, c]
             for name, g, st in _codec_series(every, names, styles, "calib_tokens"):
-                _tag(ax.errorbar(g.calib_tokens, g.d2_t, yerr=[g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t],
+                _tag(ax.errorbar(g.calib_tokens, g.d2_t, yerr=_bars(g.d2_t - g.d2_t_low, g.d2_t_high - g.d2_t),
                                  color=st.colour, marker=st.marker, linestyle=st.line, markersize=4, linewidth=1.2,
                                  capsize=2), name)
             ax.set_xscale("log", base=2)

@@ -569,9 +569,6 @@ def test_ascii_numbers_still_parse():
     assert plain_number(float)("2.5e-3") == 0.0025 and math.isinf(plain_number(float)("inf"))
 
 
-@pytest.mark.xfail(strict=True, reason="the warnings come from reports/figures.py passing lists of one-row Series "
-                   "as errorbar's xerr/yerr (matplotlib: 'Calling float on a single element Series is deprecated'); "
-                   "the fix, np.asarray(..., dtype=float) at its four errorbar calls, is for the owner of reports/")
 def test_a_finished_report_prints_no_warning(tmp_path):
     """A run with one budget per codec (one-row series per codec in the scatter figures)."""
     import subprocess
