@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import schemes
+from kvcommon import plugins
 from schemes import Encoded, Scheme, registry
 from schemes.conformance import CHECKS, check_scheme
 from schemes.packing import pack_bits, unpack_bits
@@ -54,7 +55,8 @@ class FakeEntryPoint:
 
 @pytest.fixture
 def plugin(monkeypatch):
-    monkeypatch.setattr(registry.metadata, "entry_points",
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points",
                         lambda group: [FakeEntryPoint()] if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_plugins", None)
     yield "round-kv"
@@ -80,7 +82,8 @@ def test_an_unregistered_plugin_class_passes_check_scheme():
 def test_plugin_never_shadows_a_builtin(monkeypatch):
     class Shadow(FakeEntryPoint):
         name = "tq-kv"
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [Shadow()])
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [Shadow()])
     monkeypatch.setattr(registry, "_plugins", None)
     assert schemes.specs()["tq-kv"].factory is not RoundKV
     registry._plugins = None
@@ -136,7 +139,8 @@ def test_a_broken_plugin_costs_only_its_own_name(monkeypatch, capsys):
               _BrokenEntryPoint("broken-import", "brokenpkg.codec:Codec", ModuleNotFoundError("No module named 'numpyy'")),
               _BrokenEntryPoint("not-a-scheme", "otherpkg:CONFIG", {"bits": 3}),
               _BrokenEntryPoint("wrong-class", "otherpkg:Thing", ValueError)]
-    monkeypatch.setattr(registry.metadata, "entry_points",
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points",
                         lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_plugins", None)
     try:
@@ -156,7 +160,8 @@ def test_a_broken_plugin_costs_only_its_own_name(monkeypatch, capsys):
 
 def test_a_factory_that_returns_no_scheme_is_refused(monkeypatch):
     points = [_BrokenEntryPoint("lazy", "pkg:make", lambda **kw: {"budget": kw["budget"]})]
-    monkeypatch.setattr(registry.metadata, "entry_points",
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points",
                         lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_plugins", None)
     try:
