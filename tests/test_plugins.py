@@ -218,16 +218,30 @@ def test_a_diagnostic_that_would_overwrite_a_metric_or_is_not_per_trial_is_refus
 
 @pytest.fixture
 def example_codec(monkeypatch):
-    """examples/absmax_codec.py imported as a codec file is (it registers itself), and
-    unregistered afterwards."""
+    """examples/absmax-codec, installed as its pyproject.toml declares it: its module's AbsMax as
+    the entry point `absmax` of kvharness.schemes (CI installs the package itself into a clean
+    venv and runs it)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "absmax_codec.py"
-    monkeypatch.setattr(registry._BUILTIN, "_entries", dict(registry._BUILTIN._entries))
+    path = Path(__file__).resolve().parents[1] / "examples" / "absmax-codec" / "absmax_codec.py"
     spec = importlib.util.spec_from_file_location("absmax_codec", path)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    return path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class ExampleEntryPoint(FakeEntryPoint):
+        name = "absmax"
+        value = "absmax_codec:AbsMax"
+
+        def load(self):
+            return module.AbsMax
+    monkeypatch.setenv(plugins.ENV, "1")
+    real = plugins.metadata.entry_points
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda **kw: [ExampleEntryPoint()]
+                        if kw.get("group") == registry.ENTRY_POINT_GROUP else real(**kw))
+    monkeypatch.setattr(registry, "_plugins", None)
+    yield path
+    registry._plugins = None
 
 
 def test_a_new_codec_is_one_short_file_that_passes_the_shipped_checks_and_runs(example_codec, tmp_path):

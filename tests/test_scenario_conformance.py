@@ -2,7 +2,9 @@
 entry-point route of scenario plug-ins (kvharness.scenarios)."""
 import dataclasses
 import functools
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,27 +13,19 @@ import scenarios
 from harness.cli import main
 from harness.store import RunStore
 from kvcommon import plugins
-from scenarios import Population, Scenario
 from scenarios.conformance import CHECKS, ConformanceError, check_scenario
 
 
-@dataclass(frozen=True)
-class Laplace(Scenario):
-    """An isotropic Laplace cache: the whole plug-in a user writes (E‖k‖² = d)."""
-    name = "laplace"
-    description = "i.i.d. Laplace coordinates, unit variance"
-    scale: float = 1.0
+def _example():
+    """examples/laplace-scenario's module, as its package installs it."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "laplace-scenario" / "laplace_scenario.py"
+    spec = importlib.util.spec_from_file_location("laplace_scenario", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def validate(self):
-        super().validate()
-        if not (np.isfinite(self.scale) and self.scale > 0):
-            raise ValueError(f"scenario laplace: parameter scale={self.scale} must be a positive finite number")
 
-    def population(self, gen, dim):
-        return Population(np.eye(dim) * self.scale, np.eye(dim) * self.scale)
-
-    def latent(self, gen, shape):
-        return gen.laplace(0.0, 1 / np.sqrt(2), shape)
+Laplace = _example().Laplace
 
 
 @dataclass(frozen=True)
