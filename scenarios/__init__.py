@@ -4,6 +4,11 @@ A scenario module registers its classes with `register`; every module of this pa
 imported here, so a new scenario is one new file. A parametric scenario (class attribute
 `parametric = True`, a `source` field) is named `PREFIX:ARGUMENT`, e.g. `replay:FILE`.
 
+Third-party scenarios are Scenario subclasses published under the entry-point group
+`kvharness.scenarios` (entry-point name = the class's `name`), loaded on first use; one that
+fails to load is left out and listed by `unavailable()` with the reason. `scenarios.conformance.
+check_scenario` is the shipped check a plug-in passes.
+
 A name may set the scenario's documented parameters after colons, `NAME:KEY=VALUE[:KEY=VALUE]`
 (`heavy_tail:dof=3`, `lowrank_aligned:rank=4:noise=0.05`, `replay:FILE:layer=2`): the whole
 string is the scenario's name in the sweep, the store and the report, so cells with other
@@ -15,11 +20,16 @@ import importlib
 import pkgutil
 from dataclasses import fields
 
+from kvcommon import plugins
 from kvcommon.registry import Registry
 
 from .base import Population, Scenario, TrialShape, participation_ratio
 
+ENTRY_POINT_GROUP = "kvharness.scenarios"
 _REGISTRY: Registry[type[Scenario]] = Registry("scenario")
+_BUILTIN: set[str] = set()
+_plugins_loaded = [False]
+_broken: dict[str, str] = {}
 
 
 def register(cls: type[Scenario]) -> type[Scenario]:
@@ -27,16 +37,57 @@ def register(cls: type[Scenario]) -> type[Scenario]:
     return cls
 
 
+def _load_plugins() -> None:
+    """Register the Scenario subclasses of ENTRY_POINT_GROUP once (module doc); a plug-in never
+    shadows a built-in."""
+    if _plugins_loaded[0]:
+        return
+    _plugins_loaded[0] = True
+    for ep in plugins.entry_points(ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        where = getattr(ep, "value", ep.name)
+        try:
+            cls = ep.load()
+        except Exception as exc:  # noqa: BLE001 - any failure of a third-party import
+            _broken[ep.name] = f"plug-in {where} failed to load: {type(exc).__name__}: {exc}"
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, Scenario)):
+            _broken[ep.name] = f"plug-in {where} is {type(cls).__name__} {cls!r}, not a Scenario subclass"
+        elif cls.name != ep.name:
+            _broken[ep.name] = f"plug-in {where} is named {cls.name!r}; its entry point must carry that name"
+        else:
+            _REGISTRY.add(ep.name, cls)
+
+
+def reload_plugins() -> None:
+    """Forget the loaded plug-ins and load them again on next use (tests; a new installation)."""
+    for name in [n for n in _REGISTRY.names() if n not in _BUILTIN]:
+        _REGISTRY._entries.pop(name)
+    _broken.clear()
+    _plugins_loaded[0] = False
+
+
+def unavailable() -> dict[str, str]:
+    """Plug-in scenarios that could not be loaded: name -> the reason."""
+    _load_plugins()
+    return dict(_broken)
+
+
 def available() -> list[str]:
-    """Concrete scenario names (what `all` means); parametric ones are listed by `parametric()`."""
+    """Concrete scenario names (what `all` means), built-ins first, then plug-ins; parametric ones
+    are listed by `parametric()`."""
+    _load_plugins()
     return [n for n, c in _REGISTRY.as_dict().items() if not getattr(c, "parametric", False)]
 
 
 def parametric() -> list[str]:
+    _load_plugins()
     return [f"{n}:{c.source_hint}" for n, c in _REGISTRY.as_dict().items() if getattr(c, "parametric", False)]
 
 
 def _lookup(name: str) -> type[Scenario]:
+    _load_plugins()
     cls = _REGISTRY.get(name.split(":", 1)[0])
     if cls is None:
         raise ValueError(_REGISTRY.unknown(name, available() + parametric()))
@@ -103,9 +154,10 @@ def create(name: str, **params) -> Scenario:
 
 
 # DESIGN.md's six synthetic scenarios first (this fixes the order of `available()`), then the rest.
-for _name in sorted((m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"),
+for _name in sorted((m.name for m in pkgutil.iter_modules(__path__) if m.name not in ("base", "conformance")),
                     key=lambda n: (n != "synthetic", n)):
     importlib.import_module(f"{__name__}.{_name}")
+_BUILTIN.update(_REGISTRY.names())
 
 __all__ = ["Population", "Scenario", "TrialShape", "available", "create", "describe", "parametric", "parse",
-           "participation_ratio", "register"]
+           "participation_ratio", "register", "reload_plugins", "unavailable"]

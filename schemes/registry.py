@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Callable
 
+from kvcommon import plugins
 from kvcommon.registry import Registry
 
 from .base import Scheme
@@ -102,7 +102,7 @@ def _load_plugins() -> dict[str, SchemeSpec]:
     if _plugins is None:
         _plugins = {}
         _broken_plugins.clear()
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for ep in plugins.entry_points(ENTRY_POINT_GROUP):
             if ep.name in _BUILTIN:
                 continue  # a plug-in never shadows a built-in
             where = getattr(ep, "value", ep.name)

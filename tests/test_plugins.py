@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import schemes
+from kvcommon import plugins
 from schemes import Encoded, Scheme, registry
 from schemes.conformance import CHECKS, check_scheme
 from schemes.packing import pack_bits, unpack_bits
@@ -54,7 +55,8 @@ class FakeEntryPoint:
 
 @pytest.fixture
 def plugin(monkeypatch):
-    monkeypatch.setattr(registry.metadata, "entry_points",
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points",
                         lambda group: [FakeEntryPoint()] if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_plugins", None)
     yield "round-kv"
@@ -80,7 +82,8 @@ def test_an_unregistered_plugin_class_passes_check_scheme():
 def test_plugin_never_shadows_a_builtin(monkeypatch):
     class Shadow(FakeEntryPoint):
         name = "tq-kv"
-    monkeypatch.setattr(registry.metadata, "entry_points", lambda group: [Shadow()])
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [Shadow()])
     monkeypatch.setattr(registry, "_plugins", None)
     assert schemes.specs()["tq-kv"].factory is not RoundKV
     registry._plugins = None
@@ -136,7 +139,8 @@ def test_a_broken_plugin_costs_only_its_own_name(monkeypatch, capsys):
               _BrokenEntryPoint("broken-import", "brokenpkg.codec:Codec", ModuleNotFoundError("No module named 'numpyy'")),
               _BrokenEntryPoint("not-a-scheme", "otherpkg:CONFIG", {"bits": 3}),
               _BrokenEntryPoint("wrong-class", "otherpkg:Thing", ValueError)]
-    monkeypatch.setattr(registry.metadata, "entry_points",
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points",
                         lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_plugins", None)
     try:
@@ -156,7 +160,8 @@ def test_a_broken_plugin_costs_only_its_own_name(monkeypatch, capsys):
 
 def test_a_factory_that_returns_no_scheme_is_refused(monkeypatch):
     points = [_BrokenEntryPoint("lazy", "pkg:make", lambda **kw: {"budget": kw["budget"]})]
-    monkeypatch.setattr(registry.metadata, "entry_points",
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points",
                         lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_plugins", None)
     try:
@@ -213,16 +218,30 @@ def test_a_diagnostic_that_would_overwrite_a_metric_or_is_not_per_trial_is_refus
 
 @pytest.fixture
 def example_codec(monkeypatch):
-    """examples/absmax_codec.py imported as a codec file is (it registers itself), and
-    unregistered afterwards."""
+    """examples/absmax-codec, installed as its pyproject.toml declares it: its module's AbsMax as
+    the entry point `absmax` of kvharness.schemes (CI installs the package itself into a clean
+    venv and runs it)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "absmax_codec.py"
-    monkeypatch.setattr(registry._BUILTIN, "_entries", dict(registry._BUILTIN._entries))
+    path = Path(__file__).resolve().parents[1] / "examples" / "absmax-codec" / "absmax_codec.py"
     spec = importlib.util.spec_from_file_location("absmax_codec", path)
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    return path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    class ExampleEntryPoint(FakeEntryPoint):
+        name = "absmax"
+        value = "absmax_codec:AbsMax"
+
+        def load(self):
+            return module.AbsMax
+    monkeypatch.setenv(plugins.ENV, "1")
+    real = plugins.metadata.entry_points
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda **kw: [ExampleEntryPoint()]
+                        if kw.get("group") == registry.ENTRY_POINT_GROUP else real(**kw))
+    monkeypatch.setattr(registry, "_plugins", None)
+    yield path
+    registry._plugins = None
 
 
 def test_a_new_codec_is_one_short_file_that_passes_the_shipped_checks_and_runs(example_codec, tmp_path):

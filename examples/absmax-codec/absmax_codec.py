@@ -1,13 +1,13 @@
-"""A whole codec in one file: per-token abs-max scale (float32), `budget`-bit mid-rise codes. In
-schemes/ (or under the entry-point group kvharness.schemes) it runs in every sweep."""
+"""A whole codec in one file: per-token abs-max scale (float32), `budget`-bit mid-rise codes,
+published under the entry-point group kvharness.schemes by this directory's pyproject.toml."""
 import torch
 
-from schemes import register
 from schemes.base import PerTensorScheme
 from schemes.packing import pack_bits, unpack_bits
 
 
 class AbsMax(PerTensorScheme):
+    """Per-token abs-max scale (float32) and budget-bit mid-rise codes"""
     name = "absmax"
     def encode_tensor(self, x, prefix, enc):
         scale = x.abs().amax(-1, keepdim=True).float()
@@ -20,5 +20,3 @@ class AbsMax(PerTensorScheme):
         codes = unpack_bits(enc.codes[f"{prefix}.codes"], self.budget, enc.shape[-1]).to(enc.dtype)
         return ((codes + 0.5) / 2 ** self.budget * 2 - 1) * enc.codes[f"{prefix}.scale"].to(enc.dtype)
 
-
-register("absmax", AbsMax, "Per-token abs-max scale (float32) and budget-bit mid-rise codes")
