@@ -8,11 +8,12 @@ RNG family, scenario, dim, seq_len and queries, the same trial indices); others 
 Tests of one comparison X vs Y, twelve, on the six-D metrics m (stats.metrics.SIX_D):
 - location of m: Δ = mean(X) − mean(Y); paired, the mean of the per-trial differences with
   SE sd/√n (t, n − 1 df); unpaired, Welch's SE and Satterthwaite's df (location_effect);
-- spread of m ("sd:m"): λ = log(sd(X)/sd(Y)), the log ratio of the trial-to-trial standard
-  deviations, with a delete-one-trial jackknife SE (Miller 1968's jackknife test of scale; a
-  paired comparison deletes the trial from both samples at once, so their correlation enters
-  the SE; spread_effect). A codec that became noisier at the same mean error, or flaky from
-  trial to trial, moves λ and not Δ.
+- spread of m ("sd:m"): λ = log(s(X)/s(Y)), the log ratio of the trial-to-trial spreads, s the
+  mean absolute deviation from the median (Brown & Forsythe 1974's robust scale: one trial of
+  extreme error moves it far less than the standard deviation), with a delete-one-trial
+  jackknife SE (Miller 1968's jackknife test of scale; a paired comparison deletes the trial
+  from both samples at once, so their correlation enters the SE; spread_effect). A codec that
+  became noisier at the same mean error, or flaky from trial to trial, moves λ and not Δ.
 The rank tests (paired Wilcoxon signed-rank, or KS), the KS test and the six-D energy test
 (sign-flip when paired, permutation otherwise) are computed and reported as information.
 
@@ -22,7 +23,7 @@ A difference that matters. Each test has a smallest effect of interest (the *mar
   "medium" effect). A scale in standard deviations makes the margin equally reachable on every
   metric at a given trial count (the cache errors vary ~1 % of their mean between trials, the
   output's ~10 %: a margin in percent of the mean is ~9 sd on K and V and ~1 sd on T);
-- spread: |λ| ≤ log(`spread_margin`) (default SPREAD_MARGIN = 1.25: a 25 % change of the sd).
+- spread: |λ| ≤ log(`spread_margin`) (default SPREAD_MARGIN = 1.25: a 25 % change of the spread).
 For every test three p-values: p₀ (two-sided, effect = 0), p_beyond (minimum-effect test,
 H0 |effect| ≤ margin: the effect's CI lies beyond the margin when it rejects) and p_inside
 (TOST, H0 |effect| ≥ margin; Schuirmann 1987).
@@ -276,20 +277,24 @@ def _energy_u(x: np.ndarray, y: np.ndarray, key_x, key_y) -> tuple[float, dict]:
 
 
 # --- spread ----------------------------------------------------------------------------------
-def _log_sd(x: np.ndarray) -> tuple[float, np.ndarray]:
-    """log sd(x) (ddof 1) and its n delete-one values, in closed form: removing x_i takes
-    n/(n − 1)·(x_i − x̄)² from the sum of squares. Zero spread gives −inf."""
+def _log_spread(x: np.ndarray) -> tuple[float, np.ndarray]:
+    """log of x's spread — the mean absolute deviation from the median, Brown & Forsythe's (1974)
+    robust scale — and its n delete-one values. A trial of extreme error moves it far less than
+    the standard deviation, whose jackknife SE understates its variance on heavy-tailed errors
+    (sd ratios of 0.26 between two seeds of h2o on heavy_tail at 30 trials: 2 false
+    codec-differences in 20 seed-only compares of 30 cells). Zero spread gives −inf."""
     n = len(x)
-    dev = x - x.mean()
-    total = float((dev ** 2).sum())
-    left = np.maximum((total - n / (n - 1) * dev ** 2) / (n - 2), np.finfo(float).tiny)
+    full = float(np.mean(np.abs(x - np.median(x))))
+    rest = np.broadcast_to(x, (n, n))[~np.eye(n, dtype=bool)].reshape(n, n - 1)
+    left = np.mean(np.abs(rest - np.median(rest, axis=1, keepdims=True)), axis=1)
     with np.errstate(divide="ignore"):
-        return 0.5 * float(np.log(total / (n - 1))), 0.5 * np.log(left)
+        return float(np.log(full)), np.log(np.maximum(left, np.finfo(float).tiny))
 
 
 def spread_effect(terms, column: int) -> Effect:
-    """Σ c · log(sd(x)/sd(y)) of six-D column `column` over terms (c, x, y) of TrialSamples, with
-    the delete-one-trial jackknife SE (Miller 1968): a trial is deleted from every sample on its
+    """Σ c · log(spread(x)/spread(y)) of six-D column `column` over terms (c, x, y) of TrialSamples
+    (spread: _log_spread), with the delete-one-trial jackknife SE (Miller 1968): a trial is deleted
+    from every sample on its
     data at once (samples on the same data are correlated trial by trial), the groups on
     different data are independent and their variances add; normal reference (df = inf). A
     sample of zero spread: a term 0 when both sides have none, else an infinite estimate."""
@@ -306,7 +311,7 @@ def spread_effect(terms, column: int) -> Effect:
         keep = np.logical_and.reduce([np.isfinite(s.values[:, column]) for s in members])
         if keep.sum() < 3:
             return Effect(np.nan, np.nan, np.nan)
-        logs = [(coefs[id(s)], *_log_sd(s.values[keep, column])) for s in members]
+        logs = [(coefs[id(s)], *_log_spread(s.values[keep, column])) for s in members]
         pieces.append(logs)
     full = [(c, f) for logs in pieces for c, f, _ in logs]
     if any(np.isinf(f) for _, f in full):
@@ -448,7 +453,7 @@ def compare_samples(a, b, *, scale: np.ndarray | None = None, alpha: float = ALP
                     seed: int | np.random.Generator = 0, label: str = "") -> Comparison:
     """The tests of a vs b (trial frames or TrialSamples; module doc): paired when they ran on
     the same data, else unpaired. margin: the location margin in pooled standard deviations;
-    spread_margin: the largest sd ratio of no interest. The six-D points are divided by `scale`
+    spread_margin: the largest spread ratio of no interest. The six-D points are divided by `scale`
     (default the pooled standard deviation of a and b) before the energy test."""
     name = label or "X vs Y"
     sa, sb = TrialSample.of(a), TrialSample.of(b)
@@ -495,7 +500,7 @@ def exceeds_null(main: Comparison, null: Comparison, test: str) -> dict:
     """The test of H0 'the main effect is no larger than the null's' on one test (module doc,
     'Nulls'): with s = sign(main effect), the intersection of the one-sided tests of
     s(E_main − E_null) > 0 and s(E_main + E_null) > 0, p the larger of the two; E the location
-    effect Δ or the log sd ratio λ, the combinations' SEs computed on the samples jointly."""
+    effect Δ or the log spread ratio λ, the combinations' SEs computed on the samples jointly."""
     (xm, ym, _), (xn, yn, _) = main.samples, null.samples
     s = float(np.sign(main.estimates[test].estimate))
     if test in SPREAD_TESTS:
@@ -548,7 +553,8 @@ class Validation:
                    "p_zero_holm": _plain(self.p_holm.get(t)), "p_beyond_holm": _plain(self.p_holm_beyond.get(t)),
                    "p_inside": _plain(main.p_inside[t])}
             if t in SPREAD_TESTS:
-                row["kind"], row["sd_ratio"] = "spread: log(sd_a / sd_b)", _plain(np.exp(e.estimate))
+                row["kind"], row["sd_ratio"] = "spread: log(s_a / s_b), s the mean absolute deviation from the median", \
+                    _plain(np.exp(e.estimate))
             else:
                 sigma, (mean_a, mean_b) = main.sigma[t], main.means[t]
                 row["kind"] = "location: mean_a - mean_b"
@@ -604,10 +610,10 @@ def _listed(values: dict) -> str:
 
 
 def _size(main: Comparison, test: str) -> str:
-    """An effect in words: 'Δ 0.012 = 1.3 sd' or 'sd ratio 1.52'."""
+    """An effect in words: 'Δ 0.012 = 1.3 sd' or 'spread ratio 1.52'."""
     e = main.estimates[test].estimate
     if test in SPREAD_TESTS:
-        return f"sd ratio {np.exp(e):.3g}"
+        return f"spread ratio {np.exp(e):.3g}"
     sigma = main.sigma[test]
     return f"Δ {e:.3g} = {e / sigma:.2g} sd" if sigma > 0 else f"Δ {e:.3g}"
 
@@ -625,7 +631,7 @@ def decide(main: Comparison, nulls: list[Comparison], p_holm: dict, p_holm_beyon
     unequal = _storage_words(storage)
     significant = [t for t in TESTS if p_holm.get(t, np.nan) <= alpha]
     beyond_margin = Validation("", "", main, p_holm_beyond=p_holm_beyond, alpha=alpha).beyond_margin
-    margins = f"margins {margin:g} sd, sd ratio {spread_margin:g}"
+    margins = f"margins {margin:g} sd, spread ratio {spread_margin:g}"
     if beyond_margin:
         found = (f"beyond the smallest effect of interest ({margins}; {family}) on "
                  + ", ".join(f"{t} ({_size(main, t)}, p {p_holm_beyond[t]:.3g})" for t in beyond_margin))
@@ -707,7 +713,7 @@ def _check_levels(alpha: float, margin: float, spread_margin: float) -> None:
     if not (np.isfinite(margin) and margin > 0):
         raise ValueError(f"margin {margin!r} must be a positive number of standard deviations")
     if not (np.isfinite(spread_margin) and spread_margin > 1):
-        raise ValueError(f"spread margin {spread_margin!r} must be a finite sd ratio above 1")
+        raise ValueError(f"spread margin {spread_margin!r} must be a finite spread ratio above 1")
 
 
 def decide_family(items, *, margin: float = SMALLEST_EFFECT, spread_margin: float = SPREAD_MARGIN,

@@ -163,7 +163,7 @@ def check_out_dir(out: Path, command: str, advice: str) -> None:
 
 
 def check_spread_margin(args, command: str) -> None:
-    """--spread-margin of the commands that give verdicts: a finite sd ratio above 1."""
+    """--spread-margin of the commands that give verdicts: a finite ratio of spreads above 1."""
     from ..errors import UsageError
     if not 1 < args.spread_margin < float("inf"):
         raise UsageError(f"harness {command}: --spread-margin {args.spread_margin} must be a finite ratio of "

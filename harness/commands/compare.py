@@ -66,7 +66,7 @@ def run(args) -> int:
     print(f"{len(table)} matched cells ({n_a - len(table)} only in RUN_A, {n_b - len(table)} only in RUN_B); "
           f"runs differ in: {', '.join(differ) or 'no implementation variable'}; "
           f"null: {args.null if args.null else 'none'}; one family: Holm over {len(table) * len(TESTS)} tests "
-          f"({len(table)} cells x {len(TESTS)}), margins {args.margin:g} sd, sd ratio {args.spread_margin:g}")
+          f"({len(table)} cells x {len(TESTS)}), margins {args.margin:g} sd, spread ratio {args.spread_margin:g}")
     several = table["calib_tokens"].nunique() > 1  # name the calibration size only then, as the report does
     for row in table.itertuples(index=False):
         cell = " ".join(f"{getattr(row, c)}" for c in CELL_COLUMNS if c != "calib_tokens")

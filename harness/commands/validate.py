@@ -198,7 +198,7 @@ def run(args) -> int:
               f"({'equal within' if st['equal'] else 'unequal, beyond'} ±{st['tolerance']:.1%})")
     main = result.main
     print(f"main comparison, {main.tests}; family: Holm over {result.family_size} tests; margins {args.margin:g} sd, "
-          f"sd ratio {args.spread_margin:g}")
+          f"spread ratio {args.spread_margin:g}")
     print(f"{'test':<13} {'effect':>10} {'95% CI':>23} {'margin':>9} {'Holm p':>9} {'beyond p':>9} {'inside p':>9}")
     for t, row in result.effect_rows().items():
         low, high = (float("nan") if v is None else v for v in row["ci95"])
