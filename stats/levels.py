@@ -7,4 +7,4 @@ ALPHA = 0.05                # family-wise level: Holm over each command's whole 
 # the smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard
 # deviations: equally reachable on every metric at a given trial count (stats/validation.py)
 SMALLEST_EFFECT = 0.5
-SPREAD_MARGIN = 1.25        # ... and on its spread, as a ratio of standard deviations
+SPREAD_MARGIN = 1.25        # ... and on its spread, as a ratio of robust scales (stats/validation.py)

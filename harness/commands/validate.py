@@ -58,7 +58,7 @@ def add_arguments(p):
                    help=f"smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard "
                         f"deviations (default {SMALLEST_EFFECT})")
     p.add_argument("--spread-margin", type=float, default=SPREAD_MARGIN,
-                   help=f"smallest change of interest of a metric's spread, a ratio of standard deviations "
+                   help=f"smallest change of interest of a metric's spread, a ratio of its trials' mean absolute deviations "
                         f"(default {SPREAD_MARGIN})")
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
     p.add_argument("--out", type=Path, default=None, help="directory for the runs (default: a temporary one)")
