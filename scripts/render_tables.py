@@ -118,7 +118,9 @@ def produce_operating(args) -> dict:
         out = Path(tmp) / "operating.json"
         if main(["--repetitions", str(args.repetitions), "--json", str(out)]) != 0:
             raise SystemExit("stats.operating failed")
-        return json.loads(out.read_text())
+        data = json.loads(out.read_text())
+    data["command"] = f"python -m stats.operating --repetitions {args.repetitions}"   # its JSON went to a temporary file
+    return data
 
 
 # --- the known-answer benchmark (harness selftest) ---------------------------------------------------------
