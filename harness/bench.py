@@ -34,7 +34,7 @@ import schemes
 from kvcommon import threads
 from schemes import turboquant
 
-from .cell import create_scheme, draw_trials, run_cell_chunk, run_serial
+from .cell import CellFailure, create_scheme, draw_trials, run_cell_chunk, run_serial
 from .sweep import Cell, SweepConfig, grid, implementation
 
 
@@ -260,6 +260,8 @@ def _time_cells(config: SweepConfig, device: torch.device, chunk_trials: int | N
     with tempfile.TemporaryDirectory(prefix="kvharness-bench-") as tmp, RunStore(tmp).writing() as store:
 
         def write(cell, trials, rows, wall, peak_mb):
+            if isinstance(rows, CellFailure):   # a timing of a sweep that stores nothing is no timing
+                raise RuntimeError(rows.reason)
             store.write_chunk(cell.key, rows, first_trial=trials.start, n_trials_cell=config.trials, wall_s=wall,
                               finished_at="", peak_mem_mb=peak_mb)
         for _, group in itertools.groupby(config.cells(), key=lambda c: c.data_key):

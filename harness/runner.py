@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .cell import SEED_RULE, family_seeded, run_serial, trial_memory_bytes
+from .cell import SEED_RULE, CellFailure, family_seeded, run_serial, trial_memory_bytes
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .errors import UsageError
 from .provenance import now, provenance
@@ -27,6 +27,19 @@ class RunConflict(ValueError):
 
 class RunTooLarge(UsageError):
     """One trial of the sweep cannot fit in the available memory."""
+
+
+class CellsFailed(RuntimeError):
+    """Some cells gave no rows to store (harness.cell.CellFailure); the others are stored."""
+
+    def __init__(self, failures: dict, n_cells: int):
+        self.failures = failures
+        by_codec: dict[str, list] = {}
+        for cell, reason in failures.items():
+            by_codec.setdefault(cell.scheme, []).append(reason)
+        words = "; ".join(f"codec {name}: {len(reasons)} cell(s), first {reasons[0]}" for name, reasons in by_codec.items())
+        super().__init__(f"{len(failures)} of {n_cells} cells failed and are not stored ({words}); the other "
+                         f"{n_cells - len(failures)} are stored")
 
 
 @dataclass(frozen=True)
@@ -159,7 +172,7 @@ def _discard_if_empty(store: RunStore) -> None:
 def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None) -> int:
     """The trials not yet stored, serially or as tasks on a Dask client, each chunk committed as
     it arrives; the manifest's finished_at once all are in. Returns the trials of these cells
-    that were stored before."""
+    that were stored before. CellsFailed, after every other cell is stored, when some failed."""
     from .progress import Progress
 
     stored = store.stored_trials()
@@ -169,8 +182,12 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
                         trials_done=(n_cells - len(todo)) * config.trials + sum(start.values()))
 
     commits = itertools.count(1)
+    failed: dict[Cell, str] = {}
 
     def on_chunk(cell: Cell, trials: range, rows: list, wall: float, peak_mb: float) -> None:
+        if isinstance(rows, CellFailure) or cell in failed:   # a failed cell's later chunks are not stored either
+            failed.setdefault(cell, getattr(rows, "reason", ""))
+            return
         n = next(commits)
         _test_hold(n, "before")
         finished = store.write_chunk(cell.key, rows, first_trial=trials.start, n_trials_cell=config.trials,
@@ -190,7 +207,10 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
     finally:
         bar.close()
     manifest = store.read_manifest()
-    manifest["finished_at"] = now()
+    if not failed:
+        manifest["finished_at"] = now()
     manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
     store.write_manifest(manifest)
+    if failed:
+        raise CellsFailed(failed, len(todo))
     return sum(start.values())

@@ -1,0 +1,147 @@
+"""Right numbers or a clear refusal (issue 31): a trial whose data or metrics are not finite is an
+error naming its cell, never a stored zero; a codec that raises costs its own cells only; a codec
+that writes its input in place fails and changes no other codec's rows."""
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from harness import cell as engine
+from harness.cli import main
+from harness.store import RunStore
+from schemes import registry
+from schemes.baselines import GroupQuant
+from stats.metrics import trial_metrics
+
+SMALL = ["--dim", "16", "--seq-len", "32", "--queries", "4", "--calib-tokens", "32", "--trials", "3", "--quiet"]
+KEY = ["scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens", "trial"]
+
+
+class _EntryPoint:
+    group = registry.ENTRY_POINT_GROUP
+
+    def __init__(self, cls):
+        self.name, self.value, self._cls = cls.name, f"tests:{cls.__name__}", cls
+
+    def load(self):
+        return self._cls
+
+
+@pytest.fixture
+def install(monkeypatch):
+    """install(*classes): the classes as entry-point plug-ins, for this test only."""
+    real = registry.metadata.entry_points
+
+    def put(*classes):
+        def entry_points(**kwargs):   # other callers (torch's own plug-ins) see the real ones
+            return [_EntryPoint(c) for c in classes] if kwargs == {"group": registry.ENTRY_POINT_GROUP} else real(**kwargs)
+        monkeypatch.setattr(registry.metadata, "entry_points", entry_points)
+        monkeypatch.setattr(registry, "_plugins", None)
+    yield put
+    registry._plugins = None
+
+
+def rows(out) -> pd.DataFrame:
+    return RunStore(out).trials().sort_values(KEY).reset_index(drop=True)
+
+
+# --- item 1: not finite is an error naming the cell, never a zero ------------------------------------
+def test_a_trial_of_nan_data_scores_nan_not_a_perfect_zero():
+    """The metrics' 0/0 guards compare with > 0, which is False on NaN: a NaN trial stored rel_mse 0,
+    d2 0. Each metric of the NaN trial is NaN now; the other trials are untouched."""
+    g = torch.Generator().manual_seed(0)
+    k, v, q = (torch.randn(3, 1, 16, 8, generator=g) for _ in range(3))
+    k_hat, v_hat = k + 0.1, v - 0.1
+    clean = trial_metrics(k, v, q, k_hat, v_hat, q @ k_hat.transpose(-1, -2) / 8 ** 0.5)
+    k[1] = float("nan")
+    v[1] = float("nan")
+    dirty = trial_metrics(k, v, q, k_hat, v_hat, q @ k_hat.transpose(-1, -2) / 8 ** 0.5)
+    for name, values in dirty.items():
+        assert torch.isnan(values[1]), name
+        assert torch.equal(values[[0, 2]], clean[name][[0, 2]]), name
+
+
+@dataclass
+class NaNDecoder(GroupQuant):
+    """Decodes K of trial 1 to NaN."""
+    name = "nan-decoder"
+
+    def decode(self, enc):
+        k, v = super().decode(enc)
+        k = k.clone()
+        k[1] = float("nan")
+        return k, v
+
+
+def test_a_codec_decoding_nan_fails_its_cell_by_name_and_stores_the_others(install, tmp_path, capsys):
+    install(NaNDecoder)
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "int4,nan-decoder", "--budget", "4",
+                 "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1
+    assert "scheme nan-decoder, budget 4, dim 16" in err and "rel_mse_k" in err and "trial 1" in err
+    stored = rows(out)
+    assert set(stored.scheme) == {"int4"} and len(stored) == 3
+    assert RunStore(out).stored_trials() == {("gaussian", "int4", 4, 16, 32, 4, 32): 3}
+
+
+def test_data_that_are_not_finite_stop_the_run_naming_the_data(monkeypatch, tmp_path, capsys):
+    real = engine.draw_trials
+
+    def with_inf(*args, **kwargs):
+        data = real(*args, **kwargs)
+        data["v"][2, 0, 5, 1] = float("inf")
+        return data
+    monkeypatch.setattr(engine, "draw_trials", with_inf)
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "int4,tq-kv", "--budget", "2", "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "scenario gaussian drew data that are not finite (v not finite in trial 2; dim 16, seq_len 32" in err
+    assert not out.exists()   # nothing stored: nothing left behind
+
+
+def test_the_finiteness_check_names_each_column_and_trial():
+    columns = {"rel_mse_k": np.array([0.1, np.nan, 0.2]), "d2_t": np.array([0.1, 0.2, np.inf]),
+               "bits_per_element": np.ones(3), "largest_abs_k": np.array([np.nan] * 3)}   # a diagnostic: not checked
+    assert engine.non_finite_columns(columns, range(4, 7)) == "rel_mse_k, d2_t not finite in trials 5, 6"
+    assert engine.non_finite_columns({"rel_mse_k": np.ones(3)}, range(3)) is None
+
+
+# --- item 10: a codec that raises costs its own cells -------------------------------------------------
+@dataclass
+class Raiser(GroupQuant):
+    name = "raiser"
+
+    def encode(self, k, v):
+        raise RuntimeError("plug-in bug")
+
+
+def test_a_codec_that_raises_costs_only_its_cells(install, tmp_path, capsys):
+    install(Raiser)
+    out, alone = tmp_path / "run", tmp_path / "alone"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,raiser,int4", "--budget", "2,3",
+                 "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "2 of 6 cells failed" in err and "codec raiser: 2 cell(s)" in err and "RuntimeError: plug-in bug" in err
+    assert "the other 4 are stored" in err
+    assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,int4", "--budget", "2,3",
+                 "--out", str(alone), *SMALL]) == 0
+    pd.testing.assert_frame_equal(rows(out), rows(alone))
+
+
+def test_all_with_a_raising_plugin_runs_the_rest(install, tmp_path, capsys):
+    install(Raiser)
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "all,-shard,-shard-pca-decode,-svd", "--budget", "2",
+                 "--out", str(out), "--dim", "16", "--seq-len", "32", "--queries", "4", "--calib-tokens", "32",
+                 "--trials", "2", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "codec raiser" in err[0]
+    stored = set(rows(out).scheme)
+    assert "raiser" not in stored and {"tq-kv", "int4", "sq-kv", "h2o"} <= stored
