@@ -145,3 +145,53 @@ def test_all_with_a_raising_plugin_runs_the_rest(install, tmp_path, capsys):
     assert code == 1 and len(err) == 1 and "codec raiser" in err[0]
     stored = set(rows(out).scheme)
     assert "raiser" not in stored and {"tq-kv", "int4", "sq-kv", "h2o"} <= stored
+
+
+# --- item 3: a codec's rows never depend on its neighbours --------------------------------------------
+@dataclass
+class Halver(GroupQuant):
+    """Writes its input in place: K in encode (the issue's case) or Q in score."""
+    name = "halver"
+    where = "k"
+
+    def encode(self, k, v):
+        enc = super().encode(k, v)
+        if self.where == "k":
+            k.mul_(0.5)
+        return enc
+
+    def score(self, q, enc):
+        if self.where == "q":
+            q[0].mul_(0.5)          # a view: it shares its base's version counter
+        return super().score(q, enc)
+
+
+def test_the_codec_order_of_a_sweep_changes_no_row(tmp_path):
+    """Five built-in codecs of four families (eviction, a calibrated basis, shared codings of the
+    tq variants), in one order and the reverse: the same rows, bit for bit."""
+    names = ["tq-kv", "tq-qkv", "sq-kv", "kivi", "h2o"]
+    frames = []
+    for order in (names, names[::-1]):
+        out = tmp_path / "-".join(order)
+        assert main(["run", "--scenario", "heavy_tail", "--scheme", ",".join(order), "--budget", "2,3",
+                     "--out", str(out), *SMALL]) == 0
+        frames.append(rows(out))
+    pd.testing.assert_frame_equal(*frames, check_exact=True)
+
+
+@pytest.mark.parametrize("where,tensor", [("k", "k"), ("q", "q")])
+def test_a_codec_writing_its_input_fails_by_name_and_changes_no_other_row(install, monkeypatch, tmp_path, capsys,
+                                                                         where, tensor):
+    """The writer runs first in its chunk: the codecs after it get the data as drawn (the chunk is
+    drawn again), so their rows equal a run without it."""
+    monkeypatch.setattr(Halver, "where", where)
+    install(Halver)
+    out, alone = tmp_path / "run", tmp_path / "alone"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "halver,tq-kv,int4", "--budget", "2",
+                 "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"codec halver wrote its input {tensor} in place" in err and "codec halver: 1 cell(s)" in err
+    assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,int4", "--budget", "2", "--out", str(alone),
+                 *SMALL]) == 0
+    pd.testing.assert_frame_equal(rows(out), rows(alone), check_exact=True)
