@@ -408,7 +408,7 @@ def workers_speedup(shape: BenchShape, device: torch.device, workers: int = 2) -
         for name, n in (("serial", None), ("workers", workers)):
             store = RunStore(Path(tmp) / name)
             t0 = time.perf_counter()
-            run_sweep(config, store, progress=False, workers=n)
+            run_sweep(config, store, progress=False, workers=n, serial_below_s=0)
             wall[name] = time.perf_counter() - t0
             load.append(os.getloadavg())
             frames[name] = store.trials()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -105,10 +106,12 @@ def check_memory(config: SweepConfig, device) -> None:
 
 def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
               memory_budget: int | None = None, workers: int | None = None,
-              scheduler: str | None = None) -> RunResult:
+              scheduler: str | None = None, serial_below_s: float | None = None) -> RunResult:
     """Run every trial of the sweep not yet in the store, committed a chunk at a time (a cell's
     chunk in one transaction; RunStore.write_chunk). With workers N > 1 chunks run as Dask tasks
-    on N - 1 local worker processes and in this one; with scheduler, on an existing cluster.
+    on N - 1 local worker processes and in this one, unless the sweep is estimated at less than
+    serial_below_s seconds of serial work (default distributed.SERIAL_BELOW_S; 0: always on
+    workers), which runs serially and says so in one line; with scheduler, on an existing cluster.
 
     Refused, with nothing written, when one trial cannot fit in memory (RunTooLarge), another run
     holds the directory (StoreLocked), or the directory holds another run or a damaged store
@@ -125,6 +128,8 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
         todo = [c for c in config.cells() if c.key not in done]
         if not todo:
             return RunResult(0, len(done), time.perf_counter() - start)
+        if not scheduler and (workers or 1) > 1 and serial_below_s != 0:
+            workers = _workers_worth_it(config, store, todo, workers, serial_below_s)
         try:
             client = None
             if scheduler or (workers or 1) > 1:  # --workers 1 is the serial run
@@ -140,6 +145,20 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
                 _discard_if_empty(store)
             raise
     return RunResult(len(todo), len(done), time.perf_counter() - start, kept)
+
+def _workers_worth_it(config: SweepConfig, store: RunStore, todo: list[Cell], workers: int,
+                      serial_below_s: float | None) -> int:
+    """workers, or 1 (said on stderr in one line) when the sweep is too small to pay for starting them."""
+    from .distributed import SERIAL_BELOW_S, serial_estimate_s
+    limit = SERIAL_BELOW_S if serial_below_s is None else serial_below_s
+    stored = store.stored_trials()
+    estimate = serial_estimate_s(config, todo, {c: stored[c.key] for c in todo if c.key in stored})
+    if estimate >= limit:
+        return workers
+    print(f"harness run: running serially, not on {workers} workers: this sweep is about {estimate:.0f} s of serial "
+          f"work, less than starting the workers costs (worth it from about {limit:.0f} s)", file=sys.stderr)
+    return 1
+
 
 def _test_hold(n_commit: int, phase: str) -> None:
     """Interruption tests: with $KVHARNESS_TEST_HOLD = "N:PHASE:FILE", the run creates FILE and

@@ -195,3 +195,32 @@ def test_a_codec_writing_its_input_fails_by_name_and_changes_no_other_row(instal
     assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,int4", "--budget", "2", "--out", str(alone),
                  *SMALL]) == 0
     pd.testing.assert_frame_equal(rows(out), rows(alone), check_exact=True)
+
+
+# --- item 12: --workers on a sweep too small to pay for their start ----------------------------------
+def test_workers_on_a_small_sweep_run_serially_and_say_so(monkeypatch, tmp_path, capsys):
+    from harness import distributed
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started for a sweep too small to pay for it")
+    monkeypatch.setattr(distributed, "cluster", no_cluster)
+    args = ["run", "--scenario", "gaussian", "--scheme", "tq-kv,int4", "--budget", "2", *SMALL]
+    assert main(args + ["--out", str(tmp_path / "w"), "--workers", "2"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("harness run: running serially, not on 2 workers: this sweep is about")
+    assert main(args + ["--out", str(tmp_path / "s")]) == 0
+    pd.testing.assert_frame_equal(rows(tmp_path / "w"), rows(tmp_path / "s"), check_exact=True)
+
+
+def test_the_serial_estimate_grows_with_the_work():
+    from harness.distributed import CELL_S, SERIAL_BELOW_S, serial_estimate_s
+    from harness.sweep import SweepConfig
+    small = SweepConfig(scenarios=("gaussian",), schemes=("tq-kv",), budgets=(2,), dims=(16,), seq_lens=(32,),
+                        queries=(4,), trials=3)
+    large = SweepConfig(scenarios=("gaussian",), schemes=("tq-kv", "sq-kv", "int4"), budgets=(2, 3, 4), dims=(128,),
+                        seq_lens=(1024,), queries=(64,), trials=200)     # 9 cells of a paper setting
+    cell = small.cells()[0]
+    assert CELL_S < serial_estimate_s(small, small.cells()) < 1
+    assert serial_estimate_s(small, small.cells(), {cell: 3}) == CELL_S        # nothing left but the cell's fixed cost
+    assert serial_estimate_s(large, large.cells()) > SERIAL_BELOW_S
+
