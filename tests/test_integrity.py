@@ -224,3 +224,56 @@ def test_the_serial_estimate_grows_with_the_work():
     assert serial_estimate_s(small, small.cells(), {cell: 3}) == CELL_S        # nothing left but the cell's fixed cost
     assert serial_estimate_s(large, large.cells()) > SERIAL_BELOW_S
 
+
+# --- item 9: a stored run with values that are not finite is reported, the cells named ---------------
+def test_report_leaves_out_cells_that_are_not_finite_and_names_each(tmp_path, capsys):
+    """A store written by another tool (or an old version): int4's d2_t NULL in every trial (a codec
+    that decoded NaN), kivi's rel_mse_k NULL in one trial. `report --json` and `report` exit 0,
+    name each of the two cells in one line, and report the other cells exactly as a store without
+    the two cells does."""
+    import json
+    import shutil
+    import sqlite3
+
+    out = tmp_path / "run"
+    assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,tq-qkv,int4,kivi", "--budget", "2", "--out",
+                 str(out), *SMALL[:-3], "--trials", "4", "--quiet"]) == 0
+    (out / ".lock").unlink(missing_ok=True)
+    without = tmp_path / "without"
+    shutil.copytree(out, without)
+    with sqlite3.connect(out / "results.sqlite") as con:
+        con.execute("UPDATE trials SET d2_t = NULL WHERE scheme = 'int4'")
+        con.execute("UPDATE trials SET rel_mse_k = NULL WHERE scheme = 'kivi' AND trial = 1")
+    with sqlite3.connect(without / "results.sqlite") as con:
+        for table in ("trials", "cells"):
+            con.execute(f"DELETE FROM {table} WHERE scheme IN ('int4', 'kivi')")
+    capsys.readouterr()
+    assert main(["report", str(out), "--json", "--permutations", "50"]) == 0
+    captured = capsys.readouterr()
+    found = json.loads(captured.out)
+    lines = [line for line in captured.err.splitlines() if line.startswith("harness report: left out")]
+    assert lines == [
+        "harness report: left out: cell (scenario gaussian, scheme int4, budget 2, dim 16, seq_len 32, queries 4, "
+        "calib_tokens 32): d2_t not finite in 4 of 4 trials",
+        "harness report: left out: cell (scenario gaussian, scheme kivi, budget 2, dim 16, seq_len 32, queries 4, "
+        "calib_tokens 32): rel_mse_k not finite in 1 of 4 trials"]
+    assert found.pop("left_out") == [line.removeprefix("harness report: ") for line in lines]
+    assert main(["report", str(without), "--json", "--permutations", "50"]) == 0
+    reference = json.loads(capsys.readouterr().out)
+    assert reference.pop("incomplete")["finished_cells"] == 2     # its manifest still names the 4 cells
+    assert found == reference
+    assert main(["report", str(out), "--permutations", "50"]) == 0
+    assert (out / "report.html").exists() and "left out: cell (scenario gaussian, scheme int4" in \
+        (out / "report.html").read_text()
+
+
+def test_the_documented_nan_of_evicted_mass_is_no_reason_to_leave_a_cell_out():
+    from stats.finite import finite_cells
+    frame = pd.DataFrame({"scenario": "g", "scheme": ["tq-kv"] * 3 + ["h2o"] * 3, "budget": 2, "dim": 16,
+                          "seq_len": 32, "queries": 4, "calib_tokens": 32, "trial": [0, 1, 2] * 2,
+                          "d2_t": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+                          "evicted_mass": [np.nan] * 3 + [0.1, np.inf, 0.2]})
+    usable, notes = finite_cells(frame, ("d2_t",), ("evicted_mass",))
+    assert list(usable.scheme) == ["tq-kv"] * 3
+    assert notes == ("left out: cell (scenario g, scheme h2o, budget 2, dim 16, seq_len 32, queries 4, "
+                     "calib_tokens 32): evicted_mass not finite in 1 of 3 trials",)
