@@ -34,7 +34,8 @@ import schemes
 from kvcommon import threads
 from schemes import turboquant
 
-from .cell import bytes_per_trial, create_scheme, draw_trials, run_cell_chunk, run_serial, trial_memory_bytes
+from .cell import (CellFailure, bytes_per_trial, create_scheme, draw_trials, run_cell_chunk, run_serial,
+                   trial_memory_bytes)
 from .sweep import Cell, SweepConfig, grid, implementation
 
 
@@ -272,6 +273,8 @@ def _time_cells(config: SweepConfig, device: torch.device, chunk_trials: int | N
     with tempfile.TemporaryDirectory(prefix="kvharness-bench-") as tmp, RunStore(tmp).writing() as store:
 
         def write(cell, trials, rows, wall, peak_mb):
+            if isinstance(rows, CellFailure):   # a timing of a sweep that stores nothing is no timing
+                raise RuntimeError(rows.reason)
             store.write_chunk(cell.key, rows, first_trial=trials.start, n_trials_cell=config.trials, wall_s=wall,
                               finished_at="", peak_mem_mb=peak_mb)
         for _, group in itertools.groupby(config.cells(), key=lambda c: c.data_key):
@@ -418,7 +421,7 @@ def workers_speedup(shape: BenchShape, device: torch.device, workers: int = 2) -
         for name, n in (("serial", None), ("workers", workers)):
             store = RunStore(Path(tmp) / name)
             t0 = time.perf_counter()
-            run_sweep(config, store, progress=False, workers=n)
+            run_sweep(config, store, progress=False, workers=n, serial_below_s=0)
             wall[name] = time.perf_counter() - t0
             load.append(os.getloadavg())
             frames[name] = store.trials()

@@ -27,6 +27,7 @@ import inspect
 import itertools
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ import schemes
 from schemes.base import BitLedger, TrialBits, call_with_optional
 from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, seed_sequence
-from stats.metrics import exact_attention, exact_logits, trial_metrics
+from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES, exact_attention, exact_logits, trial_metrics
 
 from .devices import available_memory_bytes
 from .memory import peak_bytes, reset_peak
@@ -249,28 +250,116 @@ def chunk_plan(config: SweepConfig, group: list[Cell], size: int,
         a = b
     return plan
 
-def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dtype, cell_schemes=None):
-    """One chunk of cells that share data: the trials drawn once, then each cell run on them;
-    yields (cell, rows, wall_s, peak_mem_mb) per cell (wall time and peak without the draw)."""
-    cell_schemes = cell_schemes if cell_schemes is not None else {c: create_scheme(config, c) for c in cells}
-    prefill_queries = any(takes_prefill_queries(cell_schemes[c]) for c in cells)
+class NonFiniteData(ValueError):
+    """A scenario drew a NaN or an infinity (a parameter at the edge of what floats carry)."""
+
+
+@dataclass(frozen=True)
+class CellFailure:
+    """What run_chunk yields in place of a cell's rows when the chunk gave none to store: the
+    reason in one line, naming the cell (the codec raised; a trial's data, metrics or bits are
+    not finite; the codec wrote its input in place)."""
+    reason: str
+
+
+def describe(cell: Cell) -> str:
+    """The cell in words, for a message: 'cell (scenario gaussian, scheme tq-kv, budget 2, …)'."""
+    return "cell (" + ", ".join(f"{name} {value}" for name, value in zip(CELL_COLUMNS, cell.key)) + ")"
+
+
+def _trial_list(trials: range, bad: np.ndarray) -> str:
+    shown = [str(trials[i]) for i in np.flatnonzero(bad)[:3]]
+    return ("trial " if len(shown) == 1 else "trials ") + ", ".join(shown) + (", …" if bad.sum() > 3 else "")
+
+
+def non_finite_data(data: dict[str, torch.Tensor], trials: range) -> str | None:
+    """'K in trials 0, 1' for the first drawn tensor holding a NaN or an infinity; None when all
+    are finite."""
+    for name, x in data.items():
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and name not in ("positions", "positions_decode"):
+            bad = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(dim=1).cpu().numpy()
+            if bad.any():
+                return f"{name} not finite in {_trial_list(trials, bad)}"
+    return None
+
+
+def non_finite_columns(columns: dict[str, np.ndarray], trials: range) -> str | None:
+    """'rel_mse_k, d2_t not finite in trial 2' for the metric and storage columns holding a NaN or
+    an infinity (a non-evicting codec has no evicted_mass column here: its NULL is not checked;
+    a codec's own diagnostics are its own facts and are not checked); None when all are finite."""
+    checked = METRIC_NAMES + EVICTION_METRIC_NAMES + ("bits_per_element", "model_bits", "storage_bits_per_element")
+    bad = {name: ~np.isfinite(columns[name]) for name in checked if name in columns}
+    names = [name for name, mask in bad.items() if mask.any()]
+    if not names:
+        return None
+    trials_bad = np.logical_or.reduce([bad[name] for name in names])
+    return f"{', '.join(names[:4])}{', …' if len(names) > 4 else ''} not finite in {_trial_list(trials, trials_bad)}"
+
+
+def _versions(data: dict) -> dict[str, int]:
+    """The version counters of the chunk's tensors (torch bumps one at every in-place write)."""
+    return {name: x._version for name, x in data.items()
+            if isinstance(x, torch.Tensor) and not x.is_inference()}
+
+
+def _chunk_data(config, cells, trials, device, dtype, prefill_queries) -> dict:
     data = draw_trials(config, cells[0], trials, device, dtype, prefill_queries)
     if len(cells) > 1 and not config.decode_tokens:
         data["exact"] = exact_attention(data["q"], data["k"], data["v"])  # shared by the chunk's cells
+    return data
+
+
+def _run_one(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, data: dict, trials: range, device):
+    """The cell's rows on the chunk's data, or a CellFailure; and whether the codec wrote the data."""
+    before = _versions(data)
+    try:
+        metrics, bits = run_cell_chunk(scheme, data)
+    except Exception as exc:  # noqa: BLE001 - a codec's failure costs its own cell, named, not the sweep
+        written = [name for name, version in _versions(data).items() if version != before[name]]
+        return CellFailure(f"{describe(cell)}: the codec raised {type(exc).__name__}: {exc}".replace("\n", " ")), written
+    written = [name for name, version in _versions(data).items() if version != before[name]]
+    if written:
+        return CellFailure(f"{describe(cell)}: codec {cell.scheme} wrote its input {', '.join(written)} in place; "
+                           f"a codec must leave the data it is given as it was"), written
+    bad = non_finite_columns({**metrics, **_storage_columns(config, bits)}, trials)
+    if bad:
+        return CellFailure(f"{describe(cell)}: {bad}"), written
+    return list(_rows(config, cell, device, trials, metrics, bits)), written
+
+
+def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dtype, cell_schemes=None):
+    """One chunk of cells that share data: the trials drawn once, then each cell run on them;
+    yields (cell, rows, wall_s, peak_mem_mb) per cell (wall time and peak without the draw), with
+    a CellFailure in place of rows for a cell whose chunk gave none to store: a codec that
+    raised, a trial whose metrics or bits are not finite. NonFiniteData when the drawn data are
+    not finite. A codec that writes the data in place (caught by the tensors' version counters, at no
+    cost; a copy of K, V and Q per cell would cost a copy per cell and the sharing of the exact
+    side's metrics by identity) fails, and the data are drawn again for the cells after it, so
+    no codec's rows depend on its neighbours."""
+    cell_schemes = cell_schemes if cell_schemes is not None else {c: create_scheme(config, c) for c in cells}
+    prefill_queries = any(takes_prefill_queries(cell_schemes[c]) for c in cells)
+    data = _chunk_data(config, cells, trials, device, dtype, prefill_queries)
+    bad_data = non_finite_data(data, trials)
     # budget by budget: the variants of a family that code a tensor alike at one budget run one
     # after another, so the few codings and decodings they share are remembered (PerTensorScheme)
+    if bad_data:   # no codec can be measured on it: the sweep stops here
+        raise NonFiniteData(f"scenario {cells[0].scenario} drew data that are not finite ({bad_data}; dim "
+                            f"{cells[0].dim}, seq_len {cells[0].seq_len}, queries {cells[0].queries}, calib_tokens "
+                            f"{cells[0].calib_tokens}); no cell can be measured on them")
     for cell in sorted(cells, key=lambda c: c.budget):
         t0 = time.perf_counter()
         reset_peak(device)
-        metrics, bits = run_cell_chunk(cell_schemes[cell], data)
+        rows, written = _run_one(config, cell, cell_schemes[cell], data, trials, device)
         peak = peak_bytes(device) or 0
-        rows = list(_rows(config, cell, device, trials, metrics, bits))
+        if written:   # the data as drawn for the cells after this one
+            data = _chunk_data(config, cells, trials, device, dtype, prefill_queries)
         yield cell, rows, time.perf_counter() - t0, peak / 2 ** 20
 
 def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell=None, *,
                 start: dict[Cell, int] | None = None, on_chunk=None) -> None:
     """Cells that share data are run together on each chunk of drawn trials. Each cell's chunk is
-    handed to on_chunk(cell, trials, rows, wall_s, peak_mem_mb) as soon as it is done; with
+    handed to on_chunk(cell, trials, rows, wall_s, peak_mem_mb) as soon as it is done (rows a
+    CellFailure where it failed: the cell's later chunks are then not run); with
     on_cell, a cell's rows of this call, summed wall time and peak memory go to
     on_cell(cell, rows, wall_s, peak_mem_mb) after its last chunk. start: each cell's first
     missing trial (chunk_plan)."""
@@ -281,11 +370,18 @@ def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budg
         rows = {cell: [] for cell in group}
         wall = dict.fromkeys(group, 0.0)
         peak = dict.fromkeys(group, 0.0)
+        failed = set()
         for trials, cells in chunk_plan(config, group, size, start):
+            cells = [cell for cell in cells if cell not in failed]
+            if not cells:
+                continue
             for cell, chunk_rows, chunk_wall, chunk_peak in run_chunk(config, cells, trials, device, dtype,
                                                                       cell_schemes):
                 if on_chunk is not None:
                     on_chunk(cell, trials, chunk_rows, chunk_wall, chunk_peak)
+                if isinstance(chunk_rows, CellFailure):
+                    failed.add(cell)
+                    continue
                 if on_cell is not None:
                     rows[cell].extend(chunk_rows)
                     wall[cell] += chunk_wall

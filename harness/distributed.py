@@ -57,6 +57,24 @@ TASKS_PER_WORKER, MIN_TASK_TRIALS = 3, 8
 # deep queue costs no tail.
 QUEUED, QUEUED_WHILE_COMPUTING = 2, 8
 
+# A local cluster pays for its start before it pays off: worker processes that import torch and
+# dask, a scheduler, and their shutdown. On this 2-core machine (load 8-12) a sweep of 6 cells
+# (tq-kv, int4, sq-kv at b = 2, 3; d = 64, S = 256, Nq = 16), alternating serial and --workers 2:
+# 48 trials 36.3, 29.7 s serially against 65.5, 47.2 s on workers (17-30 s lost); 480 trials
+# 54.2, 48.9 s against 42.0, 58.2 s (even). So --workers runs serially when the sweep's
+# estimated serial compute is under SERIAL_BELOW_S. The estimate (serial_estimate_s) is a fixed
+# cost per cell and the working bytes of its trials (cell.bytes_per_trial) at a rate measured on
+# the same sweeps (about 0.5 s a cell and 100 MB/s under that load; the 480-trial sweep: 37 s).
+SERIAL_BELOW_S = 30.0
+CELL_S, BYTES_PER_S = 0.5, 1e8
+
+
+def serial_estimate_s(config: SweepConfig, cells: list[Cell], start: dict[Cell, int] | None = None) -> float:
+    """Seconds the cells' missing trials take serially, roughly (SERIAL_BELOW_S's comment)."""
+    from .cell import bytes_per_trial
+    start = start or {}
+    return sum(CELL_S + (config.trials - start.get(c, 0)) * bytes_per_trial(config, c) / BYTES_PER_S for c in cells)
+
 
 def _maybe_inject_fault() -> None:
     marker = os.environ.get(FAULT_ENV)

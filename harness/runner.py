@@ -9,10 +9,11 @@ import contextlib
 import itertools
 import os
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass
 
-from .cell import SEED_RULE, family_seeded, run_serial, trial_memory_bytes
+from .cell import SEED_RULE, CellFailure, family_seeded, run_serial, trial_memory_bytes
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .errors import UsageError
 from .provenance import now, provenance
@@ -28,6 +29,19 @@ class RunConflict(ValueError):
 
 class RunTooLarge(UsageError):
     """One trial of the sweep cannot fit in the available memory."""
+
+
+class CellsFailed(RuntimeError):
+    """Some cells gave no rows to store (harness.cell.CellFailure); the others are stored."""
+
+    def __init__(self, failures: dict, n_cells: int):
+        self.failures = failures
+        by_codec: dict[str, list] = {}
+        for cell, reason in failures.items():
+            by_codec.setdefault(cell.scheme, []).append(reason)
+        words = "; ".join(f"codec {name}: {len(reasons)} cell(s), first {reasons[0]}" for name, reasons in by_codec.items())
+        super().__init__(f"{len(failures)} of {n_cells} cells failed and are not stored ({words}); the other "
+                         f"{n_cells - len(failures)} are stored")
 
 
 @dataclass(frozen=True)
@@ -107,10 +121,12 @@ def check_data(config: SweepConfig) -> None:
 
 def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
               memory_budget: int | None = None, workers: int | None = None,
-              scheduler: str | None = None) -> RunResult:
+              scheduler: str | None = None, serial_below_s: float | None = None) -> RunResult:
     """Run every trial of the sweep not yet in the store, committed a chunk at a time (a cell's
     chunk in one transaction; RunStore.write_chunk). With workers N > 1 chunks run as Dask tasks
-    on N - 1 local worker processes and in this one; with scheduler, on an existing cluster.
+    on N - 1 local worker processes and in this one, unless the sweep is estimated at less than
+    serial_below_s seconds of serial work (default distributed.SERIAL_BELOW_S; 0: always on
+    workers), which runs serially and says so in one line; with scheduler, on an existing cluster.
 
     Refused, with nothing written, when one trial cannot fit in memory (RunTooLarge), another run
     holds the directory (StoreLocked), or the directory holds another run or a damaged store
@@ -129,6 +145,8 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
         if not todo:
             _complete_manifest(store)
             return RunResult(0, len(done), time.perf_counter() - start)
+        if not scheduler and (workers or 1) > 1 and serial_below_s != 0:
+            workers = _workers_worth_it(config, store, todo, workers, serial_below_s)
         try:
             client = None
             if scheduler or (workers or 1) > 1:  # --workers 1 is the serial run
@@ -157,6 +175,21 @@ def _complete_manifest(store: RunStore) -> None:
     manifest["finished_at"] = max(cells["finished_at"]) if len(cells) else now()
     manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
     store.write_manifest(manifest)
+
+
+def _workers_worth_it(config: SweepConfig, store: RunStore, todo: list[Cell], workers: int,
+                      serial_below_s: float | None) -> int:
+    """workers, or 1 (said on stderr in one line) when the sweep is too small to pay for starting them."""
+    from .distributed import SERIAL_BELOW_S, serial_estimate_s
+    limit = SERIAL_BELOW_S if serial_below_s is None else serial_below_s
+    stored = store.stored_trials()
+    estimate = serial_estimate_s(config, todo, {c: stored[c.key] for c in todo if c.key in stored})
+    if estimate >= limit:
+        return workers
+    print(f"harness run: running serially, not on {workers} workers: this sweep is about {estimate:.0f} s of serial "
+          f"work, less than starting the workers costs (worth it from about {limit:.0f} s)", file=sys.stderr)
+    return 1
+
 
 def _test_hold(n_commit: int, phase: str) -> None:
     """Interruption tests: with $KVHARNESS_TEST_HOLD = "N:PHASE:FILE", the run creates FILE and
@@ -203,7 +236,7 @@ def _holds_a_trial(store: RunStore) -> bool:
 def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None) -> int:
     """The trials not yet stored, serially or as tasks on a Dask client, each chunk committed as
     it arrives; the manifest's finished_at once all are in. Returns the trials of these cells
-    that were stored before."""
+    that were stored before. CellsFailed, after every other cell is stored, when some failed."""
     from .progress import Progress
 
     stored = store.stored_trials()
@@ -213,8 +246,12 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
                         trials_done=(n_cells - len(todo)) * config.trials + sum(start.values()))
 
     commits = itertools.count(1)
+    failed: dict[Cell, str] = {}
 
     def on_chunk(cell: Cell, trials: range, rows: list, wall: float, peak_mb: float) -> None:
+        if isinstance(rows, CellFailure) or cell in failed:   # a failed cell's later chunks are not stored either
+            failed.setdefault(cell, getattr(rows, "reason", ""))
+            return
         n = next(commits)
         _test_hold(n, "before")
         finished = store.write_chunk(cell.key, rows, first_trial=trials.start, n_trials_cell=config.trials,
@@ -234,7 +271,10 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
     finally:
         bar.close()
     manifest = store.read_manifest()
-    manifest["finished_at"] = now()
+    if not failed:
+        manifest["finished_at"] = now()
     manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
     store.write_manifest(manifest)
+    if failed:
+        raise CellsFailed(failed, len(todo))
     return sum(start.values())

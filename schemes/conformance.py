@@ -21,13 +21,14 @@ trial indices go to `fit` only where it takes them.
 """
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .base import BitLedger, call_with_optional, stored_bits
+from .base import BitLedger, Encoded, call_with_optional, stored_bits
 from .registry import MAX_BUDGET, MIN_BUDGET
 
 Factory = Callable[..., object]
@@ -71,6 +72,53 @@ def _roundtrip(scheme, k, v, trials=None):
 
 def _largest(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
+
+
+def stored_copy(enc: Encoded) -> Encoded:
+    """enc as a deployment would store and load it: its tensors and tables written to bytes
+    (torch.save) and read back, so nothing of it is shared with the encoder's objects."""
+    buffer = io.BytesIO()
+    torch.save({"shape": list(enc.shape), "dtype": str(enc.dtype).removeprefix("torch."), "codes": enc.codes,
+                "side": enc.side, "exact_bits": enc.exact_bits, "model": sorted(enc.model)}, buffer)
+    buffer.seek(0)
+    data = torch.load(buffer, weights_only=True)
+    return Encoded(tuple(data["shape"]), getattr(torch, data["dtype"]), data["codes"], data["side"],
+                   data["exact_bits"], set(data["model"]))
+
+
+def require_standalone(enc: Encoded, reference: tuple, fresh, q: torch.Tensor | None = None) -> None:
+    """The encoding of one trial stands alone (ConformanceError where it does not): its ledger
+    counts the bits its tensors occupy (a trial coded alone has no padding, so its exact bits are
+    its stored bits), and `fresh`, a new instance built and fitted as the encoder was, decodes its
+    stored bytes (stored_copy) to reference = (k̂, v̂) the encoder decoded, exactly, and scores
+    them (q given: reference's third entry) as the encoder did."""
+    ledger, stored = BitLedger.per_trial(enc), BitLedger.of(enc)
+    _require(enc.n_trials == 1, f"require_standalone takes the encoding of one trial, not {enc.n_trials}")
+    _require(float(ledger.cache[0]) == stored.total and float(ledger.model[0]) == stored.model_total,
+             f"a trial coded alone is charged {float(ledger.cache[0]):.0f} per-cache and {float(ledger.model[0]):.0f} "
+             f"per-model bits, but its stored tensors occupy {stored.total} and {stored.model_total} (exact_bits may "
+             f"only leave out the padding of a batch)")
+    copy = stored_copy(enc)
+    try:
+        decoded = fresh.decode(copy)
+    except Exception as exc:  # noqa: BLE001 - the codec's own failure, said as the property it breaks
+        raise ConformanceError(f"a new instance, built and fitted as the encoder, cannot decode the stored encoding "
+                               f"({type(exc).__name__}: {exc}): the codec decodes from something the encoding does "
+                               f"not hold") from None
+    for what, x, x_ref in (("K", decoded[0], reference[0]), ("V", decoded[1], reference[1])):
+        _require(x.shape == x_ref.shape and torch.equal(x, x_ref),
+                 f"a new instance, built and fitted as the encoder, decodes the stored encoding to another {what} "
+                 f"(by up to {_largest(x - x_ref) if x.shape == x_ref.shape else math.inf:.3g}): the codec decodes "
+                 f"from something the encoding does not hold")
+    if q is not None and len(reference) > 2:
+        logits = fresh.score(q, copy)
+        _require(torch.equal(logits, reference[2]),
+                 "a new instance, built and fitted as the encoder, scores the stored encoding differently: the "
+                 "codec scores from something the encoding does not hold")
+
+
+def _scores_on_codes(scheme) -> bool:
+    return bool(getattr(scheme, "scores_on_codes", False))
 
 
 # --- the checks ------------------------------------------------------------------------------
@@ -145,6 +193,32 @@ def check_ledger_matches_storage(factory: Factory) -> None:
             _require(t[0].numel() < h * s * d, f"codes.{key} stores a full-size float tensor per trial")
     _require(0 < ledger.bits_per_element < 32,
              f"{ledger.bits_per_element:.3g} bits per element is not a compression of float32")
+
+
+def check_encoding_stands_alone(factory: Factory) -> None:
+    """A trial's encoding, stored as bytes and loaded, decodes and scores on a new instance
+    (built and fitted as the encoder: per-model constants are shared) exactly as the encoder
+    decodes it, after the encoder has coded another cache; coded alone, its ledger is the bits
+    its tensors occupy, and in a batch it is charged the same."""
+    k_cal, v_cal, _ = _data(5)
+    k, v, q = _data(0)
+
+    def fitted(trials: torch.Tensor):
+        scheme = _make(factory)
+        call_with_optional(scheme.fit, k_cal[trials], v_cal[trials], trials=trials)
+        return scheme
+
+    one = torch.tensor([1])
+    first = fitted(one)
+    enc = first.encode(k[one], v[one])
+    reference = tuple(first.decode(enc)) + ((first.score(q[one], enc),) if _scores_on_codes(first) else ())
+    first.encode(-2 * k[:1], v[:1])          # a decoder reading what its encoder saw last now reads this
+    require_standalone(enc, reference, fitted(one), q[one])
+    batch = BitLedger.per_trial(fitted(torch.arange(3)).encode(k, v))
+    alone = BitLedger.per_trial(enc)
+    _require(float(batch.cache[1]) == float(alone.cache[0]) and float(batch.model[1]) == float(alone.model[0]),
+             f"trial 1 is charged {float(batch.cache[1]):.0f} + {float(batch.model[1]):.0f} bits in a batch of 3 but "
+             f"{float(alone.cache[0]):.0f} + {float(alone.model[0]):.0f} coded alone")
 
 
 def check_model_constants_do_not_depend_on_the_cache(factory: Factory) -> None:
@@ -276,7 +350,8 @@ class Check:
 CHECKS: tuple[Check, ...] = tuple(
     Check(fn.__name__, fn, " ".join(fn.__doc__.split()))
     for fn in (check_roundtrip_keeps_shape_dtype_device, check_same_seed_same_codes, check_input_not_mutated,
-               check_ledger_matches_storage, check_model_constants_do_not_depend_on_the_cache,
+               check_ledger_matches_storage, check_encoding_stands_alone,
+               check_model_constants_do_not_depend_on_the_cache,
                check_score_matches_decode, check_kept_mask, check_error_not_growing_with_budget,
                check_edge_inputs_stay_finite, check_trial_order_invariant, check_diagnostics_per_trial))
 

@@ -20,6 +20,7 @@ import pandas as pd
 from .cells import CELL_COLUMNS, SETTING_COLUMNS
 from .dominance import crossovers, pareto_front
 from .equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, storage_column
+from .finite import finite_cells
 from .inference import holm, mean_ci
 from .metrics import SIX_D
 from .paired import two_sample
@@ -209,6 +210,7 @@ class Findings:
     storage: str = "bits_per_element"  # the column storage is read from
     has_null: bool = False
     claims: pd.DataFrame | None = None  # a reproduction's claims (harness reproduce; RunStore.claims), else None
+    left_out: tuple[str, ...] = ()      # one line per cell left out, its values not finite (stats.finite)
 
     @property
     def settings(self) -> list[tuple]:
@@ -226,8 +228,12 @@ def analyse(trials: pd.DataFrame, null_trials: pd.DataFrame | None = None, n_per
     """Findings of a run's trials at the storage levels `levels` (bits per element; default
     stats.equal_storage.default_levels); `null_trials`, optional, is a run of the same cells that
     differs only in an implementation variable, the null of the verdicts."""
-    levels = default_levels(trials) if levels is None else tuple(levels)
     metrics = (PRIMARY,) + tuple(m for m in SIX_D if m != PRIMARY)
+    trials, left_out = _usable(trials, metrics)
+    if null_trials is not None:
+        null_trials, null_left_out = _usable(null_trials, metrics)
+        left_out += tuple(f"--null run: {line}" for line in null_left_out)
+    levels = default_levels(trials) if levels is None else tuple(levels)
     cells = with_front(cell_estimates(trials), trials)
     equal = at_storage(trials, metrics, levels)
     tests = pairwise_tests(equal)
@@ -236,7 +242,18 @@ def analyse(trials: pd.DataFrame, null_trials: pd.DataFrame | None = None, n_per
     wins = wins.merge(validations(equal, wins, null_equal, n_permutations), on=SETTING_LEVEL, how="left")
     cross = crossovers(equal, error=PRIMARY, n_boot=N_BOOT, axis=LEVEL)
     return Findings(trials, cells, equal, tests, wins, cross, levels, storage_column(trials),
-                    null_trials is not None)
+                    null_trials is not None, left_out=left_out)
+
+
+def _usable(trials: pd.DataFrame, metrics: tuple[str, ...]) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The trials of the cells finite in what the findings read (stats.finite), and the lines
+    naming the others; ValueError when no cell is left."""
+    required = metrics + ("bits_per_element", storage_column(trials))
+    usable, left_out = finite_cells(trials, required, tuple(m for m in ESTIMATED if m not in required))
+    if usable.empty:
+        raise ValueError(f"no stored cell has finite values to report ({len(left_out)} left out; first "
+                         f"{left_out[0].removeprefix('left out: ')})")
+    return usable, left_out
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
@@ -308,4 +325,5 @@ def to_json(findings: Findings) -> dict:
                                    "values compared at a level differ in storage by at most tolerance"},
             "has_null": findings.has_null, "fronts": fronts, "winners": _records(wins),
             "verdicts": _records(verdicts), "crossovers": _records(findings.crossovers),
+            **({"left_out": list(findings.left_out)} if findings.left_out else {}),
             **({"claims": _records(findings.claims)} if findings.claims is not None else {})}

@@ -98,10 +98,17 @@ def _exact(term, x: torch.Tensor) -> torch.Tensor:
     return _EXACT.remembered((x,), lambda: term(x), term.__name__)
 
 
+def _not_a_number(*terms: torch.Tensor) -> torch.Tensor:
+    """Where any of the terms is NaN: the comparisons that pick the 0/0 cases below are False on
+    NaN, and would otherwise turn a NaN trial into an exact 0 (a perfect score)."""
+    return torch.stack(torch.broadcast_tensors(*map(torch.isnan, terms))).any(dim=0)
+
+
 def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> torch.Tensor:
-    """num/den with 0/0 → zero_over_zero and x/0 → inf."""
+    """num/den with 0/0 → zero_over_zero and x/0 → inf; NaN where num or den is NaN."""
     ratio = num / torch.where(den > 0, den, 1.0)
-    return torch.where(den > 0, ratio, torch.where(num > 0, math.inf, zero_over_zero))
+    ratio = torch.where(den > 0, ratio, torch.where(num > 0, math.inf, zero_over_zero))
+    return torch.where(_not_a_number(num, den), math.nan, ratio)
 
 
 def _token_energies(x: torch.Tensor, x_hat: torch.Tensor):
@@ -112,13 +119,14 @@ def _token_energies(x: torch.Tensor, x_hat: torch.Tensor):
 def _rel_and_direction(xx, hh, ee):
     """rel_mse = ‖x−x̂‖²/‖x‖² and dir_err = 1 − cos. The direction error uses the identity
     ‖x‖‖x̂‖ − x·x̂ = (‖x − x̂‖² − (‖x‖ − ‖x̂‖)²)/2, whose terms keep their digits when the error is
-    tiny (1 − x·x̂/(‖x‖‖x̂‖) would cancel). 0/0 cases: both zero → 0, one zero → 1."""
+    tiny (1 − x·x̂/(‖x‖‖x̂‖) would cancel). 0/0 cases: both zero → 0, one zero → 1; NaN in, NaN out."""
     rel = _safe_ratio(ee, xx, 0.0)
     nx, nh = xx.sqrt(), hh.sqrt()
     both = (nx > 0) & (nh > 0)
     num = torch.clamp(ee - (nx - nh) ** 2, min=0.0) / 2
     direction = torch.where(both, num / torch.where(both, nx * nh, 1.0),
                             torch.where((nx > 0) | (nh > 0), 1.0, 0.0))
+    direction = torch.where(_not_a_number(xx, hh, ee), math.nan, direction)
     return rel, torch.clamp(direction, max=2.0)
 
 

@@ -8,6 +8,7 @@ import torch
 
 import schemes
 from schemes import conformance, reference
+from schemes.base import Encoded
 from schemes.baselines import GroupQuant
 from schemes.conformance import CHECKS, ConformanceError, check_scheme
 
@@ -74,7 +75,34 @@ class _PerHeadDiagnostic(GroupQuant):
         return {"groups_used": torch.ones(3, 2)}        # (B, H): one value per trial and head
 
 
+@dataclass
+class _ExactBitsLie(GroupQuant):
+    name = "broken-exact-bits"
+
+    def encode(self, k, v):
+        enc = super().encode(k, v)
+        for key in enc.codes:
+            enc.exact_bits[key] = torch.ones(k.shape[0])     # one bit per trial, whatever is stored
+        return enc
+
+
+@dataclass
+class _KeepsTheCache(GroupQuant):
+    name = "broken-keeps-state"
+
+    def encode(self, k, v):
+        self._kept = (k.clone(), v.clone())                 # decoded from here, not from the encoding
+        enc = Encoded(tuple(k.shape), k.dtype)
+        enc.codes["byte"] = torch.zeros(k.shape[0], 1, dtype=torch.uint8)
+        return enc
+
+    def decode(self, enc):
+        return self._kept
+
+
 @pytest.mark.parametrize("cls,check,words", [
+    (_ExactBitsLie, "check_encoding_stands_alone", "a trial coded alone is charged 8 per-cache and 0 per-model bits, but its stored tensors occupy"),
+    (_KeepsTheCache, "check_encoding_stands_alone", "cannot decode the stored encoding .AttributeError"),
     (_MutatesInput, "check_input_not_mutated", "changed its input k in place"),
     (_Float32Always, "check_roundtrip_keeps_shape_dtype_device", "as torch.float32 for a torch.float64 input"),
     (_MixesTrials, "check_trial_order_invariant", "permuting the trials changes"),

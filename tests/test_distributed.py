@@ -12,7 +12,7 @@ ARGS = ["run", "--scenario", "gaussian,spectral_decay", "--scheme", "tq-kv,plain
         "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "5", "--quiet"]
 
 
-def test_distributed_rows_equal_serial_and_survive_a_dead_worker(tmp_path):
+def test_distributed_rows_equal_serial_and_survive_a_dead_worker(tmp_path, monkeypatch):
     """--workers 2 (one worker process beside this one) gives the serial rows; so does a cluster
     whose worker dies at its first task (the task is retried: the death costs only its chunk).
     The dead-worker half runs on a cluster of its own (--scheduler), all of whose tasks go to its
@@ -22,6 +22,7 @@ def test_distributed_rows_equal_serial_and_survive_a_dead_worker(tmp_path):
     from dask.distributed import LocalCluster
     import torch
     threads = torch.get_num_threads()
+    monkeypatch.setattr(distributed, "SERIAL_BELOW_S", 0)   # this small sweep on workers all the same
     assert main(ARGS + ["--out", str(tmp_path / "serial")]) == 0
     assert main(ARGS + ["--out", str(tmp_path / "dask"), "--workers", "2"]) == 0
     serial, dask = RunStore(tmp_path / "serial").trials(), RunStore(tmp_path / "dask").trials()

@@ -78,6 +78,8 @@ def _findings(directory: Path, null_directory: Path | None, n_permutations: int,
         raise UsageError(f"harness report: {directory / RESULTS_FILE} holds no trials yet; run or resume the sweep first")
     null_trials = RunStore(null_directory).trials() if null_directory is not None else None
     findings = analyse(trials, null_trials, n_permutations, levels)
+    for line in findings.left_out:   # cells whose stored values are not finite: named, the rest reported
+        print(f"harness report: {line}", file=sys.stderr)
     # a reproduction (harness reproduce) stores its claims beside the trials
     return dataclasses.replace(findings, claims=RunStore(directory).claims())
 
@@ -95,7 +97,7 @@ def write_report(directory: Path, null_directory: Path | None = None, n_permutat
     store = RunStore(directory)
     findings = _findings(directory, null_directory, n_permutations, levels)
     manifest = store.read_manifest()
-    notice = incomplete_notice(store)
+    notice = "; ".join(filter(None, [incomplete_notice(store), *findings.left_out])) or None
     figures = build_figures(findings)
     title = directory.resolve().name
     run_time = _run_time(store, manifest)

@@ -1,0 +1,279 @@
+"""Right numbers or a clear refusal (issue 31): a trial whose data or metrics are not finite is an
+error naming its cell, never a stored zero; a codec that raises costs its own cells only; a codec
+that writes its input in place fails and changes no other codec's rows."""
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from harness import cell as engine
+from harness.cli import main
+from harness.store import RunStore
+from schemes import registry
+from schemes.baselines import GroupQuant
+from stats.metrics import trial_metrics
+
+SMALL = ["--dim", "16", "--seq-len", "32", "--queries", "4", "--calib-tokens", "32", "--trials", "3", "--quiet"]
+KEY = ["scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens", "trial"]
+
+
+class _EntryPoint:
+    group = registry.ENTRY_POINT_GROUP
+
+    def __init__(self, cls):
+        self.name, self.value, self._cls = cls.name, f"tests:{cls.__name__}", cls
+
+    def load(self):
+        return self._cls
+
+
+@pytest.fixture
+def install(monkeypatch):
+    """install(*classes): the classes as entry-point plug-ins, for this test only."""
+    real = registry.metadata.entry_points
+
+    def put(*classes):
+        def entry_points(**kwargs):   # other callers (torch's own plug-ins) see the real ones
+            return [_EntryPoint(c) for c in classes] if kwargs == {"group": registry.ENTRY_POINT_GROUP} else real(**kwargs)
+        monkeypatch.setattr(registry.metadata, "entry_points", entry_points)
+        monkeypatch.setattr(registry, "_plugins", None)
+    yield put
+    registry._plugins = None
+
+
+def rows(out) -> pd.DataFrame:
+    return RunStore(out).trials().sort_values(KEY).reset_index(drop=True)
+
+
+# --- item 1: not finite is an error naming the cell, never a zero ------------------------------------
+def test_a_trial_of_nan_data_scores_nan_not_a_perfect_zero():
+    """The metrics' 0/0 guards compare with > 0, which is False on NaN: a NaN trial stored rel_mse 0,
+    d2 0. Each metric of the NaN trial is NaN now; the other trials are untouched."""
+    g = torch.Generator().manual_seed(0)
+    k, v, q = (torch.randn(3, 1, 16, 8, generator=g) for _ in range(3))
+    k_hat, v_hat = k + 0.1, v - 0.1
+    clean = trial_metrics(k, v, q, k_hat, v_hat, q @ k_hat.transpose(-1, -2) / 8 ** 0.5)
+    k[1] = float("nan")
+    v[1] = float("nan")
+    dirty = trial_metrics(k, v, q, k_hat, v_hat, q @ k_hat.transpose(-1, -2) / 8 ** 0.5)
+    for name, values in dirty.items():
+        assert torch.isnan(values[1]), name
+        assert torch.equal(values[[0, 2]], clean[name][[0, 2]]), name
+
+
+@dataclass
+class NaNDecoder(GroupQuant):
+    """Decodes K of trial 1 to NaN."""
+    name = "nan-decoder"
+
+    def decode(self, enc):
+        k, v = super().decode(enc)
+        k = k.clone()
+        k[1] = float("nan")
+        return k, v
+
+
+def test_a_codec_decoding_nan_fails_its_cell_by_name_and_stores_the_others(install, tmp_path, capsys):
+    install(NaNDecoder)
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "int4,nan-decoder", "--budget", "4",
+                 "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1
+    assert "scheme nan-decoder, budget 4, dim 16" in err and "rel_mse_k" in err and "trial 1" in err
+    stored = rows(out)
+    assert set(stored.scheme) == {"int4"} and len(stored) == 3
+    assert RunStore(out).stored_trials() == {("gaussian", "int4", 4, 16, 32, 4, 32): 3}
+
+
+def test_data_that_are_not_finite_stop_the_run_naming_the_data(monkeypatch, tmp_path, capsys):
+    real = engine.draw_trials
+
+    def with_inf(*args, **kwargs):
+        data = real(*args, **kwargs)
+        data["v"][2, 0, 5, 1] = float("inf")
+        return data
+    monkeypatch.setattr(engine, "draw_trials", with_inf)
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "int4,tq-kv", "--budget", "2", "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "scenario gaussian drew data that are not finite (v not finite in trial 2; dim 16, seq_len 32" in err
+    assert not out.exists()   # nothing stored: nothing left behind
+
+
+def test_the_finiteness_check_names_each_column_and_trial():
+    columns = {"rel_mse_k": np.array([0.1, np.nan, 0.2]), "d2_t": np.array([0.1, 0.2, np.inf]),
+               "bits_per_element": np.ones(3), "largest_abs_k": np.array([np.nan] * 3)}   # a diagnostic: not checked
+    assert engine.non_finite_columns(columns, range(4, 7)) == "rel_mse_k, d2_t not finite in trials 5, 6"
+    assert engine.non_finite_columns({"rel_mse_k": np.ones(3)}, range(3)) is None
+
+
+# --- item 10: a codec that raises costs its own cells -------------------------------------------------
+@dataclass
+class Raiser(GroupQuant):
+    name = "raiser"
+
+    def encode(self, k, v):
+        raise RuntimeError("plug-in bug")
+
+
+def test_a_codec_that_raises_costs_only_its_cells(install, tmp_path, capsys):
+    install(Raiser)
+    out, alone = tmp_path / "run", tmp_path / "alone"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,raiser,int4", "--budget", "2,3",
+                 "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "2 of 6 cells failed" in err and "codec raiser: 2 cell(s)" in err and "RuntimeError: plug-in bug" in err
+    assert "the other 4 are stored" in err
+    assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,int4", "--budget", "2,3",
+                 "--out", str(alone), *SMALL]) == 0
+    pd.testing.assert_frame_equal(rows(out), rows(alone))
+
+
+def test_all_with_a_raising_plugin_runs_the_rest(install, tmp_path, capsys):
+    install(Raiser)
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "all,-shard,-shard-pca-decode,-svd", "--budget", "2",
+                 "--out", str(out), "--dim", "16", "--seq-len", "32", "--queries", "4", "--calib-tokens", "32",
+                 "--trials", "2", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "codec raiser" in err[0]
+    stored = set(rows(out).scheme)
+    assert "raiser" not in stored and {"tq-kv", "int4", "sq-kv", "h2o"} <= stored
+
+
+# --- item 3: a codec's rows never depend on its neighbours --------------------------------------------
+@dataclass
+class Halver(GroupQuant):
+    """Writes its input in place: K in encode (the issue's case) or Q in score."""
+    name = "halver"
+    where = "k"
+
+    def encode(self, k, v):
+        enc = super().encode(k, v)
+        if self.where == "k":
+            k.mul_(0.5)
+        return enc
+
+    def score(self, q, enc):
+        if self.where == "q":
+            q[0].mul_(0.5)          # a view: it shares its base's version counter
+        return super().score(q, enc)
+
+
+def test_the_codec_order_of_a_sweep_changes_no_row(tmp_path):
+    """Five built-in codecs of four families (eviction, a calibrated basis, shared codings of the
+    tq variants), in one order and the reverse: the same rows, bit for bit."""
+    names = ["tq-kv", "tq-qkv", "sq-kv", "kivi", "h2o"]
+    frames = []
+    for order in (names, names[::-1]):
+        out = tmp_path / "-".join(order)
+        assert main(["run", "--scenario", "heavy_tail", "--scheme", ",".join(order), "--budget", "2,3",
+                     "--out", str(out), *SMALL]) == 0
+        frames.append(rows(out))
+    pd.testing.assert_frame_equal(*frames, check_exact=True)
+
+
+@pytest.mark.parametrize("where,tensor", [("k", "k"), ("q", "q")])
+def test_a_codec_writing_its_input_fails_by_name_and_changes_no_other_row(install, monkeypatch, tmp_path, capsys,
+                                                                         where, tensor):
+    """The writer runs first in its chunk: the codecs after it get the data as drawn (the chunk is
+    drawn again), so their rows equal a run without it."""
+    monkeypatch.setattr(Halver, "where", where)
+    install(Halver)
+    out, alone = tmp_path / "run", tmp_path / "alone"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "halver,tq-kv,int4", "--budget", "2",
+                 "--out", str(out), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert f"codec halver wrote its input {tensor} in place" in err and "codec halver: 1 cell(s)" in err
+    assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,int4", "--budget", "2", "--out", str(alone),
+                 *SMALL]) == 0
+    pd.testing.assert_frame_equal(rows(out), rows(alone), check_exact=True)
+
+
+# --- item 12: --workers on a sweep too small to pay for their start ----------------------------------
+def test_workers_on_a_small_sweep_run_serially_and_say_so(monkeypatch, tmp_path, capsys):
+    from harness import distributed
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a cluster was started for a sweep too small to pay for it")
+    monkeypatch.setattr(distributed, "cluster", no_cluster)
+    args = ["run", "--scenario", "gaussian", "--scheme", "tq-kv,int4", "--budget", "2", *SMALL]
+    assert main(args + ["--out", str(tmp_path / "w"), "--workers", "2"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("harness run: running serially, not on 2 workers: this sweep is about")
+    assert main(args + ["--out", str(tmp_path / "s")]) == 0
+    pd.testing.assert_frame_equal(rows(tmp_path / "w"), rows(tmp_path / "s"), check_exact=True)
+
+
+def test_the_serial_estimate_grows_with_the_work():
+    from harness.distributed import CELL_S, SERIAL_BELOW_S, serial_estimate_s
+    from harness.sweep import SweepConfig
+    small = SweepConfig(scenarios=("gaussian",), schemes=("tq-kv",), budgets=(2,), dims=(16,), seq_lens=(32,),
+                        queries=(4,), trials=3)
+    large = SweepConfig(scenarios=("gaussian",), schemes=("tq-kv", "sq-kv", "int4"), budgets=(2, 3, 4), dims=(128,),
+                        seq_lens=(1024,), queries=(64,), trials=200)     # 9 cells of a paper setting
+    cell = small.cells()[0]
+    assert CELL_S < serial_estimate_s(small, small.cells()) < 1
+    assert serial_estimate_s(small, small.cells(), {cell: 3}) == CELL_S        # nothing left but the cell's fixed cost
+    assert serial_estimate_s(large, large.cells()) > SERIAL_BELOW_S
+
+
+# --- item 9: a stored run with values that are not finite is reported, the cells named ---------------
+def test_report_leaves_out_cells_that_are_not_finite_and_names_each(tmp_path, capsys):
+    """A store written by another tool (or an old version): int4's d2_t NULL in every trial (a codec
+    that decoded NaN), kivi's rel_mse_k NULL in one trial. `report --json` and `report` exit 0,
+    name each of the two cells in one line, and report the other cells exactly as a store without
+    the two cells does."""
+    import json
+    import shutil
+    import sqlite3
+
+    out = tmp_path / "run"
+    assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv,tq-qkv,int4,kivi", "--budget", "2", "--out",
+                 str(out), *SMALL[:-3], "--trials", "4", "--quiet"]) == 0
+    (out / ".lock").unlink(missing_ok=True)
+    without = tmp_path / "without"
+    shutil.copytree(out, without)
+    with sqlite3.connect(out / "results.sqlite") as con:
+        con.execute("UPDATE trials SET d2_t = NULL WHERE scheme = 'int4'")
+        con.execute("UPDATE trials SET rel_mse_k = NULL WHERE scheme = 'kivi' AND trial = 1")
+    with sqlite3.connect(without / "results.sqlite") as con:
+        for table in ("trials", "cells"):
+            con.execute(f"DELETE FROM {table} WHERE scheme IN ('int4', 'kivi')")
+    capsys.readouterr()
+    assert main(["report", str(out), "--json", "--permutations", "50"]) == 0
+    captured = capsys.readouterr()
+    found = json.loads(captured.out)
+    lines = [line for line in captured.err.splitlines() if line.startswith("harness report: left out")]
+    assert lines == [
+        "harness report: left out: cell (scenario gaussian, scheme int4, budget 2, dim 16, seq_len 32, queries 4, "
+        "calib_tokens 32): d2_t not finite in 4 of 4 trials",
+        "harness report: left out: cell (scenario gaussian, scheme kivi, budget 2, dim 16, seq_len 32, queries 4, "
+        "calib_tokens 32): rel_mse_k not finite in 1 of 4 trials"]
+    assert found.pop("left_out") == [line.removeprefix("harness report: ") for line in lines]
+    assert main(["report", str(without), "--json", "--permutations", "50"]) == 0
+    reference = json.loads(capsys.readouterr().out)
+    assert reference.pop("incomplete")["finished_cells"] == 2     # its manifest still names the 4 cells
+    assert found == reference
+    assert main(["report", str(out), "--permutations", "50"]) == 0
+    assert (out / "report.html").exists() and "left out: cell (scenario gaussian, scheme int4" in \
+        (out / "report.html").read_text()
+
+
+def test_the_documented_nan_of_evicted_mass_is_no_reason_to_leave_a_cell_out():
+    from stats.finite import finite_cells
+    frame = pd.DataFrame({"scenario": "g", "scheme": ["tq-kv"] * 3 + ["h2o"] * 3, "budget": 2, "dim": 16,
+                          "seq_len": 32, "queries": 4, "calib_tokens": 32, "trial": [0, 1, 2] * 2,
+                          "d2_t": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6],
+                          "evicted_mass": [np.nan] * 3 + [0.1, np.inf, 0.2]})
+    usable, notes = finite_cells(frame, ("d2_t",), ("evicted_mass",))
+    assert list(usable.scheme) == ["tq-kv"] * 3
+    assert notes == ("left out: cell (scenario g, scheme h2o, budget 2, dim 16, seq_len 32, queries 4, "
+                     "calib_tokens 32): evicted_mass not finite in 1 of 3 trials",)
