@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from kvcommon.checks import Check, ConformanceError, require, run_checks
 from kvcommon.rng import generator
 
 from .base import Scenario, TrialShape
@@ -28,15 +28,6 @@ Factory = Callable[..., Scenario]
 
 SHAPES = (TrialShape(1, 16, 4, 8, 12), TrialShape(2, 33, 5, 16, 20, n_decode=3, prefill_queries=True))
 PREFILL = ("k", "v", "q", "k_cal", "v_cal")
-
-
-class ConformanceError(AssertionError):
-    """A scenario broke a stated property; the message says which and how, in words."""
-
-
-def _require(condition, sentence: str) -> None:
-    if not bool(condition):
-        raise ConformanceError(sentence)
 
 
 def draw(scenario: Scenario, shape: TrialShape, trial: int = 0, seed: int = 0, rng: str = "pcg64") -> dict:
@@ -71,14 +62,14 @@ def check_shapes_dtype_finite(factory: Factory) -> None:
     for shape in SHAPES:
         trial = draw(scenario, shape)
         for name, expected in _expected(shape).items():
-            _require(name in trial, f"a trial of shape {shape} lacks {name!r}")
+            require(name in trial, f"a trial of shape {shape} lacks {name!r}")
             x = np.asarray(trial[name])
-            _require(x.shape == expected, f"{name} has shape {x.shape}, not {expected} (shape {shape})")
+            require(x.shape == expected, f"{name} has shape {x.shape}, not {expected} (shape {shape})")
             if name.startswith("positions"):
-                _require(np.issubdtype(x.dtype, np.integer), f"{name} is {x.dtype}, not integers")
+                require(np.issubdtype(x.dtype, np.integer), f"{name} is {x.dtype}, not integers")
             else:
-                _require(x.dtype == np.float64, f"{name} is {x.dtype}, not float64")
-                _require(np.isfinite(x).all(), f"{name} has {int((~np.isfinite(x)).sum())} non-finite values")
+                require(x.dtype == np.float64, f"{name} is {x.dtype}, not float64")
+                require(np.isfinite(x).all(), f"{name} has {int((~np.isfinite(x)).sum())} non-finite values")
 
 
 def check_same_seed_same_trial(factory: Factory) -> None:
@@ -88,8 +79,8 @@ def check_same_seed_same_trial(factory: Factory) -> None:
     first, again, other = draw(factory(), shape, trial=3), draw(factory(), shape, trial=3), None
     other = draw(factory(), shape, trial=3, seed=1)
     for name in first:
-        _require(np.array_equal(first[name], again[name]), f"{name} differs between two draws of one trial")
-    _require(not np.array_equal(first["k"], other["k"]), "k is the same under another root seed")
+        require(np.array_equal(first[name], again[name]), f"{name} differs between two draws of one trial")
+    require(not np.array_equal(first["k"], other["k"]), "k is the same under another root seed")
 
 
 def check_trials_independent(factory: Factory) -> None:
@@ -98,9 +89,9 @@ def check_trials_independent(factory: Factory) -> None:
     shape = SHAPES[1]
     scenario = factory()
     a, b = draw(scenario, shape, trial=0)["k"].ravel(), draw(scenario, shape, trial=1)["k"].ravel()
-    _require(not np.array_equal(a, b), "trials 0 and 1 draw the same k")
+    require(not np.array_equal(a, b), "trials 0 and 1 draw the same k")
     r = float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else 0.0
-    _require(abs(r) < 5 / math.sqrt(a.size), f"k of trials 0 and 1 correlate (r = {r:.3f} over {a.size} values)")
+    require(abs(r) < 5 / math.sqrt(a.size), f"k of trials 0 and 1 correlate (r = {r:.3f} over {a.size} values)")
 
 
 def check_streams_keep_the_prefill(factory: Factory) -> None:
@@ -113,7 +104,7 @@ def check_streams_keep_the_prefill(factory: Factory) -> None:
                   dataclasses.replace(base, prefill_queries=True)):
         other = draw(factory(), shape)
         for name in ("k", "v", "q"):
-            _require(np.array_equal(reference[name], other[name]),
+            require(np.array_equal(reference[name], other[name]),
                      f"{name} changes when the trial shape changes to {shape}")
 
 
@@ -133,16 +124,8 @@ def check_invalid_parameters_refused(factory: Factory) -> None:
             raise ConformanceError(f"parameter {f.name}={bad} is accepted by validate()")
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    run: Callable[[Factory], None]
-    states: str          # the property, in words
-
-
 CHECKS: tuple[Check, ...] = tuple(
-    Check(fn.__name__, fn, " ".join(fn.__doc__.split()))
-    for fn in (check_shapes_dtype_finite, check_same_seed_same_trial, check_trials_independent,
+    Check.of(fn) for fn in (check_shapes_dtype_finite, check_same_seed_same_trial, check_trials_independent,
                check_streams_keep_the_prefill, check_invalid_parameters_refused))
 
 
@@ -150,19 +133,4 @@ def check_scenario(factory: Factory, *, skip: tuple[str, ...] = ()) -> None:
     """Run every check (but those named in skip) on the factory's scenarios; ConformanceError
     listing every failure, one sentence per check, if any fails. A check that raises something
     else reports it as the scenario's error in that check."""
-    unknown = set(skip) - {c.name for c in CHECKS}
-    if unknown:
-        raise ValueError(f"unknown check(s) {sorted(unknown)}; valid: {', '.join(c.name for c in CHECKS)}")
-    failures = []
-    for check in CHECKS:
-        if check.name in skip:
-            continue
-        try:
-            check.run(factory)
-        except ConformanceError as exc:
-            failures.append(f"{check.name}: {exc}")
-        except Exception as exc:    # the scenario itself failed inside the check
-            failures.append(f"{check.name}: the scenario raised {type(exc).__name__}: {exc}")
-    if failures:
-        raise ConformanceError(f"{len(failures)} of {len(CHECKS) - len(skip)} checks failed:\n  "
-                               + "\n  ".join(failures))
+    run_checks(CHECKS, factory, skip, "the scenario")

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from kvcommon.checks import Check, ConformanceError, require, run_checks
 
 from .base import BitLedger, Encoded, call_with_optional, stored_bits
 from .registry import MAX_BUDGET, MIN_BUDGET
@@ -37,15 +38,6 @@ DIM = 64
 SHAPE = (3, 2, 48, DIM)          # B, H, S, d
 N_QUERIES = 5
 BUDGET = 3
-
-
-class ConformanceError(AssertionError):
-    """A codec broke a stated property; the message says which and how, in words."""
-
-
-def _require(condition, sentence: str) -> None:
-    if not bool(condition):
-        raise ConformanceError(sentence)
 
 
 def _make(factory: Factory, budget: int = BUDGET, seed: int = 0, dim: int = DIM):
@@ -93,8 +85,8 @@ def require_standalone(enc: Encoded, reference: tuple, fresh, q: torch.Tensor | 
     stored bytes (stored_copy) to reference = (k̂, v̂) the encoder decoded, exactly, and scores
     them (q given: reference's third entry) as the encoder did."""
     ledger, stored = BitLedger.per_trial(enc), BitLedger.of(enc)
-    _require(enc.n_trials == 1, f"require_standalone takes the encoding of one trial, not {enc.n_trials}")
-    _require(float(ledger.cache[0]) == stored.total and float(ledger.model[0]) == stored.model_total,
+    require(enc.n_trials == 1, f"require_standalone takes the encoding of one trial, not {enc.n_trials}")
+    require(float(ledger.cache[0]) == stored.total and float(ledger.model[0]) == stored.model_total,
              f"a trial coded alone is charged {float(ledger.cache[0]):.0f} per-cache and {float(ledger.model[0]):.0f} "
              f"per-model bits, but its stored tensors occupy {stored.total} and {stored.model_total} (exact_bits may "
              f"only leave out the padding of a batch)")
@@ -106,13 +98,13 @@ def require_standalone(enc: Encoded, reference: tuple, fresh, q: torch.Tensor | 
                                f"({type(exc).__name__}: {exc}): the codec decodes from something the encoding does "
                                f"not hold") from None
     for what, x, x_ref in (("K", decoded[0], reference[0]), ("V", decoded[1], reference[1])):
-        _require(x.shape == x_ref.shape and torch.equal(x, x_ref),
+        require(x.shape == x_ref.shape and torch.equal(x, x_ref),
                  f"a new instance, built and fitted as the encoder, decodes the stored encoding to another {what} "
                  f"(by up to {_largest(x - x_ref) if x.shape == x_ref.shape else math.inf:.3g}): the codec decodes "
                  f"from something the encoding does not hold")
     if q is not None and len(reference) > 2:
         logits = fresh.score(q, copy)
-        _require(torch.equal(logits, reference[2]),
+        require(torch.equal(logits, reference[2]),
                  "a new instance, built and fitted as the encoder, scores the stored encoding differently: the "
                  "codec scores from something the encoding does not hold")
 
@@ -128,10 +120,10 @@ def check_roundtrip_keeps_shape_dtype_device(factory: Factory) -> None:
         k, v, _ = _data(dtype=dtype)
         _, (k_hat, v_hat) = _roundtrip(_make(factory), k, v)
         for what, x, x_hat in (("K", k, k_hat), ("V", v, v_hat)):
-            _require(x_hat.shape == x.shape, f"decode returns {what} of shape {tuple(x_hat.shape)} for a "
+            require(x_hat.shape == x.shape, f"decode returns {what} of shape {tuple(x_hat.shape)} for a "
                                              f"{dtype} input of shape {tuple(x.shape)}")
-            _require(x_hat.dtype == x.dtype, f"decode returns {what} as {x_hat.dtype} for a {dtype} input")
-            _require(x_hat.device == x.device, f"decode returns {what} on {x_hat.device} for an input on {x.device}")
+            require(x_hat.dtype == x.dtype, f"decode returns {what} as {x_hat.dtype} for a {dtype} input")
+            require(x_hat.device == x.device, f"decode returns {what} on {x_hat.device} for an input on {x.device}")
 
 
 def check_same_seed_same_codes(factory: Factory) -> None:
@@ -141,10 +133,10 @@ def check_same_seed_same_codes(factory: Factory) -> None:
     enc_b, _ = _roundtrip(_make(factory, seed=7), k, v)
     for part in ("codes", "side"):
         a, b = getattr(enc_a, part), getattr(enc_b, part)
-        _require(a.keys() == b.keys(), f"two schemes with seed 7 store different {part} entries: "
+        require(a.keys() == b.keys(), f"two schemes with seed 7 store different {part} entries: "
                                        f"{sorted(a.keys() ^ b.keys())}")
         for key in a:
-            _require(torch.equal(a[key], b[key]), f"{part}.{key} differs between two schemes built with seed 7")
+            require(torch.equal(a[key], b[key]), f"{part}.{key} differs between two schemes built with seed 7")
 
 
 def check_input_not_mutated(factory: Factory) -> None:
@@ -155,7 +147,7 @@ def check_input_not_mutated(factory: Factory) -> None:
     enc, _ = _roundtrip(scheme, k, v)
     scheme.score(q, enc)
     for what, x, x0 in (("k", k, k0), ("v", v, v0), ("q", q, q0)):
-        _require(torch.equal(x, x0), f"the scheme changed its input {what} in place (largest change "
+        require(torch.equal(x, x0), f"the scheme changed its input {what} in place (largest change "
                                      f"{_largest(x - x0):.3g})")
 
 
@@ -170,28 +162,28 @@ def check_ledger_matches_storage(factory: Factory) -> None:
     every = {("codes", key): stored_bits(t) // b for key, t in enc.codes.items()}
     every.update({("side", key): stored_bits(t) for key, t in enc.side.items()})
     stray = enc.model - (enc.codes.keys() | enc.side.keys())
-    _require(not stray, f"Encoded.model names entries that are not stored: {sorted(stray)}")
+    require(not stray, f"Encoded.model names entries that are not stored: {sorted(stray)}")
     model = sum(bits for (_, key), bits in every.items() if key in enc.model)
-    _require(ledger.total == sum(every.values()) - model,
+    require(ledger.total == sum(every.values()) - model,
              f"the per-cache ledger counts {ledger.total} bits but the stored per-cache tensors hold "
              f"{sum(every.values()) - model}")
-    _require(ledger.model_total == model, f"the per-model ledger counts {ledger.model_total} bits but the "
+    require(ledger.model_total == model, f"the per-model ledger counts {ledger.model_total} bits but the "
                                           f"entries tagged per model hold {model}")
-    _require(ledger == BitLedger.of(enc), "bits(enc) differs from BitLedger.of(enc), the count of what is stored")
-    _require(ledger.n_elements == 2 * h * s * d and ledger.n_heads == h,
+    require(ledger == BitLedger.of(enc), "bits(enc) differs from BitLedger.of(enc), the count of what is stored")
+    require(ledger.n_elements == 2 * h * s * d and ledger.n_heads == h,
              f"the ledger counts {ledger.n_elements} elements and {ledger.n_heads} heads for a cache of "
              f"{2 * h * s * d} elements (K and V) and {h} heads")
     per_trial = BitLedger.per_trial(enc)
-    _require(per_trial.cache.shape == per_trial.model.shape == (b,),
+    require(per_trial.cache.shape == per_trial.model.shape == (b,),
              f"per-trial bits have shape {tuple(per_trial.cache.shape)}, not one entry per trial ({b},)")
-    _require((per_trial.cache <= ledger.total).all() and (per_trial.model <= ledger.model_total).all(),
+    require((per_trial.cache <= ledger.total).all() and (per_trial.model <= ledger.model_total).all(),
              "a trial's exact bit count exceeds the batch's padded count")
     for key, t in enc.codes.items():
-        _require(t.shape[0] == b, f"codes.{key} lacks the leading trial dimension (shape {tuple(t.shape)}, "
+        require(t.shape[0] == b, f"codes.{key} lacks the leading trial dimension (shape {tuple(t.shape)}, "
                                   f"{b} trials)")
         if t.is_floating_point():
-            _require(t[0].numel() < h * s * d, f"codes.{key} stores a full-size float tensor per trial")
-    _require(0 < ledger.bits_per_element < 32,
+            require(t[0].numel() < h * s * d, f"codes.{key} stores a full-size float tensor per trial")
+    require(0 < ledger.bits_per_element < 32,
              f"{ledger.bits_per_element:.3g} bits per element is not a compression of float32")
 
 
@@ -216,7 +208,7 @@ def check_encoding_stands_alone(factory: Factory) -> None:
     require_standalone(enc, reference, fitted(one), q[one])
     batch = BitLedger.per_trial(fitted(torch.arange(3)).encode(k, v))
     alone = BitLedger.per_trial(enc)
-    _require(float(batch.cache[1]) == float(alone.cache[0]) and float(batch.model[1]) == float(alone.model[0]),
+    require(float(batch.cache[1]) == float(alone.cache[0]) and float(batch.model[1]) == float(alone.model[0]),
              f"trial 1 is charged {float(batch.cache[1]):.0f} + {float(batch.model[1]):.0f} bits in a batch of 3 but "
              f"{float(alone.cache[0]):.0f} + {float(alone.model[0]):.0f} coded alone")
 
@@ -228,10 +220,10 @@ def check_model_constants_do_not_depend_on_the_cache(factory: Factory) -> None:
     scheme = _make(factory)
     call_with_optional(scheme.fit, k, v, trials=torch.arange(SHAPE[0]))
     a, b = scheme.encode(k, v), scheme.encode(3 * k_other, v_other)
-    _require(a.model == b.model, f"two caches tag different entries per model: {sorted(a.model ^ b.model)}")
+    require(a.model == b.model, f"two caches tag different entries per model: {sorted(a.model ^ b.model)}")
     for key in a.model:
         part = "codes" if key in a.codes else "side"
-        _require(torch.equal(getattr(a, part)[key], getattr(b, part)[key]),
+        require(torch.equal(getattr(a, part)[key], getattr(b, part)[key]),
                  f"{part}.{key} is tagged per model but changes with the cache coded")
 
 
@@ -242,10 +234,10 @@ def check_score_matches_decode(factory: Factory) -> None:
     enc, (k_hat, _) = _roundtrip(scheme, k, v)
     logits = scheme.score(q, enc)
     b, h, s, d = SHAPE
-    _require(logits.shape == (b, h, N_QUERIES, s),
+    require(logits.shape == (b, h, N_QUERIES, s),
              f"score returns shape {tuple(logits.shape)}, not (B, H, Nq, S) = {(b, h, N_QUERIES, s)}")
     expected = q @ k_hat.transpose(-1, -2) / math.sqrt(d)
-    _require(torch.allclose(logits, expected, rtol=1e-9, atol=1e-9),
+    require(torch.allclose(logits, expected, rtol=1e-9, atol=1e-9),
              f"score differs from q·decode(k)ᵀ/√d by up to {_largest(logits - expected):.3g}")
 
 
@@ -258,12 +250,12 @@ def check_kept_mask(factory: Factory) -> None:
     kept = scheme.kept(enc) if hasattr(scheme, "kept") else None
     if kept is None:
         return
-    _require(kept.dtype == torch.bool and kept.shape == SHAPE[:3],
+    require(kept.dtype == torch.bool and kept.shape == SHAPE[:3],
              f"kept() returns {kept.dtype} of shape {tuple(kept.shape)}, not bool of shape {SHAPE[:3]}")
-    _require(kept.device == k.device, f"kept() returns a mask on {kept.device} for a cache on {k.device}")
-    _require(kept.any(-1).all(), "kept() keeps no token in some head")
+    require(kept.device == k.device, f"kept() returns a mask on {kept.device} for a cache on {k.device}")
+    require(kept.any(-1).all(), "kept() keeps no token in some head")
     for what, x_hat in (("K", k_hat), ("V", v_hat)):
-        _require(not x_hat[~kept].any(), f"an evicted token decodes to a non-zero {what}")
+        require(not x_hat[~kept].any(), f"an evicted token decodes to a non-zero {what}")
 
 
 def check_error_not_growing_with_budget(factory: Factory) -> None:
@@ -280,7 +272,7 @@ def check_error_not_growing_with_budget(factory: Factory) -> None:
         errors[budget] = float(((k - k_hat) ** 2).sum() + ((v - v_hat) ** 2).sum())
     budgets = sorted(errors)
     for lo, hi in zip(budgets, budgets[1:]):
-        _require(errors[hi] <= errors[lo] * 1.02,
+        require(errors[hi] <= errors[lo] * 1.02,
                  f"the error grows from budget {lo} ({errors[lo]:.4g}) to budget {hi} ({errors[hi]:.4g})")
 
 
@@ -300,12 +292,12 @@ def check_edge_inputs_stay_finite(factory: Factory) -> None:
         scheme = _make(factory)
         enc, (k_hat, v_hat) = _roundtrip(scheme, x, x.clone())
         q = torch.randn(x.shape[0], x.shape[1], N_QUERIES, d, generator=gen)
-        _require(torch.isfinite(k_hat).all() and torch.isfinite(v_hat).all(),
+        require(torch.isfinite(k_hat).all() and torch.isfinite(v_hat).all(),
                  f"a cache of {case} decodes to non-finite values")
         if case != "huge magnitudes":   # logits of 1e30-sized keys overflow float32 by construction
-            _require(torch.isfinite(scheme.score(q, enc)).all(), f"a cache of {case} scores non-finite logits")
+            require(torch.isfinite(scheme.score(q, enc)).all(), f"a cache of {case} scores non-finite logits")
         if case == "zeros":
-            _require(not k_hat.any() and not v_hat.any(), "a cache of zeros does not decode to zeros")
+            require(not k_hat.any() and not v_hat.any(), "a cache of zeros does not decode to zeros")
 
 
 def check_trial_order_invariant(factory: Factory) -> None:
@@ -315,10 +307,10 @@ def check_trial_order_invariant(factory: Factory) -> None:
     perm = torch.tensor([2, 0, 1])
     _, (k_hat, v_hat) = _roundtrip(_make(factory), k, v, trials=torch.arange(3))
     _, (k_hat_p, v_hat_p) = _roundtrip(_make(factory), k[perm], v[perm], trials=perm)
-    _require(torch.allclose(k_hat_p, k_hat[perm], atol=1e-6) and torch.allclose(v_hat_p, v_hat[perm], atol=1e-6),
+    require(torch.allclose(k_hat_p, k_hat[perm], atol=1e-6) and torch.allclose(v_hat_p, v_hat[perm], atol=1e-6),
              "permuting the trials changes their decoded values, not only their order")
     _, (k_one, _) = _roundtrip(_make(factory), k[1:2], v[1:2], trials=torch.tensor([1]))
-    _require(torch.allclose(k_one, k_hat[1:2], atol=1e-6),
+    require(torch.allclose(k_one, k_hat[1:2], atol=1e-6),
              f"a trial decodes differently alone than in its batch (by up to {_largest(k_one - k_hat[1:2]):.3g})")
 
 
@@ -331,25 +323,17 @@ def check_diagnostics_per_trial(factory: Factory) -> None:
     scheme = _make(factory)
     _roundtrip(scheme, k, v, trials=torch.arange(len(k)))
     for name, values in scheme.diagnostics().items():
-        _require(isinstance(name, str) and name.isidentifier() and name not in METRIC_NAMES,
+        require(isinstance(name, str) and name.isidentifier() and name not in METRIC_NAMES,
                  f"diagnostic name {name!r} is not an identifier or is already a metric's")
         values = torch.as_tensor(values)
-        _require(values.shape == (len(k),), f"diagnostic {name} has shape {tuple(values.shape)} for {len(k)} "
+        require(values.shape == (len(k),), f"diagnostic {name} has shape {tuple(values.shape)} for {len(k)} "
                                             f"trials; one value per trial is ({len(k)},)")
-        _require(not values.is_complex() and values.dtype != torch.bool,
+        require(not values.is_complex() and values.dtype != torch.bool,
                  f"diagnostic {name} is {values.dtype}, not a real number per trial")
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    run: Callable[[Factory], None]
-    states: str          # the property, in words
-
-
 CHECKS: tuple[Check, ...] = tuple(
-    Check(fn.__name__, fn, " ".join(fn.__doc__.split()))
-    for fn in (check_roundtrip_keeps_shape_dtype_device, check_same_seed_same_codes, check_input_not_mutated,
+    Check.of(fn) for fn in (check_roundtrip_keeps_shape_dtype_device, check_same_seed_same_codes, check_input_not_mutated,
                check_ledger_matches_storage, check_encoding_stands_alone,
                check_model_constants_do_not_depend_on_the_cache,
                check_score_matches_decode, check_kept_mask, check_error_not_growing_with_budget,
@@ -360,22 +344,7 @@ def check_scheme(factory: Factory, *, skip: tuple[str, ...] = ()) -> None:
     """Run every check (but those named in skip) on the factory's schemes; ConformanceError
     listing every failure, one sentence per check, if any fails. A check that raises something
     else reports it as the codec's error in that check."""
-    unknown = set(skip) - {c.name for c in CHECKS}
-    if unknown:
-        raise ValueError(f"unknown check(s) {sorted(unknown)}; valid: {', '.join(c.name for c in CHECKS)}")
-    failures = []
-    for check in CHECKS:
-        if check.name in skip:
-            continue
-        try:
-            check.run(factory)
-        except ConformanceError as exc:
-            failures.append(f"{check.name}: {exc}")
-        except Exception as exc:    # the codec itself failed inside the check
-            failures.append(f"{check.name}: the codec raised {type(exc).__name__}: {exc}")
-    if failures:
-        raise ConformanceError(f"{len(failures)} of {len(CHECKS) - len(skip)} checks failed:\n  "
-                               + "\n  ".join(failures))
+    run_checks(CHECKS, factory, skip, "the codec")
 
 
 def pytest_params(factories: dict[str, Factory], expected_failures: dict[tuple[str, str], str] | None = None):

@@ -162,6 +162,17 @@ def check_out_dir(out: Path, command: str, advice: str) -> None:
         raise UsageError(f"harness {command}: --out {out} lies under {above}, which is a file; {advice}")
 
 
+def add_margin_arguments(p) -> None:
+    """--margin and --spread-margin of the commands that give verdicts (stats/validation.py)."""
+    from stats.levels import SMALLEST_EFFECT, SPREAD_MARGIN
+    p.add_argument("--margin", type=float, default=SMALLEST_EFFECT,
+                   help=f"smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard "
+                        f"deviations (default {SMALLEST_EFFECT})")
+    p.add_argument("--spread-margin", type=float, default=SPREAD_MARGIN,
+                   help=f"smallest change of interest of a metric's spread, a ratio of its trials' mean absolute deviations "
+                        f"(default {SPREAD_MARGIN})")
+
+
 def check_spread_margin(args, command: str) -> None:
     """--spread-margin of the commands that give verdicts: a finite ratio of spreads above 1."""
     from ..errors import UsageError

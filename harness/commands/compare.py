@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stats.levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
+from stats.levels import ALPHA
 
 from ..errors import UsageError
-from ._args import check_spread_margin, check_test_options
+from ._args import add_margin_arguments, check_spread_margin, check_test_options
 from ..store import RESULTS_FILE, RunStore
 
 NAME = "compare"
@@ -26,12 +26,7 @@ def add_arguments(p):
                    help="a run differing from RUN_A only in an implementation variable (the null)")
     p.add_argument("--alpha", type=float, default=ALPHA,
                    help=f"family-wise level over every matched cell's tests (default {ALPHA})")
-    p.add_argument("--margin", type=float, default=SMALLEST_EFFECT,
-                   help=f"smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard "
-                        f"deviations (default {SMALLEST_EFFECT})")
-    p.add_argument("--spread-margin", type=float, default=SPREAD_MARGIN,
-                   help=f"smallest change of interest of a metric's spread, a ratio of its trials' mean absolute deviations "
-                        f"(default {SPREAD_MARGIN})")
+    add_margin_arguments(p)
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the permutation draws (default 0)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per cell")

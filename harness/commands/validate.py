@@ -23,11 +23,11 @@ from pathlib import Path
 
 import scenarios
 import schemes
-from stats.levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
+from stats.levels import ALPHA
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
-from ._args import check_spread_margin, check_test_options
+from ._args import add_margin_arguments, check_spread_margin, check_test_options
 from ..sweep import IMPLS, SweepConfig
 
 NAME = "validate"
@@ -54,12 +54,7 @@ def add_arguments(p):
     p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("--alpha", type=float, default=ALPHA, help=f"family-wise level (default {ALPHA})")
-    p.add_argument("--margin", type=float, default=SMALLEST_EFFECT,
-                   help=f"smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard "
-                        f"deviations (default {SMALLEST_EFFECT})")
-    p.add_argument("--spread-margin", type=float, default=SPREAD_MARGIN,
-                   help=f"smallest change of interest of a metric's spread, a ratio of its trials' mean absolute deviations "
-                        f"(default {SPREAD_MARGIN})")
+    add_margin_arguments(p)
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
     p.add_argument("--out", type=Path, default=None, help="directory for the runs (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
