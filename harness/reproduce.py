@@ -152,15 +152,11 @@ def true_ranks(size: Size) -> dict[tuple, int]:
     return out
 
 
-# --- claims 5 and 12: the first-order pass --------------------------------------------------
-def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
-    """Per trial of every cell of config: t_rel_mse_konly (softmax of the codec's logits over exact
-    V) and t_rel_mse_first_order (stats.claims.first_order_t_rel_mse, the same logit error through
-    the linearised softmax), both in float64 from the same logits, with logit_rel_mse; for the V
-    path (claims 5 and 12) t_rel_mse_vonly (exact attention over the decoded V) and v_rel_mse; and
-    score_var, the exact logits' variance over keys (mean over heads and query rows)."""
+def _encoded_chunks(config: SweepConfig):
+    """(cell, scheme, trials, data, encoding) for every chunk of every cell of config, as the
+    runner draws, fits and encodes them: the passes of claims 5, 12 and 13 read the codecs' own
+    encodings outside a sweep."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
-    records = []
     for cell in config.cells():
         scheme = create_scheme(config, cell)
         size = chunk_size(config, cell, device)
@@ -168,26 +164,38 @@ def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
             trials = range(start, min(start + size, config.trials))
             data = draw_trials(config, cell, trials, device, dtype)
             call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
-            enc = call_with_optional(scheme.encode, data["k"], data["v"], positions=data["positions"])
-            k_hat, v_hat = scheme.decode(enc)
-            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
-            logits = exact_logits(data["q"].double(), data["k"].double())
-            v = data["v"].double()
-            p = torch.softmax(logits, -1)
-            t = weighted_values(p, v)
-            konly = relative_mse(t, weighted_values(torch.softmax(logits_hat.double(), -1), v))
-            first = C.first_order_t_rel_mse(logits, logits_hat, v)
-            logit_err = relative_mse(logits, logits_hat.double())
-            vonly = relative_mse(t, weighted_values(p, v_hat.double()))
-            v_err = relative_mse(v, v_hat.double())
-            score_var = logits.var(-1).flatten(1).mean(-1)
-            for i, trial in enumerate(trials):
-                records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
-                                        cell.key), temperature=float(temperature), trial=trial, seed=config.seed,
-                                   rng=config.rng, t_rel_mse_konly=float(konly[i]),
-                                   t_rel_mse_first_order=float(first[i]), logit_rel_mse=float(logit_err[i]),
-                                   t_rel_mse_vonly=float(vonly[i]), v_rel_mse=float(v_err[i]),
-                                   score_var=float(score_var[i])))
+            yield cell, scheme, trials, data, call_with_optional(scheme.encode, data["k"], data["v"],
+                                                                 positions=data["positions"])
+
+
+# --- claims 5 and 12: the first-order pass --------------------------------------------------
+def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
+    """Per trial of every cell of config: t_rel_mse_konly (softmax of the codec's logits over exact
+    V) and t_rel_mse_first_order (stats.claims.first_order_t_rel_mse, the same logit error through
+    the linearised softmax), both in float64 from the same logits, with logit_rel_mse; for the V
+    path (claims 5 and 12) t_rel_mse_vonly (exact attention over the decoded V) and v_rel_mse; and
+    score_var, the exact logits' variance over keys (mean over heads and query rows)."""
+    records = []
+    for cell, scheme, trials, data, enc in _encoded_chunks(config):
+        k_hat, v_hat = scheme.decode(enc)
+        logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+        logits = exact_logits(data["q"].double(), data["k"].double())
+        v = data["v"].double()
+        p = torch.softmax(logits, -1)
+        t = weighted_values(p, v)
+        konly = relative_mse(t, weighted_values(torch.softmax(logits_hat.double(), -1), v))
+        first = C.first_order_t_rel_mse(logits, logits_hat, v)
+        logit_err = relative_mse(logits, logits_hat.double())
+        vonly = relative_mse(t, weighted_values(p, v_hat.double()))
+        v_err = relative_mse(v, v_hat.double())
+        score_var = logits.var(-1).flatten(1).mean(-1)
+        for i, trial in enumerate(trials):
+            records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
+                                    cell.key), temperature=float(temperature), trial=trial, seed=config.seed,
+                               rng=config.rng, t_rel_mse_konly=float(konly[i]),
+                               t_rel_mse_first_order=float(first[i]), logit_rel_mse=float(logit_err[i]),
+                               t_rel_mse_vonly=float(vonly[i]), v_rel_mse=float(v_err[i]),
+                               score_var=float(score_var[i])))
     return pd.DataFrame.from_records(records)
 
 
@@ -222,29 +230,21 @@ def ledger_rows(config: SweepConfig) -> pd.DataFrame:
     and cache; stored_bits_per_token, everything stored per cache (bits_per_element × d: codes,
     norms and other per-cache side data; the per-model constants excluded, as in the runner's
     bits_per_element); d_eff_k, d_eff_v where the codec calibrates a basis."""
-    device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     records = []
-    for cell in config.cells():
-        scheme = create_scheme(config, cell)
-        size = chunk_size(config, cell, device)
-        for start in range(0, config.trials, size):
-            trials = range(start, min(start + size, config.trials))
-            data = draw_trials(config, cell, trials, device, dtype)
-            call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
-            enc = call_with_optional(scheme.encode, data["k"], data["v"], positions=data["positions"])
-            b, h, s, d = enc.shape
-            ledger = BitLedger.per_trial(enc)
-            codes = sum(enc.exact_bits[key].detach().cpu().double() if key in enc.exact_bits else
-                        torch.full((b,), float(stored_bits(enc.codes[key]) // b), dtype=torch.float64)
-                        for key in ("k.codes", "v.codes"))
-            diagnostics = {k: v.detach().cpu().double() for k, v in scheme.diagnostics().items()}
-            for i, trial in enumerate(trials):
-                records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
-                                        cell.key), trial=trial, seed=config.seed, rng=config.rng,
-                                   code_bits_per_token=float(codes[i]) / (2 * h * s),
-                                   stored_bits_per_token=float(ledger.bits_per_element[i]) * d,
-                                   d_eff_k=float(diagnostics["d_eff_k"][i]) if "d_eff_k" in diagnostics else np.nan,
-                                   d_eff_v=float(diagnostics["d_eff_v"][i]) if "d_eff_v" in diagnostics else np.nan))
+    for cell, scheme, trials, _, enc in _encoded_chunks(config):
+        b, h, s, d = enc.shape
+        ledger = BitLedger.per_trial(enc)
+        codes = sum(enc.exact_bits[key].detach().cpu().double() if key in enc.exact_bits else
+                    torch.full((b,), float(stored_bits(enc.codes[key]) // b), dtype=torch.float64)
+                    for key in ("k.codes", "v.codes"))
+        diagnostics = {k: v.detach().cpu().double() for k, v in scheme.diagnostics().items()}
+        for i, trial in enumerate(trials):
+            records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
+                                    cell.key), trial=trial, seed=config.seed, rng=config.rng,
+                               code_bits_per_token=float(codes[i]) / (2 * h * s),
+                               stored_bits_per_token=float(ledger.bits_per_element[i]) * d,
+                               d_eff_k=float(diagnostics["d_eff_k"][i]) if "d_eff_k" in diagnostics else np.nan,
+                               d_eff_v=float(diagnostics["d_eff_v"][i]) if "d_eff_v" in diagnostics else np.nan))
     return pd.DataFrame.from_records(records)
 
 
