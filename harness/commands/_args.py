@@ -179,3 +179,21 @@ def check_spread_margin(args, command: str) -> None:
     if not 1 < args.spread_margin < float("inf"):
         raise UsageError(f"harness {command}: --spread-margin {args.spread_margin} must be a finite ratio of "
                          f"standard deviations above 1, e.g. 1.25")
+
+
+def sweep_into(config, out: Path, command: str):
+    """Validate config and run it into the run directory `out` (resumed where it exists), bad
+    input and another run in `out` as the command's one-line usage errors; the RunStore."""
+    from ..errors import UsageError
+    from ..runner import RunConflict, run_sweep
+    from ..store import RunStore
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise UsageError(f"harness {command}: {exc}") from None
+    store = RunStore(out)
+    try:
+        run_sweep(config, store, resume=out.exists(), progress=False)
+    except RunConflict as exc:
+        raise UsageError(f"harness {command}: {exc}") from None
+    return store

@@ -19,9 +19,8 @@ from pathlib import Path
 import schemes
 
 from ..errors import UsageError
-from ..store import RunStore
 from ..sweep import SweepConfig
-from ._args import comma_list
+from ._args import comma_list, sweep_into
 
 NAME = "predictivity"
 HELP = "rank codecs at equal storage on fitted/generic scenarios and on replayed real windows: Kendall's tau per layer"
@@ -141,7 +140,6 @@ def run(args) -> int:
     from scenarios.fitted import load_spec
     from stats.equal_storage import parse_levels
 
-    from ..runner import RunConflict, run_sweep
 
     try:
         spec = load_spec(args.spec)
@@ -151,15 +149,7 @@ def run(args) -> int:
     if args.trials < 2:
         raise UsageError(f"harness predictivity: --trials {args.trials} must be at least 2")
     config = _config(args, spec)
-    try:
-        config.validate()
-    except ValueError as exc:
-        raise UsageError(f"harness predictivity: {exc}") from None
-    store = RunStore(args.out)
-    try:
-        run_sweep(config, store, resume=args.out.exists(), progress=False)
-    except RunConflict as exc:
-        raise UsageError(f"harness predictivity: {exc}") from None
+    store = sweep_into(config, args.out, "predictivity")
     layers = args.layers if args.layers is not None else tuple(range(spec.n_layers))
     result = study(store.trials(), layers, args.capture, args.spec, spec, levels, tuple(args.scheme))
     tmp = args.out / (RESULT_FILE + ".partial")

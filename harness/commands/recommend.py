@@ -9,9 +9,8 @@ import numpy as np
 import schemes
 
 from ..errors import UsageError
-from ..store import RunStore
 from ..sweep import SweepConfig
-from ._args import comma_list
+from ._args import comma_list, sweep_into
 from .predictivity import DEFAULT_SCHEMES
 
 NAME = "recommend"
@@ -62,7 +61,6 @@ def run(args) -> int:
     from scenarios.replay import load_capture
 
     from ..recommend import choose, judge, judge_cell, options, uniform, uniform_cell
-    from ..runner import RunConflict, run_sweep
 
     if not args.bits > 0:
         raise UsageError(f"harness recommend: --bits {args.bits} must be a positive number of bits per element")
@@ -80,15 +78,7 @@ def run(args) -> int:
     config = SweepConfig(scenarios=tuple(first.values()) + tuple(second.values()), schemes=tuple(args.scheme),
                          budgets=tuple(args.budget), dims=(cap.dim,), seq_lens=(args.seq_len,), queries=(args.queries,),
                          trials=args.trials, seed=args.seed, calib_tokens=(args.calib_tokens,))
-    try:
-        config.validate()
-    except ValueError as exc:
-        raise UsageError(f"harness recommend: {exc}") from None
-    store = RunStore(args.out)
-    try:
-        run_sweep(config, store, resume=args.out.exists(), progress=False)
-    except RunConflict as exc:
-        raise UsageError(f"harness recommend: {exc}") from None
+    store = sweep_into(config, args.out, "recommend")
     trials = store.trials()
     opts = options(trials, first)
     picks = choose(opts, args.bits)
