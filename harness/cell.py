@@ -35,6 +35,7 @@ import torch
 import scenarios
 import schemes
 from schemes.base import BitLedger, TrialBits, call_with_optional
+from schemes.conformance import ConformanceError
 from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, seed_sequence
 from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES, exact_attention, exact_logits, trial_metrics
@@ -302,6 +303,11 @@ def _versions(data: dict) -> dict[str, int]:
             if isinstance(x, torch.Tensor) and not x.is_inference()}
 
 
+def _written(data: dict, before: dict[str, int]) -> list[str]:
+    """The chunk's tensors written in place since their version counters were `before`."""
+    return [name for name, version in _versions(data).items() if version != before[name]]
+
+
 def _chunk_data(config, cells, trials, device, dtype, prefill_queries) -> dict:
     data = draw_trials(config, cells[0], trials, device, dtype, prefill_queries)
     if len(cells) > 1 and not config.decode_tokens:
@@ -309,19 +315,52 @@ def _chunk_data(config, cells, trials, device, dtype, prefill_queries) -> dict:
     return data
 
 
+def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits) -> None:
+    """The conformance check of a stored encoding (schemes.conformance.require_standalone) on the
+    chunk's first trial: coded alone by a new instance of the cell's codec, fitted as the sweep
+    fits it, its ledger is what its tensors occupy and equals the trial's bits in the chunk, and
+    another new instance decodes its stored bytes exactly as the encoder does. ConformanceError
+    where not. On new instances, so the cell's own scheme and its rows are untouched; the
+    prefill's encoding where the sweep has decode tokens."""
+    from schemes.conformance import require_standalone
+    one = {name: x[:1] for name, x in data.items()
+           if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")}
+    one["positions"] = data["positions"]
+
+    def fitted():
+        scheme = create_scheme(config, cell)
+        _fit(scheme, one)
+        return scheme
+    first = fitted()
+    enc = _encode(first, one["k"], one["v"], one["positions"], one.get("q_prefill"))
+    reference = tuple(first.decode(enc)) + ((first.score(one["q"], enc),) if first.scores_on_codes else ())
+    require_standalone(enc, reference, fitted(), one["q"])
+    alone = BitLedger.per_trial(enc)
+    if not config.decode_tokens and (float(bits.cache[0]) != float(alone.cache[0]) or
+                                     float(bits.model[0]) != float(alone.model[0])):
+        raise ConformanceError(f"trial {int(one['trials'][0])} is charged {float(bits.cache[0]):.0f} + "
+                               f"{float(bits.model[0]):.0f} bits in its chunk but {float(alone.cache[0]):.0f} + "
+                               f"{float(alone.model[0]):.0f} coded alone")
+
+
 def _run_one(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, data: dict, trials: range, device):
-    """The cell's rows on the chunk's data, or a CellFailure; and whether the codec wrote the data."""
+    """The cell's rows on the chunk's data, or a CellFailure; and whether the codec wrote the data.
+    A cell's first chunk (trial 0) also has its first trial checked as a stored encoding (check_sample)."""
     before = _versions(data)
     try:
         metrics, bits = run_cell_chunk(scheme, data)
+        bad = non_finite_columns({**metrics, **_storage_columns(config, bits)}, trials)
+        if not bad and trials.start == 0 and not _written(data, before):
+            check_sample(config, cell, data, bits)
     except Exception as exc:  # noqa: BLE001 - a codec's failure costs its own cell, named, not the sweep
-        written = [name for name, version in _versions(data).items() if version != before[name]]
-        return CellFailure(f"{describe(cell)}: the codec raised {type(exc).__name__}: {exc}".replace("\n", " ")), written
-    written = [name for name, version in _versions(data).items() if version != before[name]]
+        written = _written(data, before)
+        what = "the codec's encoding of its first trial does not stand alone: " if isinstance(exc, ConformanceError) \
+            else f"the codec raised {type(exc).__name__}: "
+        return CellFailure(f"{describe(cell)}: {what}{exc}".replace("\n", " ")), written
+    written = _written(data, before)
     if written:
         return CellFailure(f"{describe(cell)}: codec {cell.scheme} wrote its input {', '.join(written)} in place; "
                            f"a codec must leave the data it is given as it was"), written
-    bad = non_finite_columns({**metrics, **_storage_columns(config, bits)}, trials)
     if bad:
         return CellFailure(f"{describe(cell)}: {bad}"), written
     return list(_rows(config, cell, device, trials, metrics, bits)), written

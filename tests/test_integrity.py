@@ -280,3 +280,31 @@ def test_the_documented_nan_of_evicted_mass_is_no_reason_to_leave_a_cell_out():
     assert list(usable.scheme) == ["tq-kv"] * 3
     assert notes == ("left out: cell (scenario g, scheme h2o, budget 2, dim 16, seq_len 32, queries 4, "
                      "calib_tokens 32): evicted_mass not finite in 1 of 3 trials",)
+
+
+# --- item 4, in the sweep: the first trial of each cell is checked as a stored encoding -----------
+@dataclass
+class KeepsTheCache(GroupQuant):
+    """One byte a trial stored; decodes from the cache it kept on itself."""
+    name = "keeps-cache"
+
+    def encode(self, k, v):
+        from schemes.base import Encoded
+        self._kept = (k.clone(), v.clone())
+        enc = Encoded(tuple(k.shape), k.dtype)
+        enc.codes["byte"] = torch.zeros(k.shape[0], 1, dtype=torch.uint8)
+        return enc
+
+    def decode(self, enc):
+        return self._kept
+
+
+def test_the_sweep_refuses_a_codec_whose_encoding_does_not_stand_alone(install, tmp_path, capsys):
+    install(KeepsTheCache)
+    out = tmp_path / "run"
+    code = main(["run", "--scenario", "gaussian", "--scheme", "keeps-cache,int4", "--budget", "2", "--out", str(out),
+                 *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "scheme keeps-cache, budget 2" in err and "does not stand alone" in err
+    assert set(rows(out).scheme) == {"int4"}
