@@ -38,11 +38,11 @@ from schemes.base import BitLedger, TrialBits, call_with_optional
 from schemes.conformance import ConformanceError
 from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, seed_sequence
-from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES, exact_attention, exact_logits, trial_metrics
+from kvcommon.rows import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, EVICTION_METRIC_NAMES, METRIC_NAMES, TRIAL_COLUMNS
+from stats.metrics import exact_attention, exact_logits, trial_metrics
 
 from .devices import available_memory_bytes
 from .memory import peak_bytes, reset_peak
-from .store import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, TRIAL_COLUMNS
 from .sweep import Cell, SweepConfig, implementation
 
 CHUNK_TRIALS_ENV = "KVHARNESS_CHUNK_TRIALS"
@@ -218,7 +218,7 @@ def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
     return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.codec_rng, seed=seed)
 
 def _storage_columns(config: SweepConfig, bits: TrialBits) -> dict[str, np.ndarray]:
-    """bits_per_element (per cache) and store.STORAGE_COLUMNS, (B,) each: storage_bits_per_element
+    """bits_per_element (per cache) and rows.STORAGE_COLUMNS, (B,) each: storage_bits_per_element
     charges the model constants amortised over config.model_caches caches (none when unset)."""
     return {"bits_per_element": bits.bits_per_element.numpy(), "model_bits": bits.model_bits.numpy(),
             "model_bits_per_element": bits.model_bits_per_element.numpy(),

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 import scenarios
+from kvcommon.rows import CLAIMS_TABLE
 from schemes.base import BitLedger, call_with_optional, stored_bits
 from stats import claims as C
 from stats.metrics import exact_logits, relative_mse, weighted_values
@@ -305,7 +306,7 @@ def reproduce(size: Size, out: Path, *, resume: bool = False, seed: int = 0, dev
     results = evaluate(frames, fo, size, ledger=ledger)
     claims = C.claims_frame(results)
     top.write_table(TESTS_TABLE, C.tests_frame(results))
-    top.write_table("claims", claims)
+    top.write_table(CLAIMS_TABLE, claims)
     manifest = top.read_manifest()
     manifest["reproduction"] = {"target": "amd-paper", "size": size.name, "reduced": size.reduced,
                                 "experiments": {n or ".": c.to_json() for n, c in plan.items()},

@@ -6,6 +6,7 @@ engine (harness/cell.py); seeds and the decode phase are described there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sqlite3
@@ -17,7 +18,7 @@ from .cell import SEED_RULE, CellFailure, family_seeded, run_serial, trial_memor
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .errors import UsageError
 from .provenance import now, provenance
-from .store import LOCK_FILE, MANIFEST_FILE, RunStore, stored_config
+from .store import LOCK_FILE, MANIFEST_FILE, RunStore
 from .sweep import Cell, SweepConfig
 
 HOLD_ENV = "KVHARNESS_TEST_HOLD"
@@ -51,6 +52,17 @@ class RunResult:
     wall_s: float
     n_trials_kept: int = 0  # trials of the cells run that an earlier, interrupted run had stored
 
+
+def stored_config(manifest: dict | None) -> dict | None:
+    """The manifest's configuration in today's form: fields added since it was written
+    (decode_tokens) at their defaults, a single calib_tokens as a list, so that an older run
+    still resumes."""
+    if manifest is None or "config" not in manifest:
+        return None
+    defaults = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+                for f in dataclasses.fields(SweepConfig) if f.default is not dataclasses.MISSING}
+    return SweepConfig.upgrade_json({**{k: v for k, v in defaults.items() if k not in manifest["config"]},
+                                     **manifest["config"]})
 
 def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
     """RunConflict when the directory holds a run and this is not its --resume, or holds another

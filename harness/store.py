@@ -1,8 +1,8 @@
-"""The run store: DIR/results.sqlite (table `trials`, one row per trial; table `cells`, one
-row per finished cell; table `diagnostics`, a codec's own per-trial facts that no trials column
-names, read back as columns of trials()) and DIR/manifest.json (configuration and provenance). A run that
-reproduces a paper (harness reproduce) also holds its `claims` table there (RunStore.claims),
-and may hold other derived tables (RunStore.write_table / RunStore.table).
+"""The run store: DIR/results.sqlite (table `trials`, one row per trial, its columns those of
+the row schema, kvcommon/rows.py; table `cells`, one row per finished cell; table `diagnostics`,
+a codec's own per-trial facts that no trials column names, read back as columns of trials())
+and DIR/manifest.json (configuration and provenance). A run may hold derived tables too
+(RunStore.write_table / RunStore.table): a reproduction (harness reproduce) its `claims` table.
 
 Work is committed a chunk of trials at a time: a chunk's rows and its `chunks` entry in one
 transaction, and with a cell's last chunk also its `cells` row (write_chunk). An interruption at
@@ -12,12 +12,11 @@ once its `cells` row exists. The store is checked on open for the commands that 
 it (check_integrity: PRAGMA quick_check), and one run at a time writes a directory (lock).
 A store written before calib_tokens was part of a cell (its `cells` table lacks the column)
 is migrated when opened for writing (RunStore._connect); one written before a column of
-ADDED_COLUMNS existed gains it (NULL in the old rows) on open, and reads back with it as NaN.
+rows.ADDED_COLUMNS existed gains it (NULL in the old rows) on open, and reads back with it as NaN.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -28,39 +27,20 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from stats.cells import CELL_COLUMNS
-from stats.metrics import EVICTION_METRIC_NAMES, METRIC_NAMES
+from kvcommon.rows import (ADDED_COLUMNS, CELL_COLUMNS, CONFIG_COLUMNS, INTEGER_COLUMNS, TEXT_COLUMNS,
+                           TRIAL_COLUMNS)
 
 from .errors import UsageError
-from .sweep import SweepConfig
+
 
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
 LOCK_FILE = ".lock"  # held (flock) by the run writing the directory, for the run's life
 
-# The trials table's column order is that of results.sqlite since its first version (calib_tokens
-# after heads), though calib_tokens is now part of the cell.
-CONFIG_COLUMNS = tuple(c for c in CELL_COLUMNS if c != "calib_tokens") + (
-    "trial", "seed", "impl", "device", "dtype", "rng", "heads", "calib_tokens")
-# Per-trial facts the built-in schemes report (Scheme.diagnostics); NULL for the others. Any other
-# name a codec reports goes to DIAGNOSTICS_TABLE.
-DIAGNOSTIC_COLUMNS = ("d_eff_k", "d_eff_v", "spectral_gap_k", "spectral_gap_v")
-# The bit ledger beyond the per-cache bits_per_element (schemes.base.TrialBits): model bits per
-# layer-head, the same amortised over one cache, and the bits charged with the model constants
-# amortised over --model-caches N caches (= bits_per_element without the flag).
-STORAGE_COLUMNS = ("model_bits", "model_bits_per_element", "storage_bits_per_element")
-# Trial columns added after the first version: they end the table, in a new store as in an old
-# one that gained them on open (_add_missing_columns), so both agree.
-ADDED_COLUMNS = STORAGE_COLUMNS + ("ptcosine_k", "ptcosine_v") + EVICTION_METRIC_NAMES
-TRIAL_COLUMNS = (CONFIG_COLUMNS + ("bits_per_element",) + tuple(m for m in METRIC_NAMES if m not in ADDED_COLUMNS)
-                 + DIAGNOSTIC_COLUMNS + ADDED_COLUMNS)
-_TEXT = {"scenario", "scheme", "impl", "device", "dtype", "rng"}
-CLAIMS_TABLE = "claims"
 # A codec's diagnostics that no trials column names (a plug-in's own): long form, one row per
 # (cell, trial, name, value); RunStore.trials() returns them as extra columns.
 DIAGNOSTICS_TABLE = "diagnostics"
 _OWN_TABLES = {"trials", "cells", DIAGNOSTICS_TABLE}  # written only through write_cell / write_chunk
-_INT = {"budget", "dim", "seq_len", "queries", "trial", "seed", "heads", "calib_tokens"}
 
 
 # The columns each of the run's tables holds in every version a store can be read or resumed
@@ -84,7 +64,7 @@ def _sql_value(value):
 
 
 def _sql_type(column: str) -> str:
-    return "TEXT" if column in _TEXT else "INTEGER" if column in _INT else "REAL"
+    return "TEXT" if column in TEXT_COLUMNS else "INTEGER" if column in INTEGER_COLUMNS else "REAL"
 
 
 def _add_missing_columns(con: sqlite3.Connection) -> None:
@@ -96,18 +76,6 @@ def _add_missing_columns(con: sqlite3.Connection) -> None:
         with con:
             for column in missing:
                 con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
-
-
-def stored_config(manifest: dict | None) -> dict | None:
-    """The manifest's configuration in today's form: fields added since it was written
-    (decode_tokens) at their defaults, a single calib_tokens as a list, so that an older run
-    still resumes."""
-    if manifest is None or "config" not in manifest:
-        return None
-    defaults = {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
-                for f in dataclasses.fields(SweepConfig) if f.default is not dataclasses.MISSING}
-    return SweepConfig.upgrade_json({**{k: v for k, v in defaults.items() if k not in manifest["config"]},
-                                     **manifest["config"]})
 
 
 class CorruptStore(UsageError):
@@ -528,8 +496,3 @@ class RunStore:
             return pd.read_sql_query(f"SELECT * FROM {name}", con) if present else None
         finally:
             con.close()
-
-    def claims(self) -> pd.DataFrame | None:
-        """The claims table of a reproduction (harness reproduce; one row per claim: id, section,
-        claim, test, effect with its 95 % CI, verdict, reason), or None when this run is not one."""
-        return self.table(CLAIMS_TABLE)

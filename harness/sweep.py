@@ -73,7 +73,7 @@ class Cell:
 
     @property
     def key(self) -> tuple:
-        """The cell's identity, in field order (Cell(*key) rebuilds it; store.CELL_COLUMNS names it)."""
+        """The cell's identity, in field order (Cell(*key) rebuilds it; rows.CELL_COLUMNS names it)."""
         return (self.scenario, self.scheme, self.budget, self.dim, self.seq_len, self.queries, self.calib_tokens)
 
     @property

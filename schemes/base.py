@@ -230,7 +230,7 @@ class Scheme:
 
     def diagnostics(self) -> dict[str, torch.Tensor]:
         """Per-trial facts of the last fit, (B,) each, every one stored: in its trials column when
-        harness.store.DIAGNOSTIC_COLUMNS names it (e.g. d_eff_k of a calibrated basis), in the
+        kvcommon.rows.DIAGNOSTIC_COLUMNS names it (e.g. d_eff_k of a calibrated basis), in the
         store's `diagnostics` table under its own name otherwise (an identifier no metric uses)."""
         return {}
 

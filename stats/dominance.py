@@ -1,7 +1,7 @@
 """Dominance, crossover and amplification analyses of a run's trials, as tidy frames for the
 reports.
 
-Input: a trial frame (columns as harness/store.py TRIAL_COLUMNS). A *group* is one setting
+Input: a trial frame (columns as kvcommon/rows.py TRIAL_COLUMNS). A *group* is one setting
 (stats.cells): (scenario, dim, seq_len, queries, calib_tokens). Its cells share their data
 trial by trial, so bootstrap resamples draw trial indices once per replicate and apply them to
 every cell of the group (a paired bootstrap that keeps the comparison between schemes on the

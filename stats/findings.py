@@ -209,7 +209,7 @@ class Findings:
     levels: tuple = ()
     storage: str = "bits_per_element"  # the column storage is read from
     has_null: bool = False
-    claims: pd.DataFrame | None = None  # a reproduction's claims (harness reproduce; RunStore.claims), else None
+    claims: pd.DataFrame | None = None  # a reproduction's claims (harness reproduce; its claims table), else None
     left_out: tuple[str, ...] = ()      # one line per cell left out, its values not finite (stats.finite)
 
     @property

@@ -44,13 +44,8 @@ import math
 import torch
 
 from kvcommon.memo import IdentityMemo
+from kvcommon.rows import EVICTION_METRIC_NAMES, METRIC_NAMES   # the metrics' names: columns of the row schema
 from kvcommon.threads import torch_threads
-
-# Metrics every trial has; EVICTION_METRIC_NAMES only trials of an evicting codec (NaN otherwise).
-METRIC_NAMES = tuple(
-    f"{m}_{x}" for x in ("k", "v", "t") for m in ("rel_mse", "cos", "snr_err", "dir_err", "d2")
-) + ("t_rel_mse_konly", "t_rel_mse_vonly", "kl_attn", "logit_rel_mse", "logit_slope", "ptcosine_k", "ptcosine_v")
-EVICTION_METRIC_NAMES = ("evicted_mass",)
 
 SIX_D = ("snr_err_k", "dir_err_k", "snr_err_v", "dir_err_v", "snr_err_t", "dir_err_t")
 

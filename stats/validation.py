@@ -1,7 +1,7 @@
 """The implementation null and verdicts: is a difference between two configurations a codec
 difference, implementation variance, or too small to matter?
 
-Samples are per-trial frames (columns as harness/store.py TRIAL_COLUMNS) of one cell each.
+Samples are per-trial frames (columns as kvcommon/rows.py TRIAL_COLUMNS) of one cell each.
 Two samples are *paired* when they ran on the same data trial by trial (same_data: one seed,
 RNG family, scenario, dim, seq_len and queries, the same trial indices); others are independent.
 

@@ -10,7 +10,8 @@ import torch
 
 from harness import cell as engine
 from harness.cli import main
-from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
+from kvcommon.rows import TRIAL_COLUMNS
+from harness.store import RESULTS_FILE, RunStore
 from harness.sweep import Cell, SweepConfig
 from stats.metrics import METRIC_NAMES
 

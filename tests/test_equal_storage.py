@@ -167,7 +167,7 @@ def test_crossovers_along_the_storage_axis():
 def test_findings_when_no_codec_reaches_a_storage_level():
     """A run whose codecs all sit away from every level (one budget at a small d) still has
     findings and a JSON object: fronts, and no winners rather than an error."""
-    from harness.store import TRIAL_COLUMNS
+    from kvcommon.rows import TRIAL_COLUMNS
     from stats.findings import analyse, to_json
 
     rng = np.random.default_rng(2)

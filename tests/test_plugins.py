@@ -179,7 +179,8 @@ def test_a_plugins_own_diagnostic_is_stored_per_trial(plugin, tmp_path):
 
     from harness.cell import draw_trials
     from harness.cli import main
-    from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
+    from kvcommon.rows import TRIAL_COLUMNS
+    from harness.store import RESULTS_FILE, RunStore
     from harness.sweep import Cell, SweepConfig
 
     args = ["run", "--scenario", "heavy_tail", "--scheme", f"{plugin},tq-kv", "--budget", "4", "--dim", "16",

@@ -19,7 +19,8 @@ from PIL import Image
 from scipy import stats as sps
 
 from harness.cli import main
-from harness.store import TRIAL_COLUMNS, RunStore
+from kvcommon.rows import TRIAL_COLUMNS
+from harness.store import RunStore
 from stats.findings import analyse
 from reports.html import render_html
 from interrupting import interrupt_at_chunk

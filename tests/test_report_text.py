@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.store import TRIAL_COLUMNS
+from kvcommon.rows import TRIAL_COLUMNS
 from stats.findings import analyse
 
 CODECS = ("plain-kv", "tq-kv", "tq-qkv", "tq-fkv", "tq-kqv", "tq-qkqv", "tq-kfv", "tq-fkfv", "sq-kv", "squ-kv",

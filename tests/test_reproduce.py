@@ -15,6 +15,7 @@ from harness.reproduce import (FIRST_ORDER_TABLE, experiments, first_order, firs
                                ledger_rows, sizes, storage_config, true_ranks)
 from harness.runner import run_sweep
 from harness.store import RunStore
+from kvcommon.rows import CLAIMS_TABLE
 from stats.findings import analyse, to_json
 from stats.claims import CLAIM_COLUMNS, VERDICTS
 
@@ -36,7 +37,7 @@ def first_run(reproduction):
 def test_reproduce_stores_and_prints_every_claim(reproduction, first_run):
     code, out = first_run
     assert code == 0
-    claims = RunStore(reproduction).claims()
+    claims = RunStore(reproduction).table(CLAIMS_TABLE)
     assert list(claims.columns) == list(CLAIM_COLUMNS)
     assert claims.id.tolist() == list(range(1, 14))
     assert set(claims.verdict) <= set(VERDICTS) and claims.reason.str.len().gt(0).all()
@@ -71,11 +72,11 @@ def test_findings_of_a_run_without_claims_have_no_claims_key(reproduction, first
 
 
 def test_resume_reuses_every_run(reproduction, first_run, capsys):
-    before = RunStore(reproduction).claims()
+    before = RunStore(reproduction).table(CLAIMS_TABLE)
     assert main(["reproduce", "amd-paper", "--size", "tiny", "--out", str(reproduction), "--resume", "--quiet"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if " cells (" in line]
     assert len(lines) == len(experiments(sizes()["tiny"])) and all("(0 run," in line for line in lines)
-    pd.testing.assert_frame_equal(RunStore(reproduction).claims(), before)   # the same claims, to the last digit
+    pd.testing.assert_frame_equal(RunStore(reproduction).table(CLAIMS_TABLE), before)   # the same claims, to the last digit
 
 
 def test_rerun_without_resume_is_a_usage_error(reproduction, first_run, capsys):

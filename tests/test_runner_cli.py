@@ -7,7 +7,8 @@ import pytest
 
 from harness import cell as engine, runner
 from harness.cli import main
-from harness.store import RESULTS_FILE, TRIAL_COLUMNS, RunStore
+from kvcommon.rows import TRIAL_COLUMNS
+from harness.store import RESULTS_FILE, RunStore
 from harness.sweep import SweepConfig
 from stats.metrics import METRIC_NAMES
 from interrupting import interrupt_at_chunk

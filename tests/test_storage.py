@@ -13,7 +13,8 @@ import torch
 import schemes
 from harness import cell as engine
 from harness.cli import main
-from harness.store import RESULTS_FILE, STORAGE_COLUMNS, TRIAL_COLUMNS, RunStore
+from kvcommon.rows import STORAGE_COLUMNS, TRIAL_COLUMNS
+from harness.store import RESULTS_FILE, RunStore
 from harness.sweep import Cell, SweepConfig
 from schemes.base import BitLedger
 from old_stores import rewrite_as_old_store

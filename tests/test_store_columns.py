@@ -1,4 +1,4 @@
-"""Trial columns added after the first store version (harness.store.ADDED_COLUMNS: ptcosine_k,
+"""Trial columns added after the first store version (kvcommon.rows.ADDED_COLUMNS: ptcosine_k,
 ptcosine_v, evicted_mass): a store written without them still reads, reports and resumes."""
 import sqlite3
 
@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 
 from harness.cli import main
-from harness.store import ADDED_COLUMNS, RESULTS_FILE, TRIAL_COLUMNS, RunStore
+from kvcommon.rows import ADDED_COLUMNS, TRIAL_COLUMNS
+from harness.store import RESULTS_FILE, RunStore
 from old_stores import rewrite_as_old_store
 
 ARGS = ["run", "--scenario", "gaussian", "--scheme", "tq-kv,streaming", "--budget", "4", "--dim", "16",

@@ -1,4 +1,4 @@
-"""RunStore's derived tables (write_table, table, claims): replaced whole in one transaction,
+"""RunStore's derived tables (write_table, table): replaced whole in one transaction,
 NaN stored as NULL, the run's own tables out of reach."""
 import sqlite3
 
@@ -11,14 +11,14 @@ from harness.store import RunStore
 
 def test_derived_tables_are_replaced_whole_and_read_back(tmp_path):
     store = RunStore(tmp_path / "run")
-    assert store.claims() is None and store.table("claims") is None   # no store yet
+    assert store.table("claims") is None   # no store yet
     first = pd.DataFrame({"id": [1, 2], "estimate": [0.5, np.nan], "verdict": ["refuted", None], "paired": [True, False]})
     store.write_table("claims", first)
-    back = store.claims()
+    back = store.table("claims")
     assert back.id.tolist() == [1, 2] and np.isnan(back.estimate[1]) and pd.isna(back.verdict[1])
     assert back.paired.tolist() == [1, 0]
     store.write_table("claims", pd.DataFrame({"id": [3], "estimate": [0.25], "verdict": ["reproduced"]}))
-    assert store.claims().to_dict("records") == [{"id": 3, "estimate": 0.25, "verdict": "reproduced"}]
+    assert store.table("claims").to_dict("records") == [{"id": 3, "estimate": 0.25, "verdict": "reproduced"}]
     assert store.table("nope") is None
 
 
@@ -33,7 +33,7 @@ def test_a_failed_write_keeps_the_old_table(tmp_path):
     store.write_table("claims", pd.DataFrame({"id": [1]}))
     with pytest.raises(sqlite3.ProgrammingError):
         store.write_table("claims", pd.DataFrame({"id": [object()]}))   # sqlite cannot store it
-    assert store.claims().id.tolist() == [1]
+    assert store.table("claims").id.tolist() == [1]
 
 
 def test_chunks_committed_through_one_held_connection_as_one_by_one(tmp_path):
@@ -41,7 +41,7 @@ def test_chunks_committed_through_one_held_connection_as_one_by_one(tmp_path):
     finished cells as a connection per chunk, each chunk still its own transaction (one that fails
     before its commit leaves the others, and the connection, as they were), the connection closed
     after the block."""
-    from harness.store import CELL_COLUMNS, TRIAL_COLUMNS
+    from kvcommon.rows import CELL_COLUMNS, TRIAL_COLUMNS
     cells = [("gaussian", scheme, 3, 16, 32, 4, 32) for scheme in ("tq-kv", "sq-kv")]
 
     def rows(cell, first, n):

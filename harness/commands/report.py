@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from kvcommon.rows import CLAIMS_TABLE
 from stats.equal_storage import parse_levels
 
 from ..errors import UsageError
@@ -81,7 +82,7 @@ def _findings(directory: Path, null_directory: Path | None, n_permutations: int,
     for line in findings.left_out:   # cells whose stored values are not finite: named, the rest reported
         print(f"harness report: {line}", file=sys.stderr)
     # a reproduction (harness reproduce) stores its claims beside the trials
-    return dataclasses.replace(findings, claims=RunStore(directory).claims())
+    return dataclasses.replace(findings, claims=RunStore(directory).table(CLAIMS_TABLE))
 
 
 def write_report(directory: Path, null_directory: Path | None = None, n_permutations: int = 1000,
