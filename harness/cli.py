@@ -3,7 +3,8 @@
 Each command is one module in harness/commands/ defining NAME, HELP, add_arguments(parser)
 and run(args) -> exit status; the CLI discovers them, so a new command is one new file.
 Exit status: 0 success; 2 usage error (one line naming what is wrong and what is valid,
-nothing written); 1 any other failure; 130 interrupted (a run keeps every stored chunk).
+nothing written), or a run directory the store refuses (harness.store.StoreError, one line);
+1 any other failure; 130 interrupted (a run keeps every stored chunk).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 from . import commands
 from .commands._args import plain_number
 from .errors import UsageError
+from .store import StoreError
 
 ORDER = ("list", "run", "report", "export")  # shown first in --help; the rest follow alphabetically
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         parser, handlers = build_parser()
         args = parser.parse_args(argv)
         return handlers[args.command](args)
-    except UsageError as exc:
+    except (UsageError, StoreError) as exc:   # bad input, or a run directory that cannot be used as asked
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

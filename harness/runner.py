@@ -18,7 +18,7 @@ from .cell import SEED_RULE, CellFailure, family_seeded, run_serial, trial_memor
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .errors import UsageError
 from .provenance import now, provenance
-from .store import LOCK_FILE, MANIFEST_FILE, RunStore
+from .store import LOCK_FILE, MANIFEST_FILE, RunStore, StoreError
 from .sweep import Cell, SweepConfig
 
 HOLD_ENV = "KVHARNESS_TEST_HOLD"
@@ -149,7 +149,7 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
     check_memory(config, device)
     check_data(config)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(store.lock())
+        stack.enter_context(store.lock(refusals=(StoreError, UsageError, ValueError)))
         fresh = store.read_manifest() is None and not store.path.exists()
         check_store(config, store, resume=resume)
         done = store.finished_cells()

@@ -30,9 +30,6 @@ import pandas as pd
 from kvcommon.rows import (ADDED_COLUMNS, CELL_COLUMNS, CONFIG_COLUMNS, INTEGER_COLUMNS, TEXT_COLUMNS,
                            TRIAL_COLUMNS)
 
-from .errors import UsageError
-
-
 RESULTS_FILE = "results.sqlite"
 MANIFEST_FILE = "manifest.json"
 LOCK_FILE = ".lock"  # held (flock) by the run writing the directory, for the run's life
@@ -78,23 +75,28 @@ def _add_missing_columns(con: sqlite3.Connection) -> None:
                 con.execute(f"ALTER TABLE trials ADD COLUMN {column} {_sql_type(column)}")
 
 
-class CorruptStore(UsageError):
+class StoreError(Exception):
+    """A run directory the store cannot read, resume or write as asked, in one line naming the
+    file and what to do (the command line reports it as a usage error, exit status 2)."""
+
+
+class CorruptStore(StoreError):
     """results.sqlite is damaged (PRAGMA quick_check, or sqlite itself, says so)."""
 
 
-class StoreLocked(UsageError):
+class StoreLocked(StoreError):
     """Another run holds the directory's lock."""
 
 
-class CorruptManifest(UsageError):
+class CorruptManifest(StoreError):
     """manifest.json is not the JSON object a run writes."""
 
 
-class ForeignStore(UsageError):
+class ForeignStore(StoreError):
     """results.sqlite is not a kvharness store (another program's database, a directory)."""
 
 
-class ReadOnlyStore(UsageError):
+class ReadOnlyStore(StoreError):
     """results.sqlite cannot be written (a --resume checks before it writes anything)."""
 
 
@@ -348,10 +350,10 @@ class RunStore:
                             f"from a copy, or run again into a new --out")
 
     @contextlib.contextmanager
-    def lock(self):
+    def lock(self, refusals: tuple[type[Exception], ...] = (StoreError, ValueError)):
         """Hold the directory's lock file (flock) for the life of the block: StoreLocked at once
         when another process holds it. Creates the directory if needed. A run refused inside the
-        block (UsageError, ValueError) removes the lock file when it made it, so a refusal leaves
+        block (one of `refusals`) removes the lock file when it made it, so a refusal leaves
         nothing in a directory; it unlinks the file while holding it, and a process that locked
         the file before it was unlinked sees that the path no longer names it and locks afresh."""
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -379,7 +381,7 @@ class RunStore:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield
-        except (UsageError, ValueError):
+        except refusals:
             if created:
                 path.unlink(missing_ok=True)
             raise

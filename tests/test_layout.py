@@ -47,3 +47,11 @@ def test_packages_import_only_downstream_and_modules_form_no_cycle():
         return any(d == goal or (d not in seen and not seen.add(d) and reaches(d, goal, seen)) for d in graph[start])
     cycles = sorted(name for name in graph if reaches(name, name, set()))
     assert not cycles, f"modules on an import cycle: {cycles}"
+
+
+def test_the_store_imports_the_row_schema_and_nothing_else_of_the_project():
+    """The run store keeps rows whose columns kvcommon/rows.py defines and raises its own errors
+    (harness.store.StoreError, which the CLI maps to exit status 2): it imports neither the
+    statistics, nor the sweep engine, nor the CLI's errors."""
+    modules = _modules()
+    assert _imports("harness.store", modules["harness.store"], modules) == {"kvcommon.rows"}
