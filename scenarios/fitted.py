@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcommon.rope import apply_rope_numpy
 from kvcommon.threads import small_linalg
 
 from . import register
@@ -175,8 +176,7 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> Spec:
 
 def rope_np(x: np.ndarray, positions: np.ndarray, rope: tuple[np.ndarray, float]) -> np.ndarray:
     """The capture's RoPE (rotate-half, its inv_freq and scaling) of x (..., N, d) at positions (N,)."""
-    from harness.capture import apply_rope  # NumPy only; imported here to keep `import scenarios` light
-    return apply_rope(x, positions, rope[0], rope[1])
+    return apply_rope_numpy(x, positions, rope[0], rope[1])
 
 
 @register

@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from kvcommon.checks import Check, ConformanceError, require, run_checks
+from kvcommon.rows import METRIC_NAMES
 
 from .base import BitLedger, Encoded, call_with_optional, stored_bits
 from .registry import MAX_BUDGET, MIN_BUDGET
@@ -317,8 +318,6 @@ def check_trial_order_invariant(factory: Factory) -> None:
 def check_diagnostics_per_trial(factory: Factory) -> None:
     """diagnostics() after a fit gives one real value per trial under each name, and every name
     is an identifier that no metric already uses (the run store keeps each one)."""
-    from stats.metrics import METRIC_NAMES   # the metrics' names: stage 3, imported only here
-
     k, v, _ = _data()
     scheme = _make(factory)
     _roundtrip(scheme, k, v, trials=torch.arange(len(k)))

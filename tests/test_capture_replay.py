@@ -212,7 +212,7 @@ def test_replay_and_cli_work_without_optional_packages(npz_capture):
 @given(st.integers(0, 500), st.integers(0, 500), st.integers(0, 2**31 - 1))
 def test_rope_scores_depend_only_on_relative_position(p, shift, seed):
     """RoPE's defining property (arXiv 2104.09864 §3.4.2): ⟨R_m x, R_n y⟩ depends on m − n alone."""
-    from harness.capture import apply_rope
+    from kvcommon.rope import apply_rope_numpy as apply_rope
     gen = np.random.default_rng(seed)
     x, y = gen.standard_normal((2, 1, 16))
     inv_freq = 10000.0 ** (-np.arange(0, 16, 2) / 16)

@@ -242,7 +242,8 @@ def test_known_construction_is_classified_to_its_family(family, params, tmp_path
 def test_llama_capture_rope_frequencies_and_fitted_draws_carry_its_rope(tmp_path):
     import torch
     import transformers
-    from harness.capture import apply_rope, capture_segments
+    from harness.capture import capture_segments
+    from kvcommon.rope import apply_rope_numpy as apply_rope
     config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                       intermediate_size=128, num_hidden_layers=2, vocab_size=500,
                                       max_position_embeddings=512, rope_theta=500.0)

@@ -1,5 +1,6 @@
 """The layout follows the data path: the packages import each other only downstream
-(kvcommon ← scenarios, schemes, stats ← reports; harness drives them all), and no module
+(kvcommon ← scenarios, schemes, stats ← reports; harness drives them all), at module level or
+inside a function (an import deferred to a call is still an arrow up a floor), and no module
 imports one that imports it back at module level."""
 import ast
 from pathlib import Path
@@ -20,12 +21,14 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules `name` imports at module level (not inside functions)."""
+def _imports(name: str, path: Path, modules: dict[str, Path], *, anywhere: bool = False) -> set[str]:
+    """The project modules `name` imports at module level, or with anywhere=True also inside
+    functions and methods (every Import and ImportFrom node of the file)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
     found = set()
-    for node in ast.parse(path.read_text()).body:
-        for n in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
+    for node in [tree] if anywhere else tree.body:
+        for n in ast.walk(node) if anywhere or isinstance(node, (ast.If, ast.Try)) else [node]:
             if isinstance(n, ast.Import):
                 found |= {a.name for a in n.names if a.name.split(".")[0] in PACKAGES}
             elif isinstance(n, ast.ImportFrom):
@@ -36,12 +39,16 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
+def _upstream(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} imports {b}" for a, deps in graph.items() for b in deps
+                  if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in ALLOWED[a.split(".")[0]])
+
+
 def test_packages_import_only_downstream_and_modules_form_no_cycle():
     modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    upstream = sorted(f"{a} imports {b}" for a, deps in graph.items() for b in deps
-                      if b.split(".")[0] != a.split(".")[0] and b.split(".")[0] not in ALLOWED[a.split(".")[0]])
+    upstream = _upstream({name: _imports(name, path, modules, anywhere=True) for name, path in modules.items()})
     assert not upstream, upstream
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
 
     def reaches(start, goal, seen):
         return any(d == goal or (d not in seen and not seen.add(d) and reaches(d, goal, seen)) for d in graph[start])
@@ -55,3 +62,16 @@ def test_the_store_imports_the_row_schema_and_nothing_else_of_the_project():
     statistics, nor the sweep engine, nor the CLI's errors."""
     modules = _modules()
     assert _imports("harness.store", modules["harness.store"], modules) == {"kvcommon.rows"}
+
+
+def test_an_import_inside_a_function_is_seen(tmp_path):
+    """The walk sees an import wherever it is: in a function, a method, a nested block."""
+    modules = _modules()
+    source = tmp_path / "probe.py"
+    source.write_text("import numpy\n\n\nclass A:\n    def f(self):\n        if True:\n"
+                      "            from stats.metrics import METRIC_NAMES\n        return METRIC_NAMES\n\n\n"
+                      "def g():\n    from harness import store\n    return store\n")
+    assert _imports("schemes.probe", source, modules) == set()
+    assert _imports("schemes.probe", source, modules, anywhere=True) == {"stats.metrics", "harness.store"}
+    assert _upstream({"schemes.probe": {"stats.metrics", "harness.store", "kvcommon.rows"}}) == [
+        "schemes.probe imports harness.store", "schemes.probe imports stats.metrics"]
