@@ -1,5 +1,5 @@
 """harness reproduce amd-paper: run what each claim of the AMD paper needs and report every claim
-as reproduced / refuted / inconclusive with its statistic (harness/reproduce.py, stats/claims.py)."""
+as reproduced / refuted / inconclusive with its statistic (harness/reproduce.py, stats/claims/)."""
 from __future__ import annotations
 
 import argparse
