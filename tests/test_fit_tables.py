@@ -177,3 +177,58 @@ def test_recommendation_tables_hold_the_per_layer_gains(tmp_path, capsys):
     assert rows[0][1] == f"{first['scheme']} b={first['budget']}"
     assert rows[0][-1].startswith(f"{100 * first['gain']:+.1f} %") and len(rows) == len(rec) + 2
 
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("transformers") is None, reason="transformers not installed")
+def test_decoder_path_capture_fit_predictivity_recommend(tmp_path, capsys):
+    """The decoder path end to end on a random-weight Llama (RoPE, 4 query heads over 2 key/value
+    heads): capture -> fit -> predictivity -> recommend, their tables and report --json. The fitted
+    spec carries the model's own rotary frequencies, the fitted scenario draws (and replay replays)
+    post-RoPE keys, and τ is Kendall's τ of the stored rows."""
+    import torch
+    import transformers
+    from scipy.stats import kendalltau
+
+    from harness.capture import capture_segments
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=128, num_hidden_layers=2, vocab_size=500,
+                                      max_position_embeddings=512, rope_theta=500.0)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).eval()
+    gen = np.random.default_rng(0)
+    tensors = capture_segments(model, [gen.integers(0, 500, 400) for _ in range(2)])
+    cap = write_capture(tmp_path / "llama.npz", tensors["k"], tensors["v"], tensors["q"], k_rope=tensors["k_rope"],
+                        q_rope=tensors["q_rope"], segment_len=400)
+    spec = tmp_path / "llama.json"
+    assert main(["fit", str(cap), "--out", str(spec)]) == 0
+    fitted_spec = json.loads(spec.read_text())
+    assert fitted_spec["heads"] == 4 and fitted_spec["kv_heads"] == 2
+    np.testing.assert_allclose(fitted_spec["rope"]["inv_freq"], model.model.rotary_emb.inv_freq.double().numpy(),
+                               rtol=1e-4, atol=1e-6)
+    common = ["--scheme", "plain-kv,tq-kv", "--budget", "2,3", "--trials", "3", "--seq-len", "32", "--queries", "8",
+              "--calib-tokens", "64"]
+    out = tmp_path / "study"
+    assert main(["predictivity", str(cap), "--spec", str(spec), *common, "--levels", "4,5", "--out", str(out)]) == 0
+    store = RunStore(out)
+    taus, trials = store.table("predictivity"), store.trials()
+    assert store.table("fit_layers")["layer"].tolist() == [0, 1]
+    assert set(trials["storage_bits_per_element"].round(6)) == {4.0, 5.0}   # d = 16: b + 2 (a norm per token)
+    means = trials.groupby(["scenario", "budget", "scheme"])["d2_t"].mean()
+    for layer in (0, 1):
+        c = dd = 0
+        for budget in (2, 3):
+            real = means[f"replay:{cap}:layer={layer}", budget][["plain-kv", "tq-kv"]].to_numpy()
+            fitted = means[f"fitted:{spec}:layer={layer}", budget][["plain-kv", "tq-kv"]].to_numpy()
+            t = kendalltau(real, fitted).statistic
+            c, dd = c + (t > 0), dd + (t < 0)
+        row = taus[(taus["layer"] == layer) & (taus["codecs"] == "all") & (taus["candidate"] == "fitted")].iloc[0]
+        assert row["n_pairs"] == c + dd == 2 and row["tau"] == pytest.approx((c - dd) / (c + dd))
+    rec_out = tmp_path / "rec"
+    assert main(["recommend", str(cap), "--bits", "4.5", *common, "--out", str(rec_out)]) == 0
+    rec = RunStore(rec_out).table("recommendation")
+    assert rec["layer"].tolist() == [0, 1] and rec["storage"].mean() <= 4.5 + 1e-9
+    assert np.isfinite(rec["gain"]).all() and (rec["gain_ci_low"] <= rec["gain"]).all()
+    capsys.readouterr()
+    assert main(["report", str(rec_out), "--json", "--permutations", "20"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert [r["scheme"] for r in found["recommendation"]] == rec["scheme"].tolist()
