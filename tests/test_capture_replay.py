@@ -442,9 +442,14 @@ def test_effect_of_a_recommendation_beside_the_uniform_settings(minilm, tmp_path
     assert stored["setting"].tolist() == list(rows) and stored["n_passages"].tolist() == [2] * 4
     # bad input: one line, exit 2, nothing stored
     (tmp_path / "two.json").write_text(json.dumps({"bits": 3, "uniform": "tq-kv", "layers": layers[:2]}))
+    arrays, meta = synthetic_arrays(np.random.default_rng(0), layers=1, heads=2, kv_heads=2, dim=8)
+    other = write_npz(tmp_path / "other.npz", arrays, {**meta, "model_sha256": "1" * 64})
+    (tmp_path / "other.json").write_text(json.dumps({"bits": 3, "uniform": "tq-kv", "layers": layers,
+                                                     "capture": str(other)}))
     for argv, message in ((["--recommendation", str(tmp_path / "two.json")], "covers layers [0, 1]; the model has 6"),
                           (["--recommendation", str(tmp_path / "none")], "none does not exist"),
                           (["--recommendation", str(tmp_path)], "no recommendation.json there"),
+                          (["--recommendation", str(tmp_path / "other.json")], "weights with sha256 111111111111…"),
                           ([], "give --scheme NAME[,NAME...] or --recommendation DIR")):
         assert main(["effect", "--passages", "1", *argv]) == 2
         err = capsys.readouterr().err

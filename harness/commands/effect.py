@@ -74,6 +74,23 @@ def recommendation_settings(result: dict, n_sites: int) -> dict[str, list[tuple[
     return settings
 
 
+def check_same_model(result: dict, loaded) -> None:
+    """UsageError when the capture the recommendation was made on (where it can still be read) is
+    of other weights than the model loaded."""
+    from scenarios.replay import load_capture
+    capture = Path(str(result.get("capture", "")))
+    if not capture.is_file():
+        return
+    try:
+        sha = load_capture(capture).metadata.get("model_sha256", "")
+    except ValueError:
+        return
+    if sha and sha != loaded.sha256:
+        raise UsageError(f"harness effect: --recommendation was made on {capture}, a capture of weights with sha256 "
+                         f"{sha[:12]}…, but the model loaded ({loaded.name}) has {loaded.sha256[:12]}…; give its "
+                         f"--model DIR")
+
+
 def paired(cos_rec: list[float], cos_other: list[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """Mean of the per-passage differences (recommendation − other) and its 95 % percentile
     bootstrap interval over passages."""
@@ -92,6 +109,7 @@ def run_recommendation(args, loaded, capture_module, effect) -> int:
     from ..store import RunStore
 
     result, run_dir = load_recommendation(args.recommendation)
+    check_same_model(result, loaded)
     sites = capture_module.attention_sites(loaded.model)
     settings = recommendation_settings(result, len(sites))
     for per_layer in settings.values():
