@@ -232,3 +232,65 @@ def test_decoder_path_capture_fit_predictivity_recommend(tmp_path, capsys):
     assert main(["report", str(rec_out), "--json", "--permutations", "20"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert [r["scheme"] for r in found["recommendation"]] == rec["scheme"].tolist()
+
+
+def test_pdf_and_html_show_every_fit_table_without_cutting_a_cell(monkeypatch):
+    """Made-up rows of all six tables, long codec names included: the PDF draws each as a table
+    whose cells hold their text (the report's own check), and the HTML has each section."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+
+    import reports.pdf
+    from harness.fit_tables import frame
+    from reports.html import render_html
+    from test_report_text import _CheckedPages, synthetic_findings
+
+    long = "kvpress:ObservedAttentionPress"
+    tables = {
+        "fit_layers": frame("fit_layers", [{"layer": n, "closest_family": "lowrank_misaligned", "distance": 0.12,
+                                            "next_family": "outlier_channels", "next_distance": 0.2,
+                                            **{f"fitted_over_real_{m}": 1.5 for m in ("rel_mse_k", "rel_mse_v",
+                                                                                     "kl_attn", "d2_t")}}
+                                           for n in range(3)]),
+        "predictivity": frame("predictivity", [{"layer": n, "codecs": c, "candidate": k, "family": "spectral_decay",
+                                                "tau": 0.5, "ci_low": 0.25, "ci_high": 0.75, "n_pairs": 72}
+                                               for n in (0, 1, 2, None) for c in ("all", "quantisers")
+                                               for k in ("fitted", "closest_family", "best_generic")]),
+        "predictivity_flips": frame("predictivity_flips", [{"layer": 0, "level": 3.5, "a": long, "b": "tq-kv",
+                                                            "real_a": 0.1, "real_b": 0.2, "fitted_a": 0.3,
+                                                            "fitted_b": 0.2, "quantisers": 0}]),
+        "recommendation": frame("recommendation", [{"layer": n, "scheme": long, "budget": 3, "storage": 3.25,
+                                                    "error_choose": 0.1, "error_recommended": 0.11, "uniform": "tq-kv",
+                                                    "error_uniform": 0.12, "gain": 0.08, "gain_ci_low": -0.01,
+                                                    "gain_ci_high": 0.17, "n_trials": 20} for n in range(3)]),
+        "recommendation_judged": frame("recommendation_judged", [
+            {"baseline": "equal_storage", "bits": 3.5, "scheme": "tq-kv", "storage_recommended": 3.25,
+             "storage_baseline": 3.25, "error_recommended": 0.33, "error_baseline": 0.36, "gain": 0.08,
+             "gain_ci_low": -0.01, "gain_ci_high": 0.17, "paired_difference": -0.01, "paired_difference_se": 0.01,
+             "n_trials": 20},
+            {"baseline": "best_cell", "bits": 3.5, "scheme": long, "budget": 3, "storage_recommended": 3.25,
+             "storage_baseline": 3.1, "error_recommended": 0.33, "error_baseline": 0.5, "gain": 0.34,
+             "gain_ci_low": 0.2, "gain_ci_high": 0.4, "paired_difference": -0.1, "paired_difference_se": 0.01,
+             "n_trials": 20}]),
+        "recommendation_effect": frame("recommendation_effect", [
+            {"setting": "recommended", "schemes": ", ".join([f"{long} b=3"] * 6), "bits_per_element": 3.5,
+             "emb_cos_mean": 0.95, "emb_cos_min": 0.9, "n_passages": 16},
+            {"setting": "best cell: tq-kv b=3", "schemes": "tq-kv b=3", "bits_per_element": 4.0, "emb_cos_mean": 0.98,
+             "emb_cos_min": 0.97, "difference": -0.03, "difference_ci_low": -0.04, "difference_ci_high": -0.02,
+             "n_passages": 16}]),
+    }
+    findings = dataclasses.replace(synthetic_findings(names=("tq-kv", "sq-kv"), scenarios=("gaussian",)),
+                                   tables=tables)
+    pages = []
+    monkeypatch.setattr(reports.pdf, "PdfPages", lambda path: pages.append(_CheckedPages(path)) or pages[-1])
+    reports.pdf.write_pdf("unused.pdf", "t", findings, [], [("item", "value")])
+    plain = dataclasses.replace(findings, tables={})
+    reports.pdf.write_pdf("unused.pdf", "t", plain, [], [("item", "value")])
+    assert pages[0].overflow == [] and pages[0].tables == pages[1].tables + 4
+    html = render_html("t", findings, [], None, "1 s")
+    for anchor in ("fit-layers", "predictivity-flips", "recommendation", "recommendation-effect"):
+        assert f'id="{anchor}-table"' in html
+    assert "+8.0 % [-1.0, +17.0]" in html and "−0.03000 [" not in html and "-0.03000 [-0.04000, -0.02000]" in html
+    assert 'id="fit-layers-table"' not in render_html("t", plain, [], None, "1 s")
+    plt.close("all")
