@@ -135,12 +135,19 @@ class EffectRow:
 
 def calibrated_schemes(name: str, budget: int, calibration: dict, sites, seed: int):
     """One scheme per attention site, fitted on that layer's calibration K, V (1, Hkv, n, d)."""
+    return calibrated_per_layer([(name, budget)] * len(sites), calibration, sites, seed)
+
+
+def calibrated_per_layer(settings: list[tuple[str, int]], calibration: dict, sites, seed: int):
+    """Scheme settings[i] = (name, budget) at attention site i, fitted on that layer's calibration
+    K, V; a layer's scheme is seeded by (seed, name, budget, d, layer), so the same (name, budget)
+    at a layer is the same scheme in a uniform and in a per-layer setting."""
     import torch
 
     import schemes
     from kvcommon.rng import seed_sequence
     out = []
-    for layer, site in enumerate(sites):
+    for layer, (site, (name, budget)) in enumerate(zip(sites, settings)):
         layer_seed = int(seed_sequence(seed, "effect", name, budget, site.head_dim, layer).generate_state(1)[0])
         scheme = schemes.create(name, budget=budget, dim=site.head_dim, seed=layer_seed)
         scheme.fit(torch.from_numpy(calibration["k"][layer][None]), torch.from_numpy(calibration["v"][layer][None]))
@@ -148,10 +155,19 @@ def calibrated_schemes(name: str, budget: int, calibration: dict, sites, seed: i
     return out
 
 
-def measure_effect(loaded, scheme_names: list[str], budgets: list[int], *, n_held_out: int = 16,
-                   seed: int = 0) -> list[EffectRow]:
-    """One row per (scheme, budget): harness metrics averaged over layers and held-out passages,
-    and the cosine of each passage's embedding to the uncompressed model's (mean and minimum)."""
+@dataclass(frozen=True)
+class Measured:
+    """One setting inside the model: the harness metrics averaged over layers and passages, the
+    measured bits per element, and each held-out passage's embedding cosine."""
+    metrics: dict
+    bits_per_element: float
+    cosines: list
+
+
+def measure_settings(loaded, settings: dict[str, list[tuple[str, int]]], *, n_held_out: int = 16,
+                     seed: int = 0) -> dict[str, Measured]:
+    """Each named setting (a (scheme, budget) per attention site) inside the model, on the same
+    calibration and held-out passages."""
     import torch
 
     from .capture import attention_sites, capture_segments
@@ -161,17 +177,31 @@ def measure_effect(loaded, scheme_names: list[str], budgets: list[int], *, n_hel
     sites = attention_sites(model)
     calibration = capture_segments(model, passages.calibration)
     reference = [embed(model, ids) for ids in passages.held_out]
-    rows = []
-    for name in scheme_names:
-        for budget in budgets:
-            layer_schemes = calibrated_schemes(name, budget, calibration, sites, seed)
-            with CompressedAttention(sites, layer_schemes) as patched:
-                cosines = [float(torch.dot(embed(model, ids), ref)) for ids, ref in zip(passages.held_out, reference)]
-            mean = {key: float(np.mean([m[key] for m in patched.metrics]))
-                    for key in ("rel_mse_k", "rel_mse_v", "rel_mse_t", "kl_attn")}
-            rows.append(EffectRow(name, budget, float(np.mean(patched.bits)), **mean,
-                                  emb_cos_mean=float(np.mean(cosines)), emb_cos_min=float(np.min(cosines))))
-    return rows
+    out = {}
+    for label, per_layer in settings.items():
+        if len(per_layer) != len(sites):
+            raise ValueError(f"setting {label}: {len(per_layer)} layers, the model has {len(sites)} attention blocks")
+        layer_schemes = calibrated_per_layer(per_layer, calibration, sites, seed)
+        with CompressedAttention(sites, layer_schemes) as patched:
+            cosines = [float(torch.dot(embed(model, ids), ref)) for ids, ref in zip(passages.held_out, reference)]
+        mean = {key: float(np.mean([m[key] for m in patched.metrics]))
+                for key in ("rel_mse_k", "rel_mse_v", "rel_mse_t", "kl_attn")}
+        out[label] = Measured(mean, float(np.mean(patched.bits)), cosines)
+    return out
+
+
+def measure_effect(loaded, scheme_names: list[str], budgets: list[int], *, n_held_out: int = 16,
+                   seed: int = 0) -> list[EffectRow]:
+    """One row per (scheme, budget): harness metrics averaged over layers and held-out passages,
+    and the cosine of each passage's embedding to the uncompressed model's (mean and minimum)."""
+    from .capture import attention_sites
+
+    n_sites = len(attention_sites(loaded.model))
+    keys = [(name, budget) for name in scheme_names for budget in budgets]
+    measured = measure_settings(loaded, {f"{n} b={b}": [(n, b)] * n_sites for n, b in keys}, n_held_out=n_held_out,
+                                seed=seed)
+    return [EffectRow(n, b, m.bits_per_element, **m.metrics, emb_cos_mean=float(np.mean(m.cosines)),
+                      emb_cos_min=float(np.min(m.cosines))) for (n, b), m in zip(keys, measured.values())]
 
 
 def format_effect(rows: list[EffectRow]) -> str:

@@ -18,7 +18,9 @@ them) and mean error e (d2_t) on the choose half.
   difference is paired per window; the
   layers' windows are independent draws, so summing over layers at one index keeps the sum of
   independent paired differences); the relative gain 1 − Σ_l ē_rec,l / Σ_l ē_uni,l with a percentile
-  bootstrap interval over trials (resampled jointly for both settings, 2000 resamples).
+  bootstrap interval over trials (resampled jointly for both settings, 2000 resamples); and the
+  same per layer (where the gain comes from: each layer's recommended cell, at its own storage,
+  against the uniform codec at the recommendation's average storage).
 """
 from __future__ import annotations
 
@@ -138,7 +140,9 @@ def judge(trials: pd.DataFrame, scenario_of_layer: dict[int, str], recommended: 
     uni = at_level(trials, scenario_of_layer, level).get(baseline)
     if uni is None:
         raise ValueError(f"{baseline} does not reach {level:.3f} bits/element in every layer of the judge half")
-    return {**compare(rec, uni, n_boot=n_boot, seed=seed), "storage": level}
+    per_layer = [{"layer": layer, **compare(rec[i:i + 1], uni[i:i + 1], n_boot=n_boot, seed=seed)}
+                 for i, layer in enumerate(sorted(scenario_of_layer))]
+    return {**compare(rec, uni, n_boot=n_boot, seed=seed), "storage": level, "per_layer": per_layer}
 
 
 def judge_cell(trials: pd.DataFrame, scenario_of_layer: dict[int, str], recommended: dict[int, tuple[str, int]],

@@ -52,10 +52,11 @@ _REQUIRED_COLUMNS = {
 
 
 def _sql_value(value):
-    """A frame cell as sqlite stores it: numpy scalars as Python numbers, NaN and None as NULL."""
+    """A frame cell as sqlite stores it: numpy scalars as Python numbers, NaN, None and pd.NA (a
+    nullable integer column's missing value) as NULL."""
     if isinstance(value, np.generic):
         value = value.item()
-    if value is None or (isinstance(value, float) and np.isnan(value)):
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         return None
     return value
 
@@ -461,26 +462,35 @@ class RunStore:
 
     # --- derived tables (claims of a reproduction, per-trial extras) ------------------------
     def write_table(self, name: str, frame: pd.DataFrame) -> None:
-        """Replace table `name` by `frame` in one transaction (so a reader sees the old table or
-        the new one, never half of it). The run's own tables (trials, cells) are not writable here."""
-        if name in _OWN_TABLES or not name.isidentifier():
-            raise ValueError(f"table name {name!r} is reserved or not an identifier; {', '.join(sorted(_OWN_TABLES))} "
-                             f"are written by write_cell and write_chunk")
-        columns = [str(c) for c in frame.columns]
-        bad = [c for c in columns if not c.isidentifier()]
-        if bad:
-            raise ValueError(f"column name(s) {', '.join(bad)} of table {name} are not identifiers")
-        types = {c: "INTEGER" if pd.api.types.is_integer_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c])
-                 else "REAL" if pd.api.types.is_float_dtype(frame[c]) else "TEXT" for c in columns}
-        rows = [tuple(_sql_value(v) for v in row) for row in frame.itertuples(index=False, name=None)]
+        """Replace table `name` by `frame` in one transaction (write_tables with one table)."""
+        self.write_tables({name: frame})
+
+    def write_tables(self, frames: dict[str, pd.DataFrame]) -> None:
+        """Replace each table `name` by its frame, all in one transaction (so a reader sees the old
+        tables or the new ones, never some of them or half of one). The run's own tables (trials,
+        cells) are not writable here."""
+        plans = []
+        for name, frame in frames.items():
+            if name in _OWN_TABLES or not name.isidentifier():
+                raise ValueError(f"table name {name!r} is reserved or not an identifier; "
+                                 f"{', '.join(sorted(_OWN_TABLES))} are written by write_cell and write_chunk")
+            columns = [str(c) for c in frame.columns]
+            bad = [c for c in columns if not c.isidentifier()]
+            if bad:
+                raise ValueError(f"column name(s) {', '.join(bad)} of table {name} are not identifiers")
+            types = {c: "INTEGER" if pd.api.types.is_integer_dtype(frame[c]) or pd.api.types.is_bool_dtype(frame[c])
+                     else "REAL" if pd.api.types.is_float_dtype(frame[c]) else "TEXT" for c in columns}
+            rows = [tuple(_sql_value(v) for v in row) for row in frame.itertuples(index=False, name=None)]
+            plans.append((name, columns, types, rows))
         con = self._connect()
         con.isolation_level = None  # explicit transaction: DROP and CREATE are not auto-committed apart
         try:
             con.execute("BEGIN IMMEDIATE")
             try:
-                con.execute(f"DROP TABLE IF EXISTS {name}")
-                con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {types[c]}' for c in columns)})")
-                con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(columns))})", rows)
+                for name, columns, types, rows in plans:
+                    con.execute(f"DROP TABLE IF EXISTS {name}")
+                    con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {types[c]}' for c in columns)})")
+                    con.executemany(f"INSERT INTO {name} VALUES ({', '.join('?' * len(columns))})", rows)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")

@@ -9,6 +9,7 @@ import json
 import jinja2
 
 from .figures import ReportFigure
+from .fitted import sections as fit_sections
 from .raster import html_png
 from stats.findings import Findings
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows, claim_detail_rows,
@@ -81,6 +82,16 @@ tr.verdict-refuted td:nth-child(3) { color: #a11; font-weight: bold; }
 </div>
 {% endfor %}
 </section>
+{% for anchor, title, header, rows, note in fit_sections %}
+<section id="{{ anchor }}">
+<h2>{{ title }}</h2>
+<div class="wide"><table id="{{ anchor }}-table">
+<thead><tr>{% for c in header %}<th>{{ c }}</th>{% endfor %}</tr></thead>
+<tbody>{% for row in rows %}<tr>{% for v in row %}<td{% if loop.index > 1 %} class="num"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>
+<p class="note">{{ note }}</p>
+</section>
+{% endfor %}
 <nav id="contents"><ul>
 <li><a href="#summary">Summary: every storage level, fronts, method</a></li>
 <li><a href="#figures">Figures</a></li>
@@ -202,7 +213,7 @@ def render_html(title: str, findings: Findings, figures: list[ReportFigure], man
     return env.from_string(_TEMPLATE).render(
         title=title, notice=notice, lede=lede(findings), headlines=headlines, headline_header=headline_header(findings),
         claim_header=CLAIM_HEADER, claim_rows=claim_rows(findings), claim_detail_header=CLAIM_DETAIL_HEADER,
-        claim_detail_rows=claim_detail_rows(findings),
+        claim_detail_rows=claim_detail_rows(findings), fit_sections=fit_sections(findings),
         method=method_sentence(findings), summaries=setting_summaries(findings), front_header=FRONT_HEADER,
         winner_header=winner_header(findings), winner_rows=winner_rows(findings), verdict_note=verdict_note(findings),
         figures=shown, cell_header=cell_header(findings), cell_rows=cell_rows(findings),

@@ -19,6 +19,7 @@ from matplotlib.table import Cell  # noqa: E402
 from matplotlib.textpath import TextToPath  # noqa: E402
 
 from .figures import ReportFigure  # noqa: E402
+from .fitted import sections as fit_sections  # noqa: E402
 from .raster import FIGURE_BOX, FIGURE_PPI, page_image, page_scale  # noqa: E402,F401  (page_scale: re-exported)
 from stats.findings import Findings  # noqa: E402
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows,  # noqa: E402
@@ -243,6 +244,8 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
         else:
             notice_shown = False
         first = _headline_pages(pdf, title, findings, figures, None if notice_shown else notice) == 0
+        for _, section_title, header, rows, _ in fit_sections(findings):
+            _table_pages(pdf, section_title, header, rows)
         _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
                      winner_rows(findings), notice=notice if first and not notice_shown else None)
         _table_pages(pdf, "The Pareto front on measured storage, per setting", ("setting",) + FRONT_HEADER,

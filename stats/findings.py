@@ -12,7 +12,7 @@ No headline compares values whose storage differs by more than stats.equal_stora
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -211,6 +211,8 @@ class Findings:
     has_null: bool = False
     claims: pd.DataFrame | None = None  # a reproduction's claims (harness reproduce; its claims table), else None
     left_out: tuple[str, ...] = ()      # one line per cell left out, its values not finite (stats.finite)
+    # the run's fit / predictivity / recommendation tables by name (harness.fit_tables.read), where it has them
+    tables: dict = field(default_factory=dict)
 
     @property
     def settings(self) -> list[tuple]:
@@ -271,8 +273,9 @@ def _records(frame: pd.DataFrame) -> list[dict]:
     return out
 
 
-# report --json: its version (reports/report.schema.json describes it) and the units of its numbers
-JSON_SCHEMA_VERSION = "1.0"
+# report --json: its version (reports/report.schema.json describes it; a minor step adds optional
+# keys only: 1.1 the tables of predictivity and recommend) and the units of its numbers
+JSON_SCHEMA_VERSION = "1.1"
 JSON_UNITS = {
     "d2_t": "distance of (snr_err_t, dir_err_t) from the origin: dimensionless, 0 = exact",
     "storage": "measured bits per cached element",

@@ -397,3 +397,60 @@ def test_capture_cli_on_a_local_rope_model(minilm, tmp_path):
     assert cap.positions.tolist() == list(range(512)) + list(range(88))        # one forward pass per segment
     assert cap.segments.tolist() == [0] * 512 + [1] * 88
     assert main(["capture", "--model", str(tmp_path / "absent"), "--out", str(out)]) == 2
+
+
+def test_effect_of_a_recommendation_beside_the_uniform_settings(minilm, tmp_path, capsys):
+    """harness effect --recommendation DIR: the per-layer setting inside the model equals, passage by
+    passage, the same schemes composed here by hand (tq-kv b=2 in layers 0-2, plain-kv b=4 in 3-5),
+    the uniform settings beside it, the paired difference, and the rows stored in the run."""
+    import json
+
+    import torch
+
+    from harness.capture import attention_sites, capture_segments
+    from harness.effect import CompressedAttention, calibrated_schemes, default_passages, embed
+    layers = [{"layer": n, "scheme": "tq-kv" if n < 3 else "plain-kv", "budget": 2 if n < 3 else 4, "storage": 3.0}
+              for n in range(6)]
+    run_dir = tmp_path / "rec"
+    RunStore(run_dir).write_table("placeholder", __import__("pandas").DataFrame({"x": [1]}))  # a run's results.sqlite
+    (run_dir / "recommendation.json").write_text(json.dumps({"bits": 3.5, "uniform": "tq-kv",
+                                                             "uniform_cell": ["tq-kv", 3], "layers": layers}))
+    assert main(["effect", "--recommendation", str(run_dir), "--passages", "2", "--json"]) == 0
+    rows = {r["setting"]: r for r in json.loads(capsys.readouterr().out)}
+    assert list(rows) == ["recommended", "best cell: tq-kv b=3", "equal storage codec: tq-kv b=2",
+                          "equal storage codec: tq-kv b=4"]
+    passages = default_passages(minilm.tokenizer, n_held_out=2)
+    sites = attention_sites(minilm.model)
+    calibration = capture_segments(minilm.model, passages.calibration)
+    reference = [embed(minilm.model, ids) for ids in passages.held_out]
+
+    def cosines(layer_schemes):
+        with CompressedAttention(sites, layer_schemes):
+            return np.array([float(torch.dot(embed(minilm.model, ids), ref))
+                             for ids, ref in zip(passages.held_out, reference)])
+    mixed = calibrated_schemes("tq-kv", 2, calibration, sites, 0)[:3] + \
+        calibrated_schemes("plain-kv", 4, calibration, sites, 0)[3:]
+    rec, cell = cosines(mixed), cosines(calibrated_schemes("tq-kv", 3, calibration, sites, 0))
+    assert rows["recommended"]["emb_cos_mean"] == pytest.approx(rec.mean(), abs=1e-6)
+    assert rows["recommended"]["emb_cos_min"] == pytest.approx(rec.min(), abs=1e-6)
+    assert rows["recommended"]["schemes"] == "tq-kv b=2, tq-kv b=2, tq-kv b=2, plain-kv b=4, plain-kv b=4, plain-kv b=4"
+    best = rows["best cell: tq-kv b=3"]
+    assert best["emb_cos_mean"] == pytest.approx(cell.mean(), abs=1e-6) and best["schemes"] == "tq-kv b=3"
+    assert best["difference"] == pytest.approx((rec - cell).mean(), abs=1e-6)
+    assert best["difference_ci_low"] <= best["difference"] <= best["difference_ci_high"]
+    stored = RunStore(run_dir).table("recommendation_effect")
+    assert stored["setting"].tolist() == list(rows) and stored["n_passages"].tolist() == [2] * 4
+    # bad input: one line, exit 2, nothing stored
+    (tmp_path / "two.json").write_text(json.dumps({"bits": 3, "uniform": "tq-kv", "layers": layers[:2]}))
+    arrays, meta = synthetic_arrays(np.random.default_rng(0), layers=1, heads=2, kv_heads=2, dim=8)
+    other = write_npz(tmp_path / "other.npz", arrays, {**meta, "model_sha256": "1" * 64})
+    (tmp_path / "other.json").write_text(json.dumps({"bits": 3, "uniform": "tq-kv", "layers": layers,
+                                                     "capture": str(other)}))
+    for argv, message in ((["--recommendation", str(tmp_path / "two.json")], "covers layers [0, 1]; the model has 6"),
+                          (["--recommendation", str(tmp_path / "none")], "none does not exist"),
+                          (["--recommendation", str(tmp_path)], "no recommendation.json there"),
+                          (["--recommendation", str(tmp_path / "other.json")], "weights with sha256 111111111111…"),
+                          ([], "give --scheme NAME[,NAME...] or --recommendation DIR")):
+        assert main(["effect", "--passages", "1", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1

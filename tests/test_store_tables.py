@@ -78,3 +78,18 @@ def test_chunks_committed_through_one_held_connection_as_one_by_one(tmp_path):
         write_all(broken, fail_at=(2, cells[0]))
     assert broken.stored_trials() == {cells[0]: 4, cells[1]: 5} and broken.finished_cells() == {cells[1]}
     broken.check_integrity()
+
+
+def test_several_tables_are_replaced_in_one_transaction(tmp_path):
+    """write_tables: all the tables or none (a failing second table leaves the first as it was), and a
+    nullable integer column (pd.NA) is an INTEGER column with NULL."""
+    store = RunStore(tmp_path)
+    store.write_tables({"a": pd.DataFrame({"x": [1]}), "b": pd.DataFrame({"y": ["old"]})})
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.write_tables({"a": pd.DataFrame({"x": [2]}), "b": pd.DataFrame({"y": [object()]})})
+    assert store.table("a").x.tolist() == [1] and store.table("b").y.tolist() == ["old"]
+    store.write_tables({"a": pd.DataFrame({"layer": pd.array([3, None], dtype="Int64")})})
+    con = sqlite3.connect(store.path)
+    assert con.execute("SELECT type FROM pragma_table_info('a')").fetchall() == [("INTEGER",)]
+    assert con.execute("SELECT layer FROM a").fetchall() == [(3,), (None,)]
+    con.close()

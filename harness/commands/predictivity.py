@@ -7,7 +7,9 @@ compared with their order on the replayed windows (stats.predictivity: Kendall's
 pairs and storage levels, bootstrap 95 % interval, flipped pairs), over all codecs and within the
 quantisers alone; then pooled over the layers. The fitted scenario and the nearest family (the
 spec's `family.closest`) are chosen before any ranking is seen; "best generic" is the family
-with the highest τ on that layer, chosen afterwards — an optimistic baseline.
+with the highest τ on that layer, chosen afterwards — an optimistic baseline. The result goes to
+OUT/predictivity.json and to the run's tables fit_layers, predictivity and predictivity_flips
+(harness/fit_tables.py).
 """
 from __future__ import annotations
 
@@ -96,7 +98,8 @@ def study(trials, layers, capture, spec_path, spec, levels, schemes_run, n_boot=
             entry[group] = {"fitted": row(pr.agreement([(real, fitted)], names, **boot)),
                             "closest_family": row(generic[closest]),
                             "best_generic": {"family": best, **row(generic[best])},
-                            "generic": {f: {"tau": g.tau, "ci": [g.ci_low, g.ci_high]} for f, g in generic.items()}}
+                            "generic": {f: {"tau": g.tau, "ci": [g.ci_low, g.ci_high], "n_pairs": g.n_pairs}
+                                        for f, g in generic.items()}}
             for key, candidate in (("fitted", fitted), ("closest_family", tables[closest]),
                                    ("best_generic", tables[best])):
                 chosen[group][key].append((real, candidate))
@@ -140,6 +143,7 @@ def run(args) -> int:
     from scenarios.fitted import load_spec
     from stats.equal_storage import parse_levels
 
+    from ..fit_tables import predictivity_frames
 
     try:
         spec = load_spec(args.spec)
@@ -152,6 +156,7 @@ def run(args) -> int:
     store = sweep_into(config, args.out, "predictivity")
     layers = args.layers if args.layers is not None else tuple(range(spec.n_layers))
     result = study(store.trials(), layers, args.capture, args.spec, spec, levels, tuple(args.scheme))
+    store.write_tables(predictivity_frames(result, spec.data))   # results.sqlite: fit_layers, predictivity, ...
     tmp = args.out / (RESULT_FILE + ".partial")
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
     os.replace(tmp, args.out / RESULT_FILE)

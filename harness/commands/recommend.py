@@ -1,4 +1,6 @@
-"""harness recommend: a codec and width per layer under an average storage budget (harness/recommend.py)."""
+"""harness recommend: a codec and width per layer under an average storage budget (harness/recommend.py);
+the result in OUT/recommendation.json and the run's tables recommendation and
+recommendation_judged (harness/fit_tables.py)."""
 from __future__ import annotations
 
 import json
@@ -60,6 +62,7 @@ def format_result(result: dict) -> str:
 def run(args) -> int:
     from scenarios.replay import load_capture
 
+    from ..fit_tables import recommendation_frames
     from ..recommend import choose, judge, judge_cell, options, uniform, uniform_cell
 
     if not args.bits > 0:
@@ -103,6 +106,7 @@ def run(args) -> int:
             result["judged_cell"] = judge_cell(trials, second, picks, cell)
     except ValueError as exc:
         raise UsageError(f"harness recommend: {exc}") from None
+    store.write_tables(recommendation_frames(result))   # results.sqlite: recommendation, recommendation_judged
     tmp = args.out / (RESULT_FILE + ".partial")
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
     os.replace(tmp, args.out / RESULT_FILE)

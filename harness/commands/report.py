@@ -81,8 +81,11 @@ def _findings(directory: Path, null_directory: Path | None, n_permutations: int,
     findings = analyse(trials, null_trials, n_permutations, levels)
     for line in findings.left_out:   # cells whose stored values are not finite: named, the rest reported
         print(f"harness report: {line}", file=sys.stderr)
-    # a reproduction (harness reproduce) stores its claims beside the trials
-    return dataclasses.replace(findings, claims=RunStore(directory).table(CLAIMS_TABLE))
+    # a reproduction (harness reproduce) stores its claims beside the trials; predictivity and
+    # recommend their tables (harness/fit_tables.py)
+    from ..fit_tables import read
+    store = RunStore(directory)
+    return dataclasses.replace(findings, claims=store.table(CLAIMS_TABLE), tables=read(store))
 
 
 def write_report(directory: Path, null_directory: Path | None = None, n_permutations: int = 1000,
@@ -138,8 +141,11 @@ def run(args) -> int:
             raise UsageError(f"harness report: --storage-levels: {exc}") from None
     if args.json:
         from stats.findings import to_json
+
+        from ..fit_tables import records
         findings = _findings(args.directory, args.null, args.permutations, levels)
         out = to_json(findings)
+        out.update(records(findings.tables))   # fit_layers, predictivity, ..., recommendation: where the run has them
         command = (f"harness report {args.directory} --json --permutations {args.permutations}"
                    + (f" --null {args.null}" if args.null is not None else "")
                    + (f" --storage-levels {args.storage_levels}" if args.storage_levels is not None else ""))
