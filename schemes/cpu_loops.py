@@ -94,15 +94,18 @@ def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
 @numba.jit(**_JIT)
 def _grid_row(y, lo, hi, inv_h, origin, first, cand, q):  # pragma: no cover - compiled
     """The codes of _count_row by fastquant._Grid: y clamped to [lo, hi] (NaN to hi), its cell
-    floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]."""
-    for i in range(y.shape[0]):
+    floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]. Two passes over the row: the
+    cells (branch-free, vectorised), then the two table lookups; the comparison takes y itself,
+    which gives the clamped value's answer (the outermost cells hold no threshold, cand = +inf)."""
+    n = y.shape[0]
+    for i in range(n):
         v = np.float64(y[i])
-        if not v >= lo:
-            v = hi if v != v else lo
-        elif v > hi:
-            v = hi
-        c = np.int64(math.floor(v * inv_h) - origin)   # exact: a power-of-two scale, integers
-        q[i] = np.int32(first[c]) + np.int32(cand[c] < v)
+        v = lo if v < lo else v
+        v = v if v <= hi else hi                        # NaN to hi, the top cell
+        q[i] = np.int32(math.floor(v * inv_h) - origin)   # exact: a power-of-two scale, integers
+    for i in range(n):
+        c = q[i]
+        q[i] = np.int32(first[c]) + np.int32(cand[c] < y[i])
 
 
 @numba.jit(**_JIT)
