@@ -53,8 +53,32 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 @numba.jit(**_JIT)
 def _pack_row(q, width, out):  # pragma: no cover - compiled
     """out[:] = the codes q (zero-padded to whole groups of 8), `width` bits each, big-endian:
-    each group of 8 codes is `width` whole bytes; the last group's bytes past len(out) are dropped."""
+    each group of 8 codes is `width` whole bytes; the last group's bytes past len(out) are dropped.
+    A width that divides 8 fills each byte from its 8/width codes (a loop LLVM vectorises)."""
     n_bytes = out.shape[0]
+    if q.shape[0] * width == 8 * n_bytes:       # no partial group: the widths dividing 8 byte by byte
+        if width == 1:
+            for at in range(n_bytes):
+                byte = 0
+                for k in range(8):
+                    byte |= q[8 * at + k] << (7 - k)
+                out[at] = byte
+            return
+        if width == 2:
+            for at in range(n_bytes):
+                byte = 0
+                for k in range(4):
+                    byte |= q[4 * at + k] << (6 - 2 * k)
+                out[at] = byte
+            return
+        if width == 4:
+            for at in range(n_bytes):
+                out[at] = (q[2 * at] << 4) | q[2 * at + 1]
+            return
+        if width == 8:
+            for at in range(n_bytes):
+                out[at] = q[at]
+            return
     for g in range(q.shape[0] // 8):
         word = np.int64(0)
         for k in range(8):
