@@ -48,42 +48,26 @@ _NORM_ORDERS = ((8, False), (4, False), (16, False), (8, True), (4, True), (16, 
 def _sum_squares(v, lanes, fma_tail, acc):  # pragma: no cover - compiled
     """Σ v_i² in v's dtype in vector_norm's order: accumulator j of `lanes` (acc: a scratch
     array) += v_i² for i ≡ j (mod lanes) over the whole vectors, the accumulators added in order,
-    then the tail one by one (rounded once a term with fma_tail). The orders of 32-byte vectors
-    (8 float32, 4 float64 lanes) in registers; any other through acc."""
+    then the tail one by one (rounded once a term with fma_tail)."""
     n = v.shape[0]
     full = n - n % lanes
-    acc[0] = 0
-    zero = acc[0]
-    if lanes == 8:
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zero
+    for j in range(lanes):
+        acc[j] = 0
+    if lanes == 8:                      # constant trip counts: LLVM keeps acc in one vector register
         for k in range(0, full, 8):
-            a0 += v[k] * v[k]
-            a1 += v[k + 1] * v[k + 1]
-            a2 += v[k + 2] * v[k + 2]
-            a3 += v[k + 3] * v[k + 3]
-            a4 += v[k + 4] * v[k + 4]
-            a5 += v[k + 5] * v[k + 5]
-            a6 += v[k + 6] * v[k + 6]
-            a7 += v[k + 7] * v[k + 7]
-        s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
+            for j in range(8):
+                acc[j] += v[k + j] * v[k + j]
     elif lanes == 4:
-        a0 = a1 = a2 = a3 = zero
         for k in range(0, full, 4):
-            a0 += v[k] * v[k]
-            a1 += v[k + 1] * v[k + 1]
-            a2 += v[k + 2] * v[k + 2]
-            a3 += v[k + 3] * v[k + 3]
-        s = a0 + a1 + a2 + a3
+            for j in range(4):
+                acc[j] += v[k + j] * v[k + j]
     else:
-        for j in range(lanes):
-            acc[j] = 0
         for k in range(0, full, lanes):
             for j in range(lanes):
-                a = v[k + j]
-                acc[j] = acc[j] + a * a
-        s = acc[0]
-        for j in range(1, lanes):
-            s = s + acc[j]
+                acc[j] += v[k + j] * v[k + j]
+    s = acc[0]
+    for j in range(1, lanes):
+        s = s + acc[j]
     for k in range(full, n):
         a = v[k]
         s = _fma(a, a, s) if fma_tail else s + a * a
@@ -98,7 +82,7 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     integer reduction LLVM vectorises, which a float maximum with NaN's rules is not."""
     m = bits[0] & mask
     for i in range(1, bits.shape[0]):
-        m = max(m, bits[i] & mask)
+        m = max(m, bits.dtype.type(bits[i] & mask))   # kept at the bits' width (numba widens &), twice the lanes
     return m
 
 
