@@ -119,12 +119,12 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
     return centroids.index_select(0, codes.reshape(-1).to(torch.int32)).reshape(*lead, n)
 
 
-def cpu_grid(thresholds: np.ndarray, dtype: torch.dtype) -> _Grid | None:
+def cpu_grid(thresholds: np.ndarray, dtype: torch.dtype, count_max: int | None = None) -> _Grid | None:
     """The grid the CPU loops code by for these thresholds (ascending) in dtype, or None where
-    they count the thresholds instead: at most cpu_loops.COUNT_MAX_THRESHOLDS of them (counting
-    is faster), or thresholds no grid holds one to a cell."""
+    they count the thresholds instead: at most count_max of them (default
+    cpu_loops.COUNT_MAX_THRESHOLDS: counting is faster), or thresholds no grid holds one to a cell."""
     from . import cpu_loops
-    if len(thresholds) <= cpu_loops.COUNT_MAX_THRESHOLDS:
+    if len(thresholds) <= (cpu_loops.COUNT_MAX_THRESHOLDS if count_max is None else count_max):
         return None
     try:
         return _grid(tuple(float(x) for x in thresholds), dtype, "cpu")

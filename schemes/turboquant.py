@@ -198,7 +198,7 @@ class TurboQuant(PerTensorScheme):
         entries = passes.encode(
             x, self._unpack_signs(signs, d, x.dtype), bits, book.thresholds if book else np.zeros(0),
             book.tensors("cpu", x.dtype)[0] if book else torch.zeros(1, dtype=x.dtype),
-            fastquant.cpu_grid(book.thresholds, x.dtype) if book else None,
+            fastquant.cpu_grid(book.thresholds, x.dtype, passes.COUNT_MAX_THRESHOLDS) if book else None,
             self._projection(enc, prefix, kind, x.dtype) if kind else None)
         enc.codes[f"{prefix}.norm"] = entries["norm"]
         if bits >= 1:
