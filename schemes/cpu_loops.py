@@ -146,12 +146,22 @@ def _grid_rows(y, lo, hi, inv_h, origin, first, cand, width, codes, packed):  # 
 
 @numba.jit(**_JIT)
 def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compiled
-    """out[i] = centroids[code i of packed], the codes `width` bits each, big-endian."""
+    """out[i] = centroids[code i of packed], the codes `width` bits each, big-endian: each whole
+    group of 8 codes read from its `width` bytes as one word (no chain from code to code), the
+    codes of a last partial group one after the other."""
+    n = out.shape[0]
     mask = (1 << width) - 1
+    groups = n // 8
+    for g in range(groups):
+        word = np.int64(0)
+        for b in range(width):
+            word = (word << 8) | np.int64(packed[g * width + b])
+        for k in range(8):
+            out[8 * g + k] = centroids[(word >> (width * (7 - k))) & mask]
     acc = 0
     held = 0
-    j = 0
-    for i in range(out.shape[0]):
+    j = groups * width
+    for i in range(8 * groups, n):
         if held < width:
             acc = (acc << 8) | np.int64(packed[j])
             held += 8
