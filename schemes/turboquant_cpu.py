@@ -34,6 +34,7 @@ import numba
 import numpy as np
 import torch
 
+from . import cpu_loops
 from .cpu_loops import _JIT, _butterflies, _by_row_blocks, _count_row, _dequantize_row, _fma, _grid_row, _pack_row
 
 # numba takes CPU tensors as NumPy views: the dtypes it can read and write in place
@@ -224,8 +225,10 @@ def norm_order(dtype: torch.dtype, d: int) -> tuple[int, bool] | None:
 
 
 def takes(dim: int, dtype: torch.dtype) -> bool:
-    """Whether the fused passes code rows of dim (a power of two) in dtype with the chain's bits."""
-    return dtype in SUPPORTED and dim >= 2 and not dim & (dim - 1) and norm_order(dtype, dim) is not None
+    """Whether the fused passes code rows of dim (a power of two) in dtype with the chain's bits
+    (and the CPU loops are on: emptying cpu_loops.SUPPORTED routes every codec to its torch passes)."""
+    return dtype in SUPPORTED and dtype in cpu_loops.SUPPORTED and dim >= 2 and not dim & (dim - 1) and \
+        norm_order(dtype, dim) is not None
 
 
 def _sign_rows(signs: torch.Tensor | None, dtype: torch.dtype, d: int) -> np.ndarray:

@@ -176,6 +176,20 @@ def test_chain_where_no_norm_order_reproduces_torch(monkeypatch):
         turboquant_cpu.norm_order.cache_clear()
 
 
+def test_the_torch_passes_when_the_cpu_loops_are_off(monkeypatch):
+    """Emptying cpu_loops.SUPPORTED (the switch to every codec's torch passes) turns the fused
+    passes off too."""
+    from schemes import cpu_loops
+    monkeypatch.setattr(cpu_loops, "SUPPORTED", ())
+    assert not turboquant_cpu.takes(64, torch.float32)
+    calls = []
+    monkeypatch.setattr(turboquant_cpu, "encode", lambda *a, **k: calls.append(a))
+    s = schemes.create("tq-kv", budget=2, dim=64)
+    s.decode(s.encode(*bench._unremembered({"k": _cache((1, 1, 8, 64), torch.float32, 4),
+                                            "v": _cache((1, 1, 8, 64), torch.float32, 5)}).values()))
+    assert not calls
+
+
 @pytest.mark.parametrize("name", ["tq-fkv", "plain-kv"])
 def test_full_sketches_and_unrotated_variants_keep_the_chain(name, monkeypatch):
     """The fused passes code rotated tensors with no sketch or an RHT one; a FULL sketch and
