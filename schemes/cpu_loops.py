@@ -53,8 +53,32 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 @numba.jit(**_JIT)
 def _pack_row(q, width, out):  # pragma: no cover - compiled
     """out[:] = the codes q (zero-padded to whole groups of 8), `width` bits each, big-endian:
-    each group of 8 codes is `width` whole bytes; the last group's bytes past len(out) are dropped."""
+    each group of 8 codes is `width` whole bytes; the last group's bytes past len(out) are dropped.
+    A width that divides 8 fills each byte from its 8/width codes (a loop LLVM vectorises)."""
     n_bytes = out.shape[0]
+    if q.shape[0] * width == 8 * n_bytes:       # no partial group: the widths dividing 8 byte by byte
+        if width == 1:
+            for at in range(n_bytes):
+                byte = 0
+                for k in range(8):
+                    byte |= q[8 * at + k] << (7 - k)
+                out[at] = byte
+            return
+        if width == 2:
+            for at in range(n_bytes):
+                byte = 0
+                for k in range(4):
+                    byte |= q[4 * at + k] << (6 - 2 * k)
+                out[at] = byte
+            return
+        if width == 4:
+            for at in range(n_bytes):
+                out[at] = (q[2 * at] << 4) | q[2 * at + 1]
+            return
+        if width == 8:
+            for at in range(n_bytes):
+                out[at] = q[at]
+            return
     for g in range(q.shape[0] // 8):
         word = np.int64(0)
         for k in range(8):
@@ -66,63 +90,92 @@ def _pack_row(q, width, out):  # pragma: no cover - compiled
 
 
 @numba.jit(**_JIT)
+def _count_row(y, t, q):  # pragma: no cover - compiled
+    """q[i] = #{j : t[j] < y[i]} for the n = len(y) elements of a row (NaN: len(t), the top index
+    bucketize gives it); q's entries past n are left alone."""
+    n = y.shape[0]
+    top = np.int32(t.shape[0])
+    for i in range(n):
+        q[i] = top * np.int32(y[i] != y[i])        # NaN: the top index; no t[j] < NaN adds to it
+    for j in range(t.shape[0]):
+        tj = t[j]
+        for i in range(n):
+            q[i] += np.int32(tj < y[i])
+
+
+@numba.jit(**_JIT)
 def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
-    """codes[r, i] = #{j : t[j] < y[r, i]} (NaN: len(t), the top index bucketize gives it) and
-    packed[r] the row's codes packed."""
+    """codes[r] = _count_row of y[r] and packed[r] the row's codes packed."""
     n_rows, n = y.shape
     q = np.zeros(-(-n // 8) * 8, np.int32)
-    top = np.int32(t.shape[0])
     for r in range(n_rows):
-        yr = y[r]
+        _count_row(y[r], t, q)
         for i in range(n):
-            q[i] = 0
-        for j in range(t.shape[0]):
-            tj = t[j]
-            for i in range(n):
-                q[i] += np.int32(tj < yr[i])
-        for i in range(n):
-            if yr[i] != yr[i]:
-                q[i] = top
             codes[r, i] = q[i]
         _pack_row(q, width, packed[r])
+
+
+@numba.jit(**_JIT)
+def _grid_row(y, lo, hi, inv_h, origin, first, cand, q):  # pragma: no cover - compiled
+    """The codes of _count_row by fastquant._Grid: y clamped to [lo, hi] (NaN to hi), its cell
+    floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]. Two passes over the row: the
+    cells (branch-free, vectorised), then the two table lookups; the comparison takes y itself,
+    which gives the clamped value's answer (the outermost cells hold no threshold, cand = +inf)."""
+    n = y.shape[0]
+    for i in range(n):
+        v = np.float64(y[i])
+        v = lo if v < lo else v
+        v = v if v <= hi else hi                        # NaN to hi, the top cell
+        q[i] = np.int32(math.floor(v * inv_h) - origin)   # exact: a power-of-two scale, integers
+    for i in range(n):
+        c = q[i]
+        q[i] = np.int32(first[c]) + np.int32(cand[c] < y[i])
 
 
 @numba.jit(**_JIT)
 def _grid_rows(y, lo, hi, inv_h, origin, first, cand, width, codes, packed):  # pragma: no cover - compiled
-    """The same codes by fastquant._Grid: y clamped to [lo, hi] (NaN to hi), its cell
-    floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]."""
+    """codes[r] = _grid_row of y[r] and packed[r] the row's codes packed."""
     n_rows, n = y.shape
     q = np.zeros(-(-n // 8) * 8, np.int32)
     for r in range(n_rows):
+        _grid_row(y[r], lo, hi, inv_h, origin, first, cand, q)
         for i in range(n):
-            v = np.float64(y[r, i])
-            if not v >= lo:
-                v = hi if v != v else lo
-            elif v > hi:
-                v = hi
-            c = np.int64(math.floor(v * inv_h) - origin)   # exact: a power-of-two scale, integers
-            q[i] = np.int32(first[c]) + np.int32(cand[c] < v)
             codes[r, i] = q[i]
         _pack_row(q, width, packed[r])
 
 
 @numba.jit(**_JIT)
-def _dequantize_rows(packed, centroids, width, out):  # pragma: no cover - compiled
-    """out[r, i] = centroids[code i of packed[r]], the codes `width` bits each, big-endian."""
-    n_rows, n = out.shape
+def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compiled
+    """out[i] = centroids[code i of packed], the codes `width` bits each, big-endian: each whole
+    group of 8 codes read from its `width` bytes as one word (no chain from code to code), the
+    codes of a last partial group one after the other."""
+    n = out.shape[0]
     mask = (1 << width) - 1
-    for r in range(n_rows):
-        acc = 0
-        held = 0
-        j = 0
-        for i in range(n):
-            if held < width:
-                acc = (acc << 8) | np.int64(packed[r, j])
-                held += 8
-                j += 1
-            held -= width
-            out[r, i] = centroids[(acc >> held) & mask]
-            acc &= (1 << held) - 1
+    groups = n // 8
+    for g in range(groups):
+        word = np.int64(0)
+        for b in range(width):
+            word = (word << 8) | np.int64(packed[g * width + b])
+        for k in range(8):
+            out[8 * g + k] = centroids[(word >> (width * (7 - k))) & mask]
+    acc = 0
+    held = 0
+    j = groups * width
+    for i in range(8 * groups, n):
+        if held < width:
+            acc = (acc << 8) | np.int64(packed[j])
+            held += 8
+            j += 1
+        held -= width
+        out[i] = centroids[(acc >> held) & mask]
+        acc &= (1 << held) - 1
+
+
+@numba.jit(**_JIT)
+def _dequantize_rows(packed, centroids, width, out):  # pragma: no cover - compiled
+    """out[r] = _dequantize_row of packed[r]."""
+    for r in range(out.shape[0]):
+        _dequantize_row(packed[r], centroids, width, out[r])
 
 
 @numba.jit(**_JIT)

@@ -119,19 +119,28 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
     return centroids.index_select(0, codes.reshape(-1).to(torch.int32)).reshape(*lead, n)
 
 
+def cpu_grid(thresholds: np.ndarray, dtype: torch.dtype, count_max: int | None = None) -> _Grid | None:
+    """The grid the CPU loops code by for these thresholds (ascending) in dtype, or None where
+    they count the thresholds instead: at most count_max of them (default
+    cpu_loops.COUNT_MAX_THRESHOLDS: counting is faster), or thresholds no grid holds one to a cell."""
+    from . import cpu_loops
+    if len(thresholds) <= (cpu_loops.COUNT_MAX_THRESHOLDS if count_max is None else count_max):
+        return None
+    try:
+        return _grid(tuple(float(x) for x in thresholds), dtype, "cpu")
+    except _Unsupported:
+        return None
+
+
 def quantize_pack(y: torch.Tensor, thresholds: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 (..., packed_size(d, width)), codes uint8 (..., d)) of y (..., d)."""
     cpu_loops = taking(y)
     if cpu_loops is not None:
         n_bytes = packed_size(y.shape[-1], width)
-        if len(thresholds) <= cpu_loops.COUNT_MAX_THRESHOLDS:
+        g = cpu_grid(thresholds, y.dtype)
+        if g is None:
             t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(y.dtype)
             return cpu_loops.count_pack(y, t, width, n_bytes)
-        try:
-            g = _grid(tuple(float(x) for x in thresholds), y.dtype, "cpu")
-        except _Unsupported:
-            pass
-        else:
-            return cpu_loops.grid_pack(y, g.lo, g.hi, g.inv_h, g.origin, g.first, g.cand, width, n_bytes)
+        return cpu_loops.grid_pack(y, g.lo, g.hi, g.inv_h, g.origin, g.first, g.cand, width, n_bytes)
     codes = quantize(y, thresholds)
     return pack_bits(codes, width), codes

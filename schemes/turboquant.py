@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import fastquant, qjl
+from . import fastquant, hadamard, qjl
 from .base import Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook
@@ -176,10 +176,46 @@ class TurboQuant(PerTensorScheme):
         return _STAGES.remembered((y,) if codes is None else (y, codes), residual,
                                   self._stage_tag(prefix, trials, "residual", bits))
 
+    def _fused_passes(self, device: torch.device, dtype: torch.dtype, kind: str | None):
+        """schemes.turboquant_cpu when its fused passes code this tensor with the chain's bits (on
+        the CPU in float32/float64, rotated, no sketch or an RHT one; turboquant_cpu.takes), else
+        None. They are this module's rht, quantiser and rht_inverse in one: a caller who swaps
+        the rotation here (harness.bench's dense-rotation reference) gets the chain, with its swap."""
+        if device.type != "cpu" or dtype not in (torch.float32, torch.float64) or not self.rotate or \
+                kind == "full" or rht is not hadamard.rht or rht_inverse is not hadamard.rht_inverse:
+            return None
+        from . import turboquant_cpu
+        return turboquant_cpu if turboquant_cpu.takes(self.dim, dtype) else None
+
+    def _encode_fused(self, passes, x: torch.Tensor, prefix: str, enc: Encoded, kind: str | None,
+                      trials: list[int]) -> None:
+        """encode_tensor's entries by the fused CPU pass (the same bits, in the same order)."""
+        n_heads, d = x.shape[1], x.shape[3]
+        signs = self.draw_signs(prefix, "rotation", trials, n_heads)
+        self._store_signs(prefix, trials, n_heads, enc, x.device, signs)
+        bits = self._mse_bits(kind)
+        book = beta_codebook(d, bits) if bits >= 1 else None
+        entries = passes.encode(
+            x, self._unpack_signs(signs, d, x.dtype), bits, book.thresholds if book else np.zeros(0),
+            book.tensors("cpu", x.dtype)[0] if book else torch.zeros(1, dtype=x.dtype),
+            fastquant.cpu_grid(book.thresholds, x.dtype, passes.COUNT_MAX_THRESHOLDS) if book else None,
+            self._projection(enc, prefix, kind, x.dtype) if kind else None)
+        enc.codes[f"{prefix}.norm"] = entries["norm"]
+        if bits >= 1:
+            enc.codes[f"{prefix}.codes"] = entries["codes"]
+            enc.side[f"codebook.{bits}bit"] = torch.tensor(book.centroids, dtype=torch.float32)
+            enc.model.add(f"codebook.{bits}bit")
+        if kind:
+            enc.codes[f"{prefix}.residual_norm"], enc.codes[f"{prefix}.sketch"] = entries["residual_norm"], entries["sketch"]
+
     def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
         kind = self._sketch_of(prefix)
         n_trials, n_heads, _, d = x.shape
         trials = self._trial_indices(n_trials)
+        passes = self._fused_passes(x.device, x.dtype, kind)
+        if passes is not None:
+            self._encode_fused(passes, x, prefix, enc, kind, trials)
+            return
         u, norms = unit_rows(x)
         signs, y = self._rotated(u, prefix, trials)
         self._store_signs(prefix, trials, n_heads, enc, x.device, signs)
@@ -216,6 +252,15 @@ class TurboQuant(PerTensorScheme):
 
     def decode_tensor(self, enc: Encoded, prefix: str) -> torch.Tensor:
         kind = self._sketch_of(prefix)
+        norms = enc.codes[f"{prefix}.norm"]
+        passes = self._fused_passes(norms.device, enc.dtype, kind)
+        if passes is not None:
+            bits = self._mse_bits(kind)
+            sketch = (enc.codes[f"{prefix}.sketch"], enc.codes[f"{prefix}.residual_norm"],
+                      self._projection(enc, prefix, kind, enc.dtype)) if kind else None
+            return passes.decode((*norms.shape, self.dim), enc.dtype, norms,
+                                 self._unpack_signs(enc.codes[f"{prefix}.rotation_signs"], self.dim, enc.dtype),
+                                 bits, enc.codes.get(f"{prefix}.codes"), enc.side.get(f"codebook.{bits}bit"), sketch)
         y_hat = self._mse_part(enc, prefix, kind)
         if kind:
             proj = self._projection(enc, prefix, kind, enc.dtype)

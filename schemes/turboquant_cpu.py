@@ -1,0 +1,324 @@
+"""TurboQuant's coding of a token vector in one compiled pass each way on the CPU (numba), in
+place of the chain of whole-tensor passes (unit_rows, hadamard.rht, fastquant.quantize_pack,
+the residual, its norm and QJL sketch; back: fastquant.dequantize_packed, the QJL correction,
+hadamard.rht_inverse), each of which reads and writes every element once more.
+
+Encode, one row x (d, a power of two) of K or V at a time, in cache:
+  1. p = max|x| (1 where not > 0), σ = ‖x/p‖, u = (x/p)/σ (σ: 1 where not > 0), ‖x‖ = p·σ
+     (float32), as schemes/unit_rows.py computes them;
+  2. y = H(s ⊙ u)/√d, s the trial's and head's rotation signs (the butterflies of cpu_loops);
+  3. the codes #{j : t_j < y_i} against the b-bit Lloyd–Max thresholds, packed big-endian
+     (packing.pack_bits);
+  4. with an RHT QJL sketch: e = y − c[code] (e = y at 0 MSE bits), ‖e‖ (float32) and the bits
+     [H(s' ⊙ e)/√d·√d ≥ 0], packed one a bit.
+Decode: ŷ = c[code] (0 at 0 MSE bits), plus the QJL correction √(π/2)/d·‖e‖ ·
+(H(2·bit − 1)/√d·√d ⊙ s'); then s ⊙ H(ŷ)/√d · ‖x‖.
+
+The same bits as the chain: every element goes through the same operations in the same order
+and dtype, each rounded once, as there. The one reduction, ‖·‖, is torch.linalg.vector_norm's:
+its CPU kernel sums the squares of a row in a vector of `lanes` accumulators (element i into
+accumulator i mod lanes), adds the accumulators in order, then the tail left over past a
+multiple of `lanes` one by one (on some builds with a fused multiply-add). Which `lanes` and tail
+this torch build uses (32-byte vectors here: 8 float32, 4 float64) is found once per dtype and d
+by probing vector_norm with rows drawn for the purpose (`norm_order`); where no candidate
+reproduces it, the fused passes are not used (`takes`), and the codec runs its chain.
+
+Rows are split across the torch thread budget like the other loops (cpu_loops._by_row_blocks).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numba
+import numpy as np
+import torch
+
+from . import cpu_loops
+from .cpu_loops import _JIT, _butterflies, _by_row_blocks, _count_row, _dequantize_row, _fma, _grid_row, _pack_row
+
+# numba takes CPU tensors as NumPy views: the dtypes it can read and write in place
+# (tests empty it to run TurboQuant's chain of passes on the CPU instead)
+SUPPORTED = (torch.float32, torch.float64)
+
+# Up to this many thresholds the fused encode counts them, above it looks them up on the grid: in
+# a pass that also rotates, counting 31 thresholds (b = 5) costs more than the grid (one thread,
+# 16 k rows at d = 128: 9.7 against 8.9 ms; 15 thresholds 7.2 against 8.7 ms).
+COUNT_MAX_THRESHOLDS = 15
+
+# (lanes, fused tail) orders of vector_norm's sum of squares tried by norm_order, likeliest first
+_NORM_ORDERS = ((8, False), (4, False), (16, False), (8, True), (4, True), (16, True), (1, False), (1, True))
+
+
+@numba.jit(**_JIT)
+def _sum_squares(v, lanes, fma_tail, acc):  # pragma: no cover - compiled
+    """Σ v_i² in v's dtype in vector_norm's order: accumulator j of `lanes` (acc: a scratch
+    array) += v_i² for i ≡ j (mod lanes) over the whole vectors, the accumulators added in order,
+    then the tail one by one (rounded once a term with fma_tail)."""
+    n = v.shape[0]
+    full = n - n % lanes
+    for j in range(lanes):
+        acc[j] = 0
+    if lanes == 8:                      # constant trip counts: LLVM keeps acc in one vector register
+        for k in range(0, full, 8):
+            for j in range(8):
+                acc[j] += v[k + j] * v[k + j]
+    elif lanes == 4:
+        for k in range(0, full, 4):
+            for j in range(4):
+                acc[j] += v[k + j] * v[k + j]
+    else:
+        for k in range(0, full, lanes):
+            for j in range(lanes):
+                acc[j] += v[k + j] * v[k + j]
+    s = acc[0]
+    for j in range(1, lanes):
+        s = s + acc[j]
+    for k in range(full, n):
+        a = v[k]
+        s = _fma(a, a, s) if fma_tail else s + a * a
+    return s
+
+
+@numba.jit(**_JIT)
+def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
+    """max_i (bits_i & mask) for a row's float bits (as signed integers of its width) and mask
+    clearing the sign bit: the bits of max|x| — the order of non-negative floats is their bits'
+    order — or of a NaN if there is one (NaN's bits lie above +inf's), as amax gives it. An
+    integer reduction LLVM vectorises, which a float maximum with NaN's rules is not."""
+    m = bits[0] & mask
+    for i in range(1, bits.shape[0]):
+        m = max(m, bits.dtype.type(bits[i] & mask))   # kept at the bits' width (numba widens &), twice the lanes
+    return m
+
+
+@numba.jit(**_JIT)
+def _norm_rows(x, lanes, fma_tail, out):  # pragma: no cover - compiled
+    """out[r] = √(_sum_squares(x[r])) (the probe of norm_order)."""
+    acc = np.empty(max(lanes, 1), x.dtype)
+    for r in range(x.shape[0]):
+        out[r] = np.sqrt(_sum_squares(x[r], lanes, fma_tail, acc))
+
+
+@numba.jit(**_JIT)
+def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
+                 width, t, use_grid, lo, hi, inv_h, origin, g_first, g_cand, centroids,
+                 sketch, sketch_signs, mult,
+                 norms, packed, residual_norms, sketch_bits):  # pragma: no cover - compiled
+    """Rows x (n, d) coded as the module docstring says: norms[r] (float32), packed[r] the codes
+    of `width` bits (none at width 0) by counting thresholds t or by the grid (use_grid: lo, hi,
+    inv_h, origin, g_first, g_cand, fastquant._Grid's fields); with `sketch` also
+    residual_norms[r] (float32) and sketch_bits[r], the residual taken against `centroids`.
+    Row r uses the sign rows s = (first_row + r) // per_sign of signs and sketch_signs (±1, in
+    x's dtype); one, div = √d and mult = √d are scalars of x's dtype; x_bits is x viewed as
+    signed integers of its width, mask their sign bit cleared, held and held_bits one scratch
+    element viewed as x's dtype and as those integers."""
+    n_rows, d = x.shape
+    y = np.empty(d, x.dtype)
+    e = np.empty(d, x.dtype)
+    acc = np.empty(max(lanes, 1), x.dtype)
+    q = np.zeros(-(-d // 8) * 8, np.int32)
+    bits = np.zeros(-(-d // 8) * 8, np.int32)
+    for r in range(n_rows):
+        s = (first_row + r) // per_sign
+        xr = x[r]
+        # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
+        held_bits[0] = _largest_magnitude(x_bits[r], mask)
+        peak = held[0]
+        if not peak > 0:
+            peak = one
+        for i in range(d):
+            y[i] = xr[i] / peak
+        sigma = np.sqrt(_sum_squares(y, lanes, fma_tail, acc))
+        norms[r] = np.float32(peak * sigma)
+        if not sigma > 0:
+            sigma = one
+        # 2. rht: the unit row with its signs, the butterflies, the normalisation
+        sr = signs[s]
+        for i in range(d):
+            y[i] = (y[i] / sigma) * sr[i]
+        _butterflies(y, d)
+        for i in range(d):
+            y[i] = y[i] / div
+        # 3. the codes, packed
+        if width >= 1:
+            if use_grid:
+                _grid_row(y, lo, hi, inv_h, origin, g_first, g_cand, q)
+            else:
+                _count_row(y, t, q)
+            _pack_row(q, width, packed[r])
+        if sketch:
+            # 4. the residual, its norm, its signs under the sketch's RHT (×√d: the ±1 H)
+            if width >= 1:
+                for i in range(d):
+                    e[i] = y[i] - centroids[q[i]]
+            else:
+                for i in range(d):
+                    e[i] = y[i]
+            residual_norms[r] = np.float32(np.sqrt(_sum_squares(e, lanes, fma_tail, acc)))
+            ss = sketch_signs[s]
+            for i in range(d):
+                e[i] = e[i] * ss[i]
+            _butterflies(e, d)
+            for i in range(d):
+                bits[i] = np.int32((e[i] / div) * mult >= 0)
+            _pack_row(bits, 1, sketch_bits[r])
+
+
+@numba.jit(**_JIT)
+def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, one, div,
+                 sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out):  # pragma: no cover - compiled
+    """out[r] (d) = s ⊙ H(ŷ)/√d · norms[r] with ŷ the centroids of packed[r]'s codes (0 at width
+    0), plus with `sketch` the correction (scale·residual_norms[r]) · (H(2·bit − 1 of
+    sketch_bits[r])/√d · mult ⊙ s') — qjl's and hadamard.rht_inverse's products in their order.
+    Signs as in _encode_rows; one, div = √d, scale = √(π/2)/d and mult = √d in out's dtype."""
+    n_rows, d = out.shape
+    y = np.empty(d, out.dtype)
+    c = np.empty(d, out.dtype)
+    held = np.empty(2, out.dtype)              # float32 norms in out's dtype, as .to(dtype) gives them
+    zero, minus_one = one - one, -one
+    for r in range(n_rows):
+        s = (first_row + r) // per_sign
+        if width >= 1:
+            _dequantize_row(packed[r], centroids, width, y)
+        else:
+            for i in range(d):
+                y[i] = zero
+        if sketch:
+            b = sketch_bits[r]
+            for i in range(d):
+                c[i] = one if (b[i >> 3] >> (7 - (i & 7))) & 1 else minus_one
+            _butterflies(c, d)
+            ss = sketch_signs[s]
+            held[0] = residual_norms[r]
+            factor = scale * held[0]
+            for i in range(d):
+                y[i] = y[i] + factor * (((c[i] / div) * mult) * ss[i])
+        _butterflies(y, d)
+        sr = signs[s]
+        held[1] = norms[r]
+        nr = held[1]
+        orow = out[r]
+        for i in range(d):
+            orow[i] = ((y[i] / div) * sr[i]) * nr
+
+
+@functools.lru_cache(maxsize=None)
+def norm_order(dtype: torch.dtype, d: int) -> tuple[int, bool] | None:
+    """(lanes, fused tail) of the order in which torch.linalg.vector_norm sums the squares of a
+    row of d entries in dtype on this CPU, or None if no candidate of _NORM_ORDERS reproduces
+    it: the one whose sums give vector_norm's bits on 512 rows of Gaussian entries of scales
+    1e-3..1e3 (a wrong order changes some bit in about a third of such rows), with and without
+    keepdim (unit_rows takes one, the residual norm the other)."""
+    rng = np.random.default_rng(20251203)                     # the probe's own rows, not a stream of the harness
+    rows = rng.standard_normal((512, d)) * 10.0 ** rng.uniform(-3, 3, (512, 1))
+    probe = torch.from_numpy(rows).to(dtype)
+    want = torch.linalg.vector_norm(probe, dim=-1).numpy()
+    if not np.array_equal(want, torch.linalg.vector_norm(probe, dim=-1, keepdim=True).numpy()[:, 0]):
+        return None
+    got = np.empty_like(want)
+    for lanes, fma_tail in _NORM_ORDERS:
+        _norm_rows(probe.numpy(), lanes, fma_tail, got)
+        if np.array_equal(got, want):
+            return lanes, fma_tail
+    return None
+
+
+def takes(dim: int, dtype: torch.dtype) -> bool:
+    """Whether the fused passes code rows of dim (a power of two) in dtype with the chain's bits
+    (and the CPU loops are on: emptying cpu_loops.SUPPORTED routes every codec to its torch passes)."""
+    return dtype in SUPPORTED and dtype in cpu_loops.SUPPORTED and dim >= 2 and not dim & (dim - 1) and \
+        norm_order(dtype, dim) is not None
+
+
+def _sign_rows(signs: torch.Tensor | None, dtype: torch.dtype, d: int) -> np.ndarray:
+    """±1 signs (B, H, d) as rows (B·H, d) in dtype; an empty (0, d) array when there are none."""
+    if signs is None:
+        return np.empty((0, d), dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    return signs.to(dtype).reshape(-1, d).contiguous().numpy()
+
+
+def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndarray, centroids: torch.Tensor,
+           grid, sketch_signs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """TurboQuant's entries of x (B, H, S, d), a CPU tensor in a SUPPORTED dtype with takes(d, dtype):
+    "norm" float32 (B, H, S); at width >= 1 "codes" uint8 (B, H, S, packed_size(d, width)); with
+    sketch_signs (±1, (B, H, d): an RHT QJL sketch) "residual_norm" float32 (B, H, S) and "sketch"
+    uint8 (B, H, S, ⌈d/8⌉). signs (B, H, d) ±1; thresholds the width's Lloyd–Max thresholds
+    (ascending); centroids (2^width,) in x's dtype, the residual's reconstruction; grid a
+    fastquant._Grid of the thresholds in x's dtype, or None to count them."""
+    b, h, n, d = x.shape
+    dtype = x.dtype
+    kind = torch.empty(0, dtype=dtype).numpy().dtype.type
+    lanes, fma_tail = norm_order(dtype, d)
+    x = x.detach().contiguous()
+    rows = b * h * n
+    sketch = sketch_signs is not None
+    norms = torch.empty(rows, dtype=torch.float32)
+    packed = torch.empty(rows, (d * width + 7) // 8, dtype=torch.uint8)
+    residual_norms = torch.empty(rows if sketch else 0, dtype=torch.float32)
+    bits = torch.empty(rows if sketch else 0, (d + 7) // 8, dtype=torch.uint8)
+    if x.numel():
+        xr, pr, nr, rr, br = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy(), residual_norms.numpy(), bits.numpy()
+        sr, kr = _sign_rows(signs, dtype, d), _sign_rows(sketch_signs, dtype, d)
+        t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(dtype).numpy()
+        c = centroids.to(dtype).contiguous().numpy()
+        if grid is None:
+            g = (0.0, 0.0, 1.0, 0.0, np.zeros(1, np.uint8), np.zeros(1, c.dtype))
+        else:
+            g = (grid.lo, grid.hi, grid.inv_h, grid.origin, grid.first.numpy(), grid.cand.numpy())
+        root = kind(math.sqrt(d))
+
+        as_int = np.int32 if xr.dtype == np.float32 else np.int64
+        mask = as_int(np.iinfo(as_int).max)
+
+        def run(start, stop):
+            held = np.zeros(1, xr.dtype)                        # one per thread
+            _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
+                         start, n, sr, kind(1), root, lanes, fma_tail,
+                         width, t, grid is not None, *g, c, sketch, kr, root,
+                         nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
+                         br[start:stop] if sketch else br)
+        _by_row_blocks(xr.shape[0], x.numel(), run)
+    out = {"norm": norms.view(b, h, n)}
+    if width >= 1:
+        out["codes"] = packed.view(b, h, n, packed.shape[1])
+    if sketch:
+        out["residual_norm"], out["sketch"] = residual_norms.view(b, h, n), bits.view(b, h, n, bits.shape[1])
+    return out
+
+
+def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Tensor, signs: torch.Tensor,
+           width: int, packed: torch.Tensor | None, centroids: torch.Tensor | None,
+           sketch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The decoded tensor (B, H, S, d) = shape in dtype (SUPPORTED, takes(d, dtype)) of encode's
+    entries: norms float32 (B, H, S), signs ±1 (B, H, d), at width >= 1 the packed codes and the
+    centroids (2^width,) (the stored codebook); sketch = (bits, residual norms, sketch signs
+    (B, H, d)) for an RHT-sketched tensor."""
+    b, h, n, d = shape
+    kind = torch.empty(0, dtype=dtype).numpy().dtype.type
+    out = torch.empty(shape, dtype=dtype)
+    if out.numel():
+        o = out.reshape(-1, d).numpy()
+        nr = norms.contiguous().reshape(-1).numpy()
+        sr = _sign_rows(signs, dtype, d)
+        if width >= 1:
+            pr = packed.contiguous().reshape(-1, packed.shape[-1]).numpy()
+            c = centroids.to(dtype).contiguous().numpy()
+        else:
+            pr, c = np.zeros((0, 1), np.uint8), np.zeros(1, o.dtype)
+        if sketch is not None:
+            bits, residual_norms, sketch_signs = sketch
+            br = bits.contiguous().reshape(-1, bits.shape[-1]).numpy()
+            rr = residual_norms.contiguous().reshape(-1).numpy()
+            kr = _sign_rows(sketch_signs, dtype, d)
+        else:
+            br, rr, kr = np.zeros((0, 1), np.uint8), np.zeros(0, np.float32), _sign_rows(None, dtype, d)
+        root = kind(math.sqrt(d))
+        scale = kind(math.sqrt(math.pi / 2) / d)       # qjl.sketch_scale(d), rounded to dtype as torch's product rounds it
+
+        def run(start, stop):
+            _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, kind(1), root,
+                         sketch is not None, br[start:stop] if sketch is not None else br,
+                         rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop])
+        _by_row_blocks(o.shape[0], out.numel(), run)
+    return out
