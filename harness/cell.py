@@ -23,7 +23,6 @@ run_cell_chunk for how each kind of scheme compresses the N tokens.
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import os
 import time
@@ -34,7 +33,7 @@ import torch
 
 import scenarios
 import schemes
-from schemes.base import BitLedger, TrialBits, call_with_optional
+from schemes.base import BitLedger, TrialBits, codec_logits, encode_codec, fit_codec
 from schemes.conformance import ConformanceError
 from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, seed_sequence
@@ -114,25 +113,10 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype,
         out["positions_decode"] = torch.from_numpy(decode_positions).to(device)
     return out
 
-def _encode(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-            queries: torch.Tensor | None = None):
-    # Schemes that undo RoPE (Shard) take the tokens' positions; schemes that observe the prefill's
-    # attention (kvpress presses) take the cached tokens' own queries; the rest ignore them.
-    return call_with_optional(scheme.encode, k, v, positions=positions, queries=queries)
-
-def takes_prefill_queries(scheme: schemes.Scheme) -> bool:
-    """Whether the scheme's encode observes the cached tokens' own queries (`queries`)."""
-    return "queries" in inspect.signature(scheme.encode).parameters
-
 def _fit(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> None:
-    # Schemes that draw randomness per trial (TurboQuant's signs, SpectralQuant's sketches) take
-    # the trial indices, so a trial's draw does not depend on the chunk it is in; the rest ignore them.
-    call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
-
-def has_decode_path(scheme: schemes.Scheme) -> bool:
-    """Whether the scheme codes tokens generated after the prefill on their own (Shard)."""
-    return callable(getattr(scheme, "encode_decode_tokens", None)) and \
-        callable(getattr(scheme, "decode_decode_tokens", None))
+    # Schemes that draw randomness per trial (TurboQuant's signs, SpectralQuant's sketches) declare
+    # that they take the trial indices, so a trial's draw does not depend on the chunk it is in.
+    fit_codec(scheme, data["k_cal"], data["v_cal"], data["trials"])
 
 def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], TrialBits]:
     """Fit, encode, decode and score one chunk; per-trial metrics and measured bits (per cache and
@@ -140,7 +124,8 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
 
     With decode tokens in data (k_decode, v_decode (B, H, N, d)) the evaluated cache is the S+N
     tokens, against the exact concatenation K = [k, k_decode], V = [v, v_decode]:
-    - a scheme with a decode path (encode_decode_tokens / decode_decode_tokens: Shard) encodes
+    - a scheme with a decode path (Capabilities.decode_tokens: Shard's encode_decode_tokens /
+      decode_decode_tokens) encodes
       the prefill as usual and the N tokens with that path. Deployment codes them one at a time
       as they arrive; Shard codes each token on its own, so passing all N at once gives the same
       codes (its docstring; tests/test_shard.py checks it) and is what is done here, for speed.
@@ -155,17 +140,17 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
     exact = None
     if "k_decode" not in data:
         exact = data.get("exact")   # the chunk's exact attention, shared by the cells of the chunk (run_chunk)
-        enc = _encode(scheme, data["k"], data["v"], data["positions"], data.get("q_prefill"))
+        enc = encode_codec(scheme, data["k"], data["v"], data["positions"], data.get("q_prefill"))
         k_hat, v_hat = scheme.decode(enc)
         k, v = data["k"], data["v"]
-        logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else _logits(data["q"], k_hat)
+        logits_hat = codec_logits(scheme, data["q"], enc, k_hat, _logits)
         bits = BitLedger.per_trial(enc)
         kept = scheme.kept(enc)
     else:
         k = torch.cat((data["k"], data["k_decode"]), dim=2)
         v = torch.cat((data["v"], data["v_decode"]), dim=2)
-        if has_decode_path(scheme):
-            enc = _encode(scheme, data["k"], data["v"], data["positions"])
+        if scheme.capabilities.decode_tokens:
+            enc = encode_codec(scheme, data["k"], data["v"], data["positions"])
             dec = scheme.encode_decode_tokens(data["k_decode"], data["v_decode"], enc,
                                               positions=data["positions_decode"])
             k_pre, v_pre = scheme.decode(enc)
@@ -179,9 +164,9 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
         else:
             queries = torch.cat((data["q_prefill"], data["q_prefill_decode"]), dim=2) \
                 if "q_prefill_decode" in data else None
-            enc = _encode(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])), queries)
+            enc = encode_codec(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])), queries)
             k_hat, v_hat = scheme.decode(enc)
-            logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+            logits_hat = codec_logits(scheme, data["q"], enc, k_hat, exact_logits)
             bits = BitLedger.per_trial(enc)
             kept = scheme.kept(enc)
     metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept, exact=exact)
@@ -332,8 +317,8 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits) -
         _fit(scheme, one)
         return scheme
     first = fitted()
-    enc = _encode(first, one["k"], one["v"], one["positions"], one.get("q_prefill"))
-    reference = tuple(first.decode(enc)) + ((first.score(one["q"], enc),) if first.scores_on_codes else ())
+    enc = encode_codec(first, one["k"], one["v"], one["positions"], one.get("q_prefill"))
+    reference = tuple(first.decode(enc)) + ((first.score(one["q"], enc),) if first.capabilities.scores_on_codes else ())
     require_standalone(enc, reference, fitted(), one["q"])
     alone = BitLedger.per_trial(enc)
     if not config.decode_tokens and (float(bits.cache[0]) != float(alone.cache[0]) or
@@ -376,7 +361,7 @@ def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dty
     side's metrics by identity) fails, and the data are drawn again for the cells after it, so
     no codec's rows depend on its neighbours."""
     cell_schemes = cell_schemes if cell_schemes is not None else {c: create_scheme(config, c) for c in cells}
-    prefill_queries = any(takes_prefill_queries(cell_schemes[c]) for c in cells)
+    prefill_queries = any(cell_schemes[c].capabilities.prefill_queries for c in cells)
     data = _chunk_data(config, cells, trials, device, dtype, prefill_queries)
     bad_data = non_finite_data(data, trials)
     # budget by budget: the variants of a family that code a tensor alike at one budget run one

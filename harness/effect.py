@@ -87,6 +87,7 @@ class CompressedAttention:
     def _key_hook(self, i, site):
         import torch.nn.functional as F
 
+        from schemes.base import codec_logits, encode_codec
         from stats.metrics import exact_logits, trial_metrics
 
         def to_heads(x, n_heads):  # (B, N, H·d) -> (B, H, N, d)
@@ -98,11 +99,11 @@ class CompressedAttention:
             v = to_heads(F.linear(x, site.value.weight, site.value.bias), site.n_kv_heads)
             q = to_heads(F.linear(x, site.query.weight, site.query.bias), site.n_heads)
             scheme = self.schemes[i]
-            enc = scheme.encode(k, v)
+            enc = encode_codec(scheme, k, v)
             k_hat, v_hat = scheme.decode(enc)
             group = site.n_heads // site.n_kv_heads
             q_kv = q[:, ::group]  # one query head per key/value head (the first of its group)
-            logits_hat = scheme.score(q_kv, enc) if scheme.scores_on_codes else exact_logits(q_kv, k_hat)
+            logits_hat = codec_logits(scheme, q_kv, enc, k_hat, exact_logits)
             self.metrics.append({n: float(m[0]) for n, m in trial_metrics(k, v, q_kv, k_hat, v_hat, logits_hat,
                                                                          scheme.kept(enc)).items()})
             self.bits.append(scheme.bits(enc).bits_per_element)
@@ -146,11 +147,12 @@ def calibrated_per_layer(settings: list[tuple[str, int]], calibration: dict, sit
 
     import schemes
     from kvcommon.rng import seed_sequence
+    from schemes.base import fit_codec
     out = []
     for layer, (site, (name, budget)) in enumerate(zip(sites, settings)):
         layer_seed = int(seed_sequence(seed, "effect", name, budget, site.head_dim, layer).generate_state(1)[0])
         scheme = schemes.create(name, budget=budget, dim=site.head_dim, seed=layer_seed)
-        scheme.fit(torch.from_numpy(calibration["k"][layer][None]), torch.from_numpy(calibration["v"][layer][None]))
+        fit_codec(scheme, torch.from_numpy(calibration["k"][layer][None]), torch.from_numpy(calibration["v"][layer][None]))
         out.append(scheme)
     return out
 

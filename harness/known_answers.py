@@ -48,7 +48,7 @@ import torch
 
 import schemes
 from kvcommon.rng import generator
-from schemes.base import Encoded, Scheme, call_with_optional
+from schemes.base import Capabilities, Encoded, Scheme, encode_codec, fit_codec
 from schemes.registry import SchemeSpec, registered, seed_family
 
 TARGET = 0.95
@@ -120,7 +120,7 @@ class BuggedScheme(Scheme):
                 raise ValueError(f"{self.bug.scheme}: budget {self.budget} leaves no narrower width; valid: 2..8")
             self.narrow = schemes.create(self.bug.wrapped, budget=self.budget - 1, dim=self.dim, seed=self.seed,
                                          rng=self.rng)
-        if self.inner.scores_on_codes and self.bug.post and not self.bug.logits:
+        if self.inner.capabilities.scores_on_codes and self.bug.post and not self.bug.logits:
             raise ValueError(f"{self.bug.scheme}: a post-processing bug on a codec that scores on its codes "
                              f"would leave its logits clean")
         self.trials = None
@@ -141,16 +141,16 @@ class BuggedScheme(Scheme):
             k_cal, v_cal = self.bug.fit(self, k_cal, v_cal)
         for codec in (self.inner, self.narrow):
             if codec is not None:
-                call_with_optional(codec.fit, k_cal, v_cal, trials=trials)
+                fit_codec(codec, k_cal, v_cal, trials)
         return self
 
     def trial_indices(self, n_trials: int) -> list[int]:
         return self.trials if self.trials is not None and len(self.trials) == n_trials else list(range(n_trials))
 
-    def encode(self, k, v, positions=None):
+    def encode(self, k, v, positions=None, queries=None):
         if self.bug.pre:
             k, v = self.bug.pre(self, k, v)
-        enc = call_with_optional(self.inner.encode, k, v, positions=positions)
+        enc = encode_codec(self.inner, k, v, positions, queries)
         if self.bug.patch:
             enc = _clone(enc)
             self.bug.patch(self, enc, k, v)
@@ -163,11 +163,17 @@ class BuggedScheme(Scheme):
         return k_hat, v_hat
 
     @property
-    def scores_on_codes(self) -> bool:
-        return self.inner.scores_on_codes or self.bug.logits is not None
+    def capabilities(self) -> Capabilities:
+        """The wrapped codec's, but for the trial indices (which a bug may read, and which the
+        wrapper hands on where the codec takes them), the decode-token path (not wrapped: the
+        tokens after the prefill are coded with the whole cache) and scoring on the codes where
+        the bug changes the logits."""
+        inner = self.inner.capabilities
+        return dataclasses.replace(inner, fit_trials=True, decode_tokens=False,
+                                   scores_on_codes=inner.scores_on_codes or self.bug.logits is not None)
 
     def score(self, q, enc):
-        if self.inner.scores_on_codes:
+        if self.inner.capabilities.scores_on_codes:
             logits = self.inner.score(q, enc)
         else:
             logits = q @ self.decode(enc)[0].transpose(-1, -2) / math.sqrt(self.dim)

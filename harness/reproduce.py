@@ -30,7 +30,7 @@ import torch
 
 import scenarios
 from kvcommon.rows import CLAIMS_TABLE
-from schemes.base import BitLedger, call_with_optional, stored_bits
+from schemes.base import BitLedger, codec_logits, encode_codec, fit_codec, stored_bits
 from stats import claims as C
 from stats.metrics import exact_logits, relative_mse, weighted_values
 
@@ -164,9 +164,8 @@ def _encoded_chunks(config: SweepConfig):
         for start in range(0, config.trials, size):
             trials = range(start, min(start + size, config.trials))
             data = draw_trials(config, cell, trials, device, dtype)
-            call_with_optional(scheme.fit, data["k_cal"], data["v_cal"], trials=data["trials"])
-            yield cell, scheme, trials, data, call_with_optional(scheme.encode, data["k"], data["v"],
-                                                                 positions=data["positions"])
+            fit_codec(scheme, data["k_cal"], data["v_cal"], data["trials"])
+            yield cell, scheme, trials, data, encode_codec(scheme, data["k"], data["v"], data["positions"])
 
 
 # --- claims 5 and 12: the first-order pass --------------------------------------------------
@@ -179,7 +178,7 @@ def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
     records = []
     for cell, scheme, trials, data, enc in _encoded_chunks(config):
         k_hat, v_hat = scheme.decode(enc)
-        logits_hat = scheme.score(data["q"], enc) if scheme.scores_on_codes else exact_logits(data["q"], k_hat)
+        logits_hat = codec_logits(scheme, data["q"], enc, k_hat, exact_logits)
         logits = exact_logits(data["q"].double(), data["k"].double())
         v = data["v"].double()
         p = torch.softmax(logits, -1)

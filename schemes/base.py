@@ -200,19 +200,55 @@ class BitLedger:
         return BitLedger.per_trial(enc).bits_per_element
 
 
-def call_with_optional(method, *args, **optional):
-    """method(*args, **the optional keywords its signature names): how the runner hands a scheme
-    what only some schemes take (encode's token `positions`, fit's trial indices `trials`)
-    without widening the protocol for every other one."""
-    taken = inspect.signature(method).parameters
-    return method(*args, **{name: value for name, value in optional.items() if name in taken})
+@dataclass(frozen=True)
+class Capabilities:
+    """What a codec does beyond the plain protocol (fit(k_cal, v_cal), encode(k, v), decode,
+    score = q·k̂ᵀ/√d), declared by the codec (Scheme.capabilities) and read by the one place that
+    calls codecs (fit_codec, encode_codec, codec_logits): the sweep, the conformance checks,
+    `reproduce` and `effect` hand a codec what it declares it takes, and nothing else. The
+    defaults are a plain codec's."""
+    fit_trials: bool = False       # fit(k_cal, v_cal, trials=) takes the batch's trial indices (B,)
+    positions: bool = False        # encode(k, v, positions=) takes the tokens' RoPE positions (S,)
+    prefill_queries: bool = False  # encode(k, v, queries=) takes the cached tokens' own queries (B, H, S, d)
+    decode_tokens: bool = False    # encode_decode_tokens / decode_decode_tokens code tokens after the prefill
+    scores_on_codes: bool = False  # score(q, enc) is not q·k̂ᵀ/√d of the decoded keys: the sweep calls it
+
+
+def fit_codec(scheme, k_cal: torch.Tensor, v_cal: torch.Tensor, trials: torch.Tensor | None = None):
+    """scheme.fit as every caller fits a codec: with the trial indices where it declares it takes
+    them (Capabilities.fit_trials), so a trial's draw does not depend on the batch it is in."""
+    if trials is not None and scheme.capabilities.fit_trials:
+        return scheme.fit(k_cal, v_cal, trials=trials)
+    return scheme.fit(k_cal, v_cal)
+
+
+def encode_codec(scheme, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None = None,
+                 queries: torch.Tensor | None = None) -> Encoded:
+    """scheme.encode as every caller encodes: with the tokens' positions where the codec declares
+    it takes them (a codec that undoes RoPE) and the cached tokens' own queries where it declares
+    those (a codec that observes the prefill's attention)."""
+    declared = scheme.capabilities
+    extra = {}
+    if positions is not None and declared.positions:
+        extra["positions"] = positions
+    if queries is not None and declared.prefill_queries:
+        extra["queries"] = queries
+    return scheme.encode(k, v, **extra)
+
+
+def codec_logits(scheme, q: torch.Tensor, enc: Encoded, k_hat: torch.Tensor, through_decode) -> torch.Tensor:
+    """The codec's attention logits: its own score where it declares that it scores on its codes,
+    through_decode(q, k̂) (q·k̂ᵀ/√d, computed by the caller) otherwise."""
+    return scheme.score(q, enc) if scheme.capabilities.scores_on_codes else through_decode(q, k_hat)
+
 
 @dataclass
 class Scheme:
     """Base class of every codec: configuration in the constructor, work in the methods.
 
     Subclasses set `name` and implement encode/decode; fit is a no-op for
-    data-independent schemes; score defaults to q·k̂ᵀ/√d.
+    data-independent schemes; score defaults to q·k̂ᵀ/√d. What a codec takes beyond the plain
+    protocol it declares in `capabilities`.
     """
     name: ClassVar[str] = ""
     budget: int
@@ -245,9 +281,16 @@ class Scheme:
         raise NotImplementedError
 
     @property
-    def scores_on_codes(self) -> bool:
-        """True when `score` is not q·k̂ᵀ/√d (the runner then calls it instead of reusing k̂)."""
-        return type(self).score is not Scheme.score
+    def capabilities(self) -> Capabilities:
+        """What this codec takes and does beyond the plain protocol (Capabilities). A codec
+        declares it, as a class attribute or, where it depends on the configuration, a property;
+        an undeclared one is read from its signatures, as before declarations existed."""
+        taken = lambda method: inspect.signature(method).parameters  # noqa: E731
+        return Capabilities(fit_trials="trials" in taken(self.fit), positions="positions" in taken(self.encode),
+                            prefill_queries="queries" in taken(self.encode),
+                            decode_tokens=callable(getattr(self, "encode_decode_tokens", None)) and
+                            callable(getattr(self, "decode_decode_tokens", None)),
+                            scores_on_codes=type(self).score is not Scheme.score)
 
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         """Attention logits (B, H, Nq, S) from q (B, H, Nq, d) and the compressed cache."""

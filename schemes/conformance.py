@@ -17,7 +17,7 @@ The data are small and seeded (B = 3 trials, H = 2 heads, S = 48 tokens, d = 64 
 factory is asked for another dim), so a codec whose defaults need a longer cache takes smaller
 options in its factory. Applicability is by capability, not by name: a check skips the budgets a
 factory refuses (ValueError at construction), `kept` is checked where the codec evicts, and the
-trial indices go to `fit` only where it takes them.
+trial indices go to `fit` only where it declares it takes them (Scheme.capabilities).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 from kvcommon.checks import Check, ConformanceError, require, run_checks
 from kvcommon.rows import METRIC_NAMES
 
-from .base import BitLedger, Encoded, call_with_optional, stored_bits
+from .base import BitLedger, Encoded, fit_codec, stored_bits
 from .registry import MAX_BUDGET, MIN_BUDGET
 
 Factory = Callable[..., object]
@@ -54,11 +54,8 @@ def _data(seed: int = 0, shape=SHAPE, dtype=torch.float32):
 
 
 def _roundtrip(scheme, k, v, trials=None):
-    """fit, encode, decode; the trial indices go to a fit that takes them."""
-    if trials is None:
-        scheme.fit(k, v)
-    else:
-        call_with_optional(scheme.fit, k, v, trials=trials)
+    """fit, encode, decode; the trial indices go to a fit that declares it takes them."""
+    fit_codec(scheme, k, v, trials)
     enc = scheme.encode(k, v)
     return enc, scheme.decode(enc)
 
@@ -108,10 +105,6 @@ def require_standalone(enc: Encoded, reference: tuple, fresh, q: torch.Tensor | 
         require(torch.equal(logits, reference[2]),
                  "a new instance, built and fitted as the encoder, scores the stored encoding differently: the "
                  "codec scores from something the encoding does not hold")
-
-
-def _scores_on_codes(scheme) -> bool:
-    return bool(getattr(scheme, "scores_on_codes", False))
 
 
 # --- the checks ------------------------------------------------------------------------------
@@ -198,13 +191,13 @@ def check_encoding_stands_alone(factory: Factory) -> None:
 
     def fitted(trials: torch.Tensor):
         scheme = _make(factory)
-        call_with_optional(scheme.fit, k_cal[trials], v_cal[trials], trials=trials)
+        fit_codec(scheme, k_cal[trials], v_cal[trials], trials)
         return scheme
 
     one = torch.tensor([1])
     first = fitted(one)
     enc = first.encode(k[one], v[one])
-    reference = tuple(first.decode(enc)) + ((first.score(q[one], enc),) if _scores_on_codes(first) else ())
+    reference = tuple(first.decode(enc)) + ((first.score(q[one], enc),) if first.capabilities.scores_on_codes else ())
     first.encode(-2 * k[:1], v[:1])          # a decoder reading what its encoder saw last now reads this
     require_standalone(enc, reference, fitted(one), q[one])
     batch = BitLedger.per_trial(fitted(torch.arange(3)).encode(k, v))
@@ -219,7 +212,7 @@ def check_model_constants_do_not_depend_on_the_cache(factory: Factory) -> None:
     k, v, _ = _data(0)
     k_other, v_other, _ = _data(1)
     scheme = _make(factory)
-    call_with_optional(scheme.fit, k, v, trials=torch.arange(SHAPE[0]))
+    fit_codec(scheme, k, v, torch.arange(SHAPE[0]))
     a, b = scheme.encode(k, v), scheme.encode(3 * k_other, v_other)
     require(a.model == b.model, f"two caches tag different entries per model: {sorted(a.model ^ b.model)}")
     for key in a.model:

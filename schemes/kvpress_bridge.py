@@ -46,11 +46,12 @@ import inspect
 import math
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from .base import Encoded
+from .base import Capabilities, Encoded
 from .baselines import Eviction, kept_tokens
 from .fp16 import half_shift, shift_down
 from .registry import SchemeSpec, register_namespace
@@ -197,6 +198,7 @@ def match_tokens(keys: torch.Tensor, values: torch.Tensor, kept_keys: torch.Tens
 class KvpressScheme(Eviction):
     """A kvpress press as an evicting codec (module docstring): the press's own compress picks
     the kept tokens of each (trial, head); they are stored in fp16 with their indices."""
+    capabilities: ClassVar[Capabilities] = Capabilities(prefill_queries=True)  # the press observes the prefill's queries
     press_class: type | None = None
     press_options: dict = field(default_factory=dict)
 

@@ -32,11 +32,12 @@ per cache (they are read against the prefill's basis and codebook).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from .base import Encoded, Scheme
+from .base import Capabilities, Encoded, Scheme
 from .bit_allocation import allocate_bits
 from .clipping import coefficient_scales, quantize_symmetric, symmetric_levels
 from .fp16 import half_shift, shift_down, shift_up
@@ -90,6 +91,9 @@ class Segments:
 @dataclass
 class Shard(Scheme):
     """PCA on RoPE-free K + Hadamard/k-means VQ on V for the middle tokens, fp16 sinks and window."""
+    # the tokens' RoPE positions (undone before the PCA), the decode-token codec's rotation signs
+    # per trial index (fit's trials), and a path of its own for the tokens after the prefill
+    capabilities: ClassVar[Capabilities] = Capabilities(fit_trials=True, positions=True, decode_tokens=True)
     rank: int = 192
     n_iter: int = 24
     oversample: int = 8

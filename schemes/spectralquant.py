@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from . import qjl
-from .base import Encoded, PerTensorScheme, stored_bits
+from .base import Capabilities, Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
 from .loops import taking
@@ -523,8 +523,9 @@ class SpectralQuant(PerTensorScheme):
         return super().encode(k, v)
 
     @property
-    def scores_on_codes(self) -> bool:
-        return self.sketch_k
+    def capabilities(self) -> Capabilities:
+        """Sketches drawn per trial index (fit's trials); a sketched K scores on its codes."""
+        return Capabilities(fit_trials=True, scores_on_codes=bool(self.sketch_k))
 
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         if not self.sketch_k:

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from . import fastquant, hadamard, qjl
-from .base import Encoded, PerTensorScheme
+from .base import Capabilities, Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook
 from .packing import pack_bits, unpack_codes
@@ -274,8 +274,9 @@ class TurboQuant(PerTensorScheme):
 
     # --- protocol --------------------------------------------------------------------------
     @property
-    def scores_on_codes(self) -> bool:
-        return self.sketch_k is not None
+    def capabilities(self) -> Capabilities:
+        """Rotation signs and sketches drawn per trial index (fit's trials); a sketched K scores on its codes."""
+        return Capabilities(fit_trials=True, scores_on_codes=self.sketch_k is not None)
 
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         if not self.sketch_k:

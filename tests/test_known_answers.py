@@ -32,10 +32,10 @@ def _coded(name, data, budget=2, **options):
     """(scheme, enc, k_hat, v_hat, logits) of a registered scheme on data, fitted with trial indices."""
     k, v, q, k_cal, v_cal = data
     scheme = schemes.create(name, budget=budget, dim=k.shape[-1], seed=11, **options)
-    schemes.base.call_with_optional(scheme.fit, k_cal, v_cal, trials=torch.arange(len(k)))
+    schemes.base.fit_codec(scheme, k_cal, v_cal, torch.arange(len(k)))
     enc = scheme.encode(k, v)
     k_hat, v_hat = scheme.decode(enc)
-    logits = scheme.score(q, enc) if scheme.scores_on_codes else q @ k_hat.transpose(-1, -2) / math.sqrt(k.shape[-1])
+    logits = scheme.score(q, enc) if scheme.capabilities.scores_on_codes else q @ k_hat.transpose(-1, -2) / math.sqrt(k.shape[-1])
     return scheme, enc, k_hat, v_hat, logits
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import schemes
-from harness.cell import draw_trials, run_cell_chunk, takes_prefill_queries
+from harness.cell import draw_trials, run_cell_chunk
 from harness.sweep import Cell, SweepConfig
 from schemes import registry
 from schemes.base import BitLedger
@@ -112,8 +112,8 @@ def test_prefill_queries_are_a_draw_of_their_own():
         assert torch.equal(x, with_q[name]), name
     assert with_q["q_prefill"].shape == (3, 1, 160, 32)
     assert not torch.equal(with_q["q_prefill"][..., :8, :], with_q["q"])
-    assert takes_prefill_queries(schemes.create(FIVE[0], budget=2, dim=32))
-    assert not takes_prefill_queries(schemes.create("h2o", budget=2, dim=32))
+    assert schemes.create(FIVE[0], budget=2, dim=32).capabilities.prefill_queries
+    assert not schemes.create("h2o", budget=2, dim=32).capabilities.prefill_queries
 
 
 def test_the_press_sees_the_prefill_queries():

@@ -180,7 +180,7 @@ def test_same_signs_give_identical_codes_and_reconstructions(name, bits):
     for a, b in zip(t.decode(enc_t), r.decode(enc_r)):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
     torch.testing.assert_close(r.score(q, enc_r), t.score(q, enc_t), rtol=0, atol=1e-6)
-    assert r.scores_on_codes == t.scores_on_codes
+    assert r.capabilities == t.capabilities
     assert enc_r.model == enc_t.model
     assert r.bits(enc_r).bits_per_element == t.bits(enc_t).bits_per_element
     assert r.bits(enc_r).model_bits == t.bits(enc_t).model_bits

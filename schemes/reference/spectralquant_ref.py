@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from scipy import optimize, stats
 
-from schemes.base import Encoded, Scheme
+from schemes.base import Capabilities, Encoded, Scheme
 from kvcommon.rng import generator
 from kvcommon.threads import small_linalg
 
@@ -327,8 +327,8 @@ class ReferenceSpectralQuant(Scheme):
         return tuple(to_tensor(self._decode_tensor(enc, t), np, dtype=enc.dtype, device=device) for t in ("k", "v"))
 
     @property
-    def scores_on_codes(self) -> bool:
-        return self.sketch_k
+    def capabilities(self) -> Capabilities:
+        return Capabilities(fit_trials=True, scores_on_codes=bool(self.sketch_k))
 
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         """Logits (B, H, Nq, S); the asymmetric estimator on the codes for a sketched K."""

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from scipy import optimize
 
-from schemes.base import Encoded, Scheme
+from schemes.base import Capabilities, Encoded, Scheme
 from kvcommon.rng import generator
 
 from . import register
@@ -446,8 +446,8 @@ class ReferenceTurboQuant(Scheme):
                      for t in ("k", "v"))
 
     @property
-    def scores_on_codes(self) -> bool:
-        return self.sketch_k is not None
+    def capabilities(self) -> Capabilities:
+        return Capabilities(fit_trials=True, scores_on_codes=self.sketch_k is not None)
 
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         """Logits (B, H, Nq, S) from q (B, H, Nq, d); the asymmetric QJL estimator for a sketched K."""
