@@ -36,7 +36,7 @@ from schemes import turboquant
 
 from .cell import (CellFailure, bytes_per_trial, create_scheme, draw_trials, run_cell_chunk, run_serial,
                    trial_memory_bytes)
-from .sweep import Cell, SweepConfig, grid, implementation
+from .sweep import Cell, SweepConfig, grid
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,8 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
            "batched_trials_per_s": shape.trials / batched, "loop_trials_per_s": shape.trials / loop,
            "batched_over_loop": loop / batched, "samples_s": samples}
     try:
-        ref_scheme = implementation("reference")(shape.scheme, budget=shape.budget, dim=shape.dim,
-                                                 seed=scheme.seed, rng=config.rng)
+        ref_scheme = schemes.create(shape.scheme, budget=shape.budget, dim=shape.dim, seed=scheme.seed,
+                                    rng=config.rng, impl="reference")
     except ValueError:
         out["reference_trials_per_s"] = None
         return out
@@ -150,7 +150,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
         for impl in impls:
             for budget in budgets or (shape.budget,):
                 try:
-                    s = implementation(impl)(name, budget=budget, dim=shape.dim)
+                    s = schemes.create(name, budget=budget, dim=shape.dim, impl=impl)
                 except ValueError:
                     continue  # not in this implementation, or this shape breaks its constraints
                 s.fit(k, v)

@@ -42,7 +42,7 @@ from stats.metrics import exact_attention, exact_logits, trial_metrics
 
 from .devices import available_memory_bytes
 from .memory import peak_bytes, reset_peak
-from .sweep import Cell, SweepConfig, implementation
+from .sweep import Cell, SweepConfig
 
 CHUNK_TRIALS_ENV = "KVHARNESS_CHUNK_TRIALS"
 DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
@@ -200,7 +200,8 @@ def _diagnostics(scheme: schemes.Scheme, n_trials: int) -> dict[str, torch.Tenso
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
     """The cell's scheme from the chosen implementation (torch, or the independent reference)."""
     seed = scheme_seed(config.codec_seed, schemes.registry.seed_family(cell.scheme), cell.budget, cell.dim)
-    return implementation(config.impl)(cell.scheme, budget=cell.budget, dim=cell.dim, rng=config.codec_rng, seed=seed)
+    return schemes.create(cell.scheme, budget=cell.budget, dim=cell.dim, seed=seed, rng=config.codec_rng,
+                          impl=config.impl)
 
 def _storage_columns(config: SweepConfig, bits: TrialBits) -> dict[str, np.ndarray]:
     """bits_per_element (per cache) and rows.STORAGE_COLUMNS, (B,) each: storage_bits_per_element

@@ -111,6 +111,12 @@ class BuggedScheme(Scheme):
     def __post_init__(self):
         if self.bug is None:
             raise ValueError("BuggedScheme needs a bug")
+        self.trials = None
+
+    def validate(self) -> None:
+        """The wrapped codecs, built here, once the configuration is whole: `build` sets the RNG
+        family (Scheme.rng) after the constructor, so the wrapped codecs draw from the run's."""
+        super().validate()
         options = self.bug.options(self.bug.size) if self.bug.options else {}
         self.inner = schemes.create(self.bug.wrapped, budget=self.budget, dim=self.dim, seed=self.seed,
                                     rng=self.rng, **options)
@@ -123,7 +129,6 @@ class BuggedScheme(Scheme):
         if self.inner.capabilities.scores_on_codes and self.bug.post and not self.bug.logits:
             raise ValueError(f"{self.bug.scheme}: a post-processing bug on a codec that scores on its codes "
                              f"would leave its logits clean")
-        self.trials = None
 
     @property
     def size(self) -> float:

@@ -17,22 +17,8 @@ from kvcommon.rng import RNG_FAMILIES
 
 from .devices import DEVICES, DTYPES
 
-IMPLS = ("torch", "reference")
+IMPLS = schemes.registry.IMPLS
 MAX_SEED = 2 ** 63 - 1   # the largest root seed: sqlite stores INTEGER as signed 64-bit
-
-
-def implementation(impl: str):
-    """The `create` function of an implementation: schemes.create (torch) or the independent
-    NumPy reference, schemes.reference.create, whose objects follow the same protocol."""
-    if impl == "torch":
-        return schemes.create
-    if impl == "reference":
-        try:
-            from schemes import reference
-        except ImportError as exc:
-            raise ValueError(f"the reference implementation is unavailable here ({exc}); valid: torch") from None
-        return reference.create
-    raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
 
 
 def paper_schemes() -> tuple[str, ...]:
@@ -132,7 +118,6 @@ class SweepConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; valid: {', '.join(DTYPES)}")
         if self.rng not in RNG_FAMILIES:
             raise ValueError(f"unknown RNG family {self.rng!r}; valid: {', '.join(RNG_FAMILIES)}")
-        create = implementation(self.impl)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed {self.seed!r} must be an integer in 0..{MAX_SEED} (the store's seed column is "
                              f"a signed 64-bit integer)")
@@ -149,7 +134,7 @@ class SweepConfig:
                                                           self.decode_tokens))
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             try:
-                scheme = create(name, budget=budget, dim=dim, rng=self.codec_rng)
+                scheme = schemes.create(name, budget=budget, dim=dim, rng=self.codec_rng, impl=self.impl)
                 for seq_len in self.seq_lens:
                     getattr(scheme, "check_cache", lambda n: None)(seq_len + self.decode_tokens)
             except ValueError as exc:

@@ -6,7 +6,6 @@ not depend on which others share the batch.
 """
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -251,6 +250,9 @@ class Scheme:
     protocol it declares in `capabilities`.
     """
     name: ClassVar[str] = ""
+    # What the codec takes and does beyond the plain protocol (Capabilities), declared as a class
+    # attribute or, where it depends on the configuration, a property; a plain codec's by default.
+    capabilities: ClassVar[Capabilities] = Capabilities()
     budget: int
     dim: int
     seed: int = 0
@@ -279,18 +281,6 @@ class Scheme:
 
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """What this codec takes and does beyond the plain protocol (Capabilities). A codec
-        declares it, as a class attribute or, where it depends on the configuration, a property;
-        an undeclared one is read from its signatures, as before declarations existed."""
-        taken = lambda method: inspect.signature(method).parameters  # noqa: E731
-        return Capabilities(fit_trials="trials" in taken(self.fit), positions="positions" in taken(self.encode),
-                            prefill_queries="queries" in taken(self.encode),
-                            decode_tokens=callable(getattr(self, "encode_decode_tokens", None)) and
-                            callable(getattr(self, "decode_decode_tokens", None)),
-                            scores_on_codes=type(self).score is not Scheme.score)
 
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         """Attention logits (B, H, Nq, S) from q (B, H, Nq, d) and the compressed cache."""

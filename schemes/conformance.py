@@ -1,8 +1,12 @@
 """Conformance checks for a KV-cache codec, shipped for plug-in authors (in the spirit of
 scikit-learn's `check_estimator`).
 
-A check takes a *factory*: a callable `make(budget=, dim=, seed=)` that returns a ready scheme
-(the Scheme protocol, schemes/base.py). Any of these will do:
+A check takes a *factory*: a callable `make(budget=, dim=, seed=, **options)` that returns a
+scheme (schemes/base.py), the signature of a registered factory. Every check builds its codecs
+through schemes.registry.build, as the sweep does (budget, dim and seed checked, the RNG family
+set, validate called), and calls them as the sweep does (schemes.base.fit_codec with the trial
+indices, encode_codec with the tokens' positions and prefill queries, each where the codec
+declares it takes them): a factory that passes the checks runs in a sweep. Any of these will do:
 
     functools.partial(schemes.create, "tq-kv")                  # a registered codec
     functools.partial(schemes.reference.create, "tq-kv")        # its NumPy reference
@@ -16,8 +20,8 @@ sentence; `CHECKS` holds them one by one (name, function, what it states) for a 
 The data are small and seeded (B = 3 trials, H = 2 heads, S = 48 tokens, d = 64 unless the
 factory is asked for another dim), so a codec whose defaults need a longer cache takes smaller
 options in its factory. Applicability is by capability, not by name: a check skips the budgets a
-factory refuses (ValueError at construction), `kept` is checked where the codec evicts, and the
-trial indices go to `fit` only where it declares it takes them (Scheme.capabilities).
+factory refuses (ValueError at construction), `kept` is checked where the codec evicts, and what
+a codec takes beyond the plain protocol it gets where it declares it (Scheme.capabilities).
 """
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ import torch
 from kvcommon.checks import Check, ConformanceError, require, run_checks
 from kvcommon.rows import METRIC_NAMES
 
-from .base import BitLedger, Encoded, fit_codec, stored_bits
-from .registry import MAX_BUDGET, MIN_BUDGET
+from .base import BitLedger, Encoded, encode_codec, fit_codec, stored_bits
+from .registry import MAX_BUDGET, MIN_BUDGET, build
 
 Factory = Callable[..., object]
 
@@ -41,8 +45,19 @@ N_QUERIES = 5
 BUDGET = 3
 
 
+RNG = "pcg64"                    # the sweep's default --rng, set on every codec built here
+
+
 def _make(factory: Factory, budget: int = BUDGET, seed: int = 0, dim: int = DIM):
-    return factory(budget=budget, dim=dim, seed=seed)
+    """The factory's codec, built as the sweep builds it (schemes.registry.build)."""
+    return build(factory, budget=budget, dim=dim, seed=seed, rng=RNG)
+
+
+def _encode(scheme, k: torch.Tensor, v: torch.Tensor) -> Encoded:
+    """encode as the sweep calls it: the tokens' positions 0..S−1, and as the cached tokens' own
+    queries the keys scaled to unit length (a trial's, of the scale the sweep's queries have,
+    whatever the keys' magnitude), each where the codec declares it takes them."""
+    return encode_codec(scheme, k, v, torch.arange(k.shape[2], device=k.device), torch.nn.functional.normalize(k, dim=-1))
 
 
 def _data(seed: int = 0, shape=SHAPE, dtype=torch.float32):
@@ -54,9 +69,10 @@ def _data(seed: int = 0, shape=SHAPE, dtype=torch.float32):
 
 
 def _roundtrip(scheme, k, v, trials=None):
-    """fit, encode, decode; the trial indices go to a fit that declares it takes them."""
-    fit_codec(scheme, k, v, trials)
-    enc = scheme.encode(k, v)
+    """fit (on k, v), encode and decode, as the sweep calls them; trials: the trial indices
+    (0..B−1 when None), for a fit that declares it takes them."""
+    fit_codec(scheme, k, v, torch.arange(len(k)) if trials is None else trials)
+    enc = _encode(scheme, k, v)
     return enc, scheme.decode(enc)
 
 
@@ -196,11 +212,11 @@ def check_encoding_stands_alone(factory: Factory) -> None:
 
     one = torch.tensor([1])
     first = fitted(one)
-    enc = first.encode(k[one], v[one])
+    enc = _encode(first, k[one], v[one])
     reference = tuple(first.decode(enc)) + ((first.score(q[one], enc),) if first.capabilities.scores_on_codes else ())
-    first.encode(-2 * k[:1], v[:1])          # a decoder reading what its encoder saw last now reads this
+    _encode(first, -2 * k[:1], v[:1])        # a decoder reading what its encoder saw last now reads this
     require_standalone(enc, reference, fitted(one), q[one])
-    batch = BitLedger.per_trial(fitted(torch.arange(3)).encode(k, v))
+    batch = BitLedger.per_trial(_encode(fitted(torch.arange(3)), k, v))
     alone = BitLedger.per_trial(enc)
     require(float(batch.cache[1]) == float(alone.cache[0]) and float(batch.model[1]) == float(alone.model[0]),
              f"trial 1 is charged {float(batch.cache[1]):.0f} + {float(batch.model[1]):.0f} bits in a batch of 3 but "
@@ -213,7 +229,7 @@ def check_model_constants_do_not_depend_on_the_cache(factory: Factory) -> None:
     k_other, v_other, _ = _data(1)
     scheme = _make(factory)
     fit_codec(scheme, k, v, torch.arange(SHAPE[0]))
-    a, b = scheme.encode(k, v), scheme.encode(3 * k_other, v_other)
+    a, b = _encode(scheme, k, v), _encode(scheme, 3 * k_other, v_other)
     require(a.model == b.model, f"two caches tag different entries per model: {sorted(a.model ^ b.model)}")
     for key in a.model:
         part = "codes" if key in a.codes else "side"

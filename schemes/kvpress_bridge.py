@@ -284,8 +284,8 @@ def _first_line(cls) -> str:
 
 
 def _factory(cls, name: str, description: str):
-    def make(*, budget: int, dim: int, seed: int = 0, rng: str = "pcg64", **options):
-        scheme = KvpressScheme(budget=budget, dim=dim, seed=seed, rng=rng, press_class=cls, press_options=options)
+    def make(*, budget: int, dim: int, seed: int = 0, **options):
+        scheme = KvpressScheme(budget=budget, dim=dim, seed=seed, press_class=cls, press_options=options)
         scheme.name = name
         return scheme
     make.__doc__ = description

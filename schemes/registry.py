@@ -1,10 +1,17 @@
-"""The one registry of schemes: built-ins register with `register`, third-party packages
-through the entry-point group `kvharness.schemes` (name = scheme name, value = a Scheme
-subclass or a factory taking budget, dim, seed and options), and families that come from an
-optional package (`kvpress:<PressClass>`) through `register_namespace`: a loader run on first
-use, so that importing the package (seconds, for kvpress and transformers) is paid only by a
-command that needs its names. A namespace whose package is missing is listed by
-`unavailable()` with the reason, and so is each member that cannot run here."""
+"""The one registry of schemes and the one way a codec is built (`build`, `create`).
+
+A codec is registered in one of two ways: a module of this repository calls `register(name,
+factory, description)` (with impl="reference" for the independent NumPy implementation of a
+name, schemes/reference/), a third-party package declares an entry point in the group
+`kvharness.schemes` (name = scheme name, value = a Scheme subclass or a factory). A factory is
+`make(budget=, dim=, seed=, **options)` returning a Scheme; `build` is the one place a factory
+is called (by the sweep, `validate`, the conformance checks, `reproduce`, `effect`): it checks
+budget, dim and seed, sets the codec's RNG family (Scheme.rng) and validates it. Families that
+come from an optional package (`kvpress:<PressClass>`) are loaded through `register_namespace`:
+a loader run on first use, so that importing the package (seconds, for kvpress and
+transformers) is paid only by a command that needs its names. A namespace whose package is
+missing is listed by `unavailable()` with the reason, and so is each member that cannot run
+here."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +25,7 @@ from .base import Scheme
 
 ENTRY_POINT_GROUP = "kvharness.schemes"
 MIN_BUDGET, MAX_BUDGET = 1, 8
+IMPLS = ("torch", "reference")   # the torch codecs, and their independent NumPy reference (--impl)
 
 
 @dataclass(frozen=True)
@@ -38,15 +46,33 @@ class Namespace:
 
 
 _BUILTIN: Registry[SchemeSpec] = Registry("scheme")
+_REFERENCE: Registry[SchemeSpec] = Registry("scheme", " for the reference implementation")
 _plugins: dict[str, SchemeSpec] | None = None
 _broken_plugins: dict[str, str] = {}   # entry points that could not be loaded, with the reason
 _NAMESPACES: dict[str, Namespace] = {}
 _loaded: dict[str, tuple[dict[str, SchemeSpec], dict[str, str]]] = {}
 
 
-def register(name: str, factory: Callable[..., Scheme], description: str, *, family: str = "") -> None:
-    """Add a built-in scheme; names are canonical lowercase and unique. family: see seed_family."""
-    _BUILTIN.add(name, SchemeSpec(name, factory, description, family))
+def register(name: str, factory: Callable[..., Scheme], description: str = "", *, family: str = "",
+             impl: str = "torch") -> None:
+    """Add a built-in scheme; names are canonical lowercase and unique. family: see seed_family.
+    impl="reference": the independent NumPy implementation of a torch codec's name (--impl
+    reference). description: the factory's first docstring line when empty."""
+    description = description or (getattr(factory, "__doc__", None) or "scheme").strip().splitlines()[0]
+    _registry(impl).add(name, SchemeSpec(name, factory, description, family))
+
+
+def _registry(impl: str) -> Registry[SchemeSpec]:
+    """The registry of an implementation (its codecs registered on import)."""
+    if impl == "torch":
+        return _BUILTIN
+    if impl == "reference":
+        try:
+            from . import reference  # noqa: F401 - its modules register on import
+        except ImportError as exc:
+            raise ValueError(f"the reference implementation is unavailable here ({exc}); valid: torch") from None
+        return _REFERENCE
+    raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
 
 
 def register_variant(name: str, cls: type[Scheme], description: str, *, family: str = "", **fixed) -> None:
@@ -197,18 +223,43 @@ def everyday() -> list[str]:
     return available(families=False)
 
 
-def create(name: str, *, budget: int, dim: int, seed: int = 0, **options) -> Scheme:
-    """A ready scheme for one configuration; ValueError naming what is valid otherwise."""
-    found = spec(name)
-    if found is None:
-        raise ValueError(unknown_message(name))
+def build(factory: Callable[..., Scheme], *, budget: int, dim: int, seed: int = 0, rng: str | None = None,
+          label: str = "", **options) -> Scheme:
+    """The codec factory(budget=, dim=, seed=, **options) returns, built as every caller builds
+    a codec: budget in MIN_BUDGET..MAX_BUDGET, dim positive and seed non-negative checked first;
+    then its RNG family set (rng: the sweep's --rng; None leaves the codec's own) and
+    scheme.validate() called. A factory is never handed rng: a codec reads self.rng where it
+    draws, not in its constructor. ValueError naming what is valid otherwise (label: the
+    codec's name, for the messages)."""
     if isinstance(budget, bool) or not isinstance(budget, int) or not MIN_BUDGET <= budget <= MAX_BUDGET:
         raise ValueError(f"budget {budget!r} is outside {MIN_BUDGET}..{MAX_BUDGET} bits per element")
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
         raise ValueError(f"head dimension {dim!r} must be a positive integer")
-    scheme = found.factory(budget=budget, dim=dim, seed=seed, **options)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed {seed!r} must be a non-negative integer")
+    scheme = factory(budget=budget, dim=dim, seed=seed, **options)
     if not isinstance(scheme, Scheme):
-        raise ValueError(f"scheme {name!r}: its factory returned {type(scheme).__name__}, not a Scheme "
-                         f"(schemes.base.Scheme)")
+        raise ValueError(f"{f'scheme {label!r}: its' if label else 'the'} factory returned {type(scheme).__name__}, "
+                         f"not a Scheme (schemes.base.Scheme)")
+    if rng is not None:
+        scheme.rng = rng
     scheme.validate()
     return scheme
+
+
+def create(name: str, *, budget: int, dim: int, seed: int = 0, rng: str | None = None, impl: str = "torch",
+           **options) -> Scheme:
+    """A ready scheme for one configuration of a registered name, in implementation impl (torch,
+    or the NumPy reference), built by `build`; ValueError naming what is valid otherwise."""
+    if impl == "torch":
+        found = spec(name)
+        if found is None:
+            raise ValueError(unknown_message(name))
+    else:
+        found = _registry(impl).lookup(name)
+    return build(found.factory, budget=budget, dim=dim, seed=seed, rng=rng, label=name, **options)
+
+
+def reference_specs() -> dict[str, SchemeSpec]:
+    """The NumPy reference's schemes, in registration order (--impl reference)."""
+    return _registry("reference").as_dict()

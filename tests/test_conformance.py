@@ -134,3 +134,70 @@ def test_a_codec_that_raises_is_reported_per_check():
         return raise_on
     with pytest.raises(ConformanceError, match="the codec raised RuntimeError: no encoder"):
         check_scheme(factory)
+
+
+# --- passing the checks means running in a sweep ---------------------------------------------
+def _example_codec():
+    """examples/absmax-codec's AbsMax, loaded from its file as its pyproject publishes it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "absmax-codec" / "absmax_codec.py"
+    spec = importlib.util.spec_from_file_location("absmax_codec", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.AbsMax
+
+
+def minimal_factory(*, budget, dim, seed):
+    """A factory written to the documented signature, make(budget=, dim=, seed=), and no more."""
+    return _example_codec()(budget=budget, dim=dim, seed=seed)
+
+
+def test_a_factory_of_the_documented_signature_passes_the_checks():
+    check_scheme(minimal_factory)
+
+
+def test_every_factory_the_checks_accept_runs_in_a_one_chunk_sweep():
+    """Each factory the conformance checks run on (every registered codec's, every reference
+    codec's, and a minimal factory of the documented signature), registered under a name of its
+    own, runs in a sweep of one chunk at the checks' shape and a non-default RNG family, every
+    cell stored: the checks and the sweep build and call codecs alike."""
+    from harness.cell import CellFailure, run_serial
+    from harness.sweep import SweepConfig
+    from schemes.registry import SchemeSpec, registered
+
+    factories = {**FACTORIES, "minimal": minimal_factory}
+    names = {f"checked-{i}": label for i, label in enumerate(factories)}
+    b, h, s, d = conformance.SHAPE
+    config = SweepConfig(scenarios=("gaussian",), schemes=tuple(names), budgets=(conformance.BUDGET,), dims=(d,),
+                         seq_lens=(s,), queries=(conformance.N_QUERIES,), trials=2, heads=h, calib_tokens=(2 * d,),
+                         rng="mt19937", device="cpu")
+    outcome = {}
+
+    def on_chunk(cell, trials, rows, wall, peak):
+        outcome[names[cell.scheme]] = rows.reason if isinstance(rows, CellFailure) else len(rows)
+    with registered([SchemeSpec(name, factories[label], label) for name, label in names.items()]):
+        config.validate()
+        run_serial(config, config.cells(), torch.device("cpu"), torch.float32, None, on_chunk=on_chunk)
+        built = schemes.create("checked-0", budget=3, dim=d, rng="philox")
+    assert outcome == dict.fromkeys(factories, 2)
+    assert built.rng == "philox"
+
+
+def test_build_checks_the_configuration_once_for_every_implementation():
+    """One create for the torch codecs and the NumPy reference: the same checks (a negative seed
+    refused by both), and the RNG family set on the built codec, never handed to a factory."""
+    from schemes.registry import build
+
+    for create in (schemes.create, reference.create):
+        with pytest.raises(ValueError, match="seed -1 must be a non-negative integer"):
+            create("tq-kv", budget=2, dim=16, seed=-1)
+        assert create("tq-kv", budget=2, dim=16, rng="mt19937").rng == "mt19937"
+    assert build(minimal_factory, budget=2, dim=16, rng="philox").rng == "philox"
+    from harness import known_answers
+    bug = known_answers.BUGS[0]
+    with known_answers.registered_bugs([bug]):     # a codec that builds codecs: they draw from its family
+        assert schemes.create(bug.scheme, budget=2, dim=16, rng="mt19937").inner.rng == "mt19937"
+    with pytest.raises(ValueError, match="budget 9 is outside 1..8"):
+        build(minimal_factory, budget=9, dim=16)

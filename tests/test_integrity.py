@@ -13,6 +13,7 @@ from harness.cli import main
 from harness.store import RunStore
 from kvcommon import plugins
 from schemes import registry
+from schemes.base import Capabilities
 from schemes.baselines import GroupQuant
 from stats.metrics import trial_metrics
 
@@ -154,6 +155,7 @@ def test_all_with_a_raising_plugin_runs_the_rest(install, tmp_path, capsys):
 class Halver(GroupQuant):
     """Writes its input in place: K in encode (the issue's case) or Q in score."""
     name = "halver"
+    capabilities = Capabilities(scores_on_codes=True)    # the sweep calls its score
     where = "k"
 
     def encode(self, k, v):

@@ -15,7 +15,8 @@ from scipy import stats as scipy_stats
 
 from harness.cli import main
 from harness.store import RunStore
-from harness.sweep import SweepConfig, implementation
+import schemes
+from harness.sweep import SweepConfig
 from harness.runner import run_sweep
 from stats.dominance import amplification, crossovers, pareto_front
 from stats.metrics import SIX_D
@@ -417,7 +418,7 @@ def test_validate_implementation_variables_are_not_codec_differences(runs, capsy
 
 def test_validate_against_reference_implementation(runs, capsys):
     try:
-        implementation("reference")("tq-kv", budget=2, dim=16, rng="pcg64", seed=0)
+        schemes.create("tq-kv", budget=2, dim=16, rng="pcg64", seed=0, impl="reference")
     except (ValueError, KeyError, ImportError) as exc:
         pytest.skip(f"no reference implementation of tq-kv here: {exc}")
     # The two implementations draw their rotations independently, so each root seed is one

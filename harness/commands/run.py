@@ -69,14 +69,13 @@ def add_arguments(p):
 def _skip_unfit(values: dict, impl: str) -> tuple[str, ...]:
     """Of the codecs 'all' expanded to, those that take every budget, dim and cache length of the sweep; the
     others are named on stderr in one line, grouped by reason (UsageError if none is left)."""
-    from ..sweep import implementation
-    create, fit, reasons = implementation(impl), [], {}
+    fit, reasons = [], {}
     for name in values["schemes"]:
         reason = None
         for budget in values["budgets"]:
             for dim in values["dims"]:
                 try:
-                    scheme = create(name, budget=budget, dim=dim, rng=values["rng"])
+                    scheme = schemes.create(name, budget=budget, dim=dim, rng=values["rng"], impl=impl)
                     for seq_len in values["seq_lens"]:
                         getattr(scheme, "check_cache", lambda n: None)(seq_len + values["decode_tokens"])
                 except ValueError as exc:

@@ -357,8 +357,8 @@ def _factory(name: str):
     match = _NAME.match(name)
     grammar = {"uniform": match["family"] == "squ", "sketch_k": match["k"] == "q", "sketch_v": match["v"] == "q"}
 
-    def make(*, budget: int, dim: int, seed: int = 0, rng: str = "pcg64", **options) -> ReferenceSpectralQuant:
-        return ReferenceSpectralQuant(budget=budget, dim=dim, seed=seed, rng=rng, scheme_name=name, **grammar, **options)
+    def make(*, budget: int, dim: int, seed: int = 0, **options) -> ReferenceSpectralQuant:
+        return ReferenceSpectralQuant(budget=budget, dim=dim, seed=seed, scheme_name=name, **grammar, **options)
     make.__doc__ = _DESCRIPTIONS[name]
     return make
 

@@ -491,8 +491,8 @@ def parse_name(name: str) -> dict:
 def _factory(name: str):
     grammar = parse_name(name)
 
-    def make(*, budget: int, dim: int, seed: int = 0, rng: str = "pcg64", **options) -> ReferenceTurboQuant:
-        return ReferenceTurboQuant(budget=budget, dim=dim, seed=seed, rng=rng, scheme_name=name,
+    def make(*, budget: int, dim: int, seed: int = 0, **options) -> ReferenceTurboQuant:
+        return ReferenceTurboQuant(budget=budget, dim=dim, seed=seed, scheme_name=name,
                                    **grammar, **options)
     make.__doc__ = _DESCRIPTIONS[name]
     return make
