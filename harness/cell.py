@@ -76,11 +76,12 @@ def trial_memory_bytes(config: SweepConfig, cell: Cell) -> int:
     d × d float64 matrices of the scenario's population and of a codec's bases (4 per head)."""
     return bytes_per_trial(config, cell) + 4 * 8 * config.heads * cell.dim ** 2
 
-def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, budget: int | None = None) -> int:
-    """Trials per chunk: as many as fit the memory budget; at most $KVHARNESS_CHUNK_TRIALS where
-    that is set (tests interrupt runs between small chunks; rows do not depend on chunking)."""
-    budget = budget or min(DEFAULT_MEMORY_BUDGET, available_memory_bytes(device) // 4)
-    size = max(1, min(config.trials, budget // bytes_per_trial(config, cell)))
+def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, memory_bytes: int | None = None) -> int:
+    """Trials per chunk: as many as fit memory_bytes of working tensors (default: the smaller of
+    DEFAULT_MEMORY_BUDGET and a quarter of the device's memory); at most $KVHARNESS_CHUNK_TRIALS
+    where that is set (tests interrupt runs between small chunks; rows do not depend on chunking)."""
+    memory_bytes = memory_bytes or min(DEFAULT_MEMORY_BUDGET, available_memory_bytes(device) // 4)
+    size = max(1, min(config.trials, memory_bytes // bytes_per_trial(config, cell)))
     forced = os.environ.get(CHUNK_TRIALS_ENV)
     return min(size, max(1, int(forced))) if forced else size
 
