@@ -94,8 +94,18 @@ class SweepConfig:
     scheme_seed: int | None = None
     scheme_rng: str | None = None
 
-    def validate(self) -> None:
-        """ValueError naming the first bad value and what is valid; builds every scheme once."""
+    def validate(self, skip_unfit: bool = False) -> dict[str, tuple[int, int, str]]:
+        """ValueError naming the first bad value and what is valid: the settings, then the schemes,
+        each (scheme, budget, dim) built once (unfit_schemes). skip_unfit: the schemes that cannot
+        take some budget, dim or cache length are returned (`run --scheme all` skips them) instead."""
+        self._validate_settings()
+        unfit = self.unfit_schemes()
+        if unfit and not skip_unfit:
+            name, (budget, dim, reason) = next(iter(unfit.items()))
+            raise ValueError(f"scheme {name} (budget {budget}, dim {dim}): {reason}")
+        return unfit
+
+    def _validate_settings(self) -> None:
         def positive(name, values):
             for x in values:
                 if isinstance(x, bool) or not isinstance(x, int) or x < 1:
@@ -132,13 +142,22 @@ class SweepConfig:
                                                                      self.calib_tokens):
                 scenario.check_shape(scenarios.TrialShape(self.heads, seq_len, n_queries, dim, n_cal,
                                                           self.decode_tokens))
+
+    def unfit_schemes(self) -> dict[str, tuple[int, int, str]]:
+        """{scheme: (budget, dim, why)} for the schemes that cannot take some budget, dim or cache
+        length of the sweep, in the sweep's order, with the first (budget, dim) each refuses; each
+        (scheme, budget, dim) is built once (schemes.create, as the sweep builds it)."""
+        unfit = {}
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
+            if name in unfit:
+                continue
             try:
                 scheme = schemes.create(name, budget=budget, dim=dim, rng=self.codec_rng, impl=self.impl)
                 for seq_len in self.seq_lens:
-                    getattr(scheme, "check_cache", lambda n: None)(seq_len + self.decode_tokens)
+                    scheme.check_cache(seq_len + self.decode_tokens)
             except ValueError as exc:
-                raise ValueError(f"scheme {name} (budget {budget}, dim {dim}): {exc}") from None
+                unfit[name] = (budget, dim, str(exc))
+        return unfit
 
     def check_data(self) -> None:
         """ValueError (one line) when a scenario's parameters make its data overflow or vanish in

@@ -223,3 +223,44 @@ def test_other_failures_are_one_line_exit_1(tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("x")
     assert main(["run", "--scenario", "gaussian", "--scheme", "tq-kv", "--out", str(afile), *SMALL]) == 2
+
+
+def test_a_sweep_builds_each_codec_once_to_validate_and_each_cell_once_to_run(tmp_path, monkeypatch):
+    """`run --scheme all`: each (codec, budget, dim) is built once to validate the sweep and to
+    skip the codecs that cannot take it (not once for each), and each cell's scheme once to run,
+    beside the two new instances its first trial's stand-alone check builds (cell.check_sample)."""
+    import collections
+    import itertools
+
+    import schemes
+    from harness.cli import build_parser
+    from harness.commands.run import config_from_args
+
+    built = collections.Counter()
+    create = schemes.create
+
+    def counted(name, **kw):
+        built[(name, kw["budget"], kw["dim"])] += 1
+        return create(name, **kw)
+    monkeypatch.setattr(schemes, "create", counted)
+    argv = ["run", "--scenario", "gaussian", "--scheme", "all", "--budget", "2,3", "--dim", "12", "--seq-len", "32",
+            "--queries", "4", "--trials", "2", "--quiet", "--out", str(tmp_path / "run")]
+    config = config_from_args(build_parser()[0].parse_args(argv))
+    ran = set(itertools.product(config.schemes, (2, 3), (12,)))
+    skipped = set(schemes.registry.everyday()) - set(config.schemes)
+    assert "tq-kv" in skipped and "int8" in config.schemes                # d = 12 is no power of two
+    assert ran <= set(built) <= ran | set(itertools.product(skipped, (2, 3), (12,)))
+    assert set(built.values()) == {1}
+    built.clear()
+    assert main(argv) == 0
+    # validated, built for its cell, twice by check_sample; a skipped codec once, to be skipped
+    assert {key: n for key, n in built.items() if key in ran} == dict.fromkeys(ran, 1 + 1 + 2)
+    assert {n for key, n in built.items() if key not in ran} == {1}
+
+
+def test_all_with_a_bad_setting_names_the_setting(capsys):
+    """The settings are validated before the codecs are built: `all` with --dim 0 names --dim,
+    not every codec as unable to take the sweep."""
+    assert main(["run", "--scenario", "gaussian", "--scheme", "all", "--dim", "0", "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--dim 0 must be a positive integer" in err and "skipping" not in err

@@ -1,6 +1,7 @@
 """harness run: a sweep (the cross product of the flags) into a run directory."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from datetime import datetime
@@ -66,31 +67,19 @@ def add_arguments(p):
     p.add_argument("--scheduler", default=None, help="run cells on an existing Dask cluster at ADDRESS")
 
 
-def _skip_unfit(values: dict, impl: str) -> tuple[str, ...]:
-    """Of the codecs 'all' expanded to, those that take every budget, dim and cache length of the sweep; the
-    others are named on stderr in one line, grouped by reason (UsageError if none is left)."""
-    fit, reasons = [], {}
-    for name in values["schemes"]:
-        reason = None
-        for budget in values["budgets"]:
-            for dim in values["dims"]:
-                try:
-                    scheme = schemes.create(name, budget=budget, dim=dim, rng=values["rng"], impl=impl)
-                    for seq_len in values["seq_lens"]:
-                        getattr(scheme, "check_cache", lambda n: None)(seq_len + values["decode_tokens"])
-                except ValueError as exc:
-                    reason = reason or str(exc)
-        if reason:
-            reasons.setdefault(reason, []).append(name)
-        else:
-            fit.append(name)
+def _skip_unfit(config: SweepConfig, unfit: dict[str, tuple[int, int, str]]) -> SweepConfig:
+    """The sweep of the codecs 'all' expanded to less the unfit ones (SweepConfig.unfit_schemes),
+    which are named on stderr in one line, grouped by reason (UsageError if none is left)."""
+    reasons = {}
+    for name, (_, _, reason) in unfit.items():
+        reasons.setdefault(reason, []).append(name)
+    fit = tuple(name for name in config.schemes if name not in unfit)
     words = "; ".join(f"{', '.join(names)} ({reason})" for reason, names in reasons.items())
     if not fit:
         raise UsageError(f"harness run: no codec of 'all' takes this sweep: {words}")
     if reasons:
-        print(f"harness run: skipping {sum(map(len, reasons.values()))} codec(s) that cannot take this sweep: {words}",
-              file=sys.stderr)
-    return tuple(fit)
+        print(f"harness run: skipping {len(unfit)} codec(s) that cannot take this sweep: {words}", file=sys.stderr)
+    return dataclasses.replace(config, schemes=fit)
 
 
 def config_from_args(args) -> SweepConfig:
@@ -105,8 +94,8 @@ def config_from_args(args) -> SweepConfig:
     if values["trials"] < 2:
         raise UsageError(f"harness run: --trials {values['trials']} must be at least 2 (confidence intervals and "
                          f"tests need two trials per cell)")
-    if isinstance(values["schemes"], EveryName):
-        values["schemes"] = _skip_unfit(values, args.impl or "torch")
+    every = isinstance(values["schemes"], EveryName)
+    values["schemes"] = tuple(values["schemes"])
     # not in FIELDS: unset is a valid value (no amortisation), not a missing flag
     config = SweepConfig(**values, model_caches=getattr(args, "model_caches", None))
     if args.workers is not None and args.workers < 1:
@@ -122,11 +111,11 @@ def config_from_args(args) -> SweepConfig:
         except ValueError as exc:
             raise UsageError(f"harness run: {exc}") from None
     try:
-        config.validate()
+        unfit = config.validate(skip_unfit=every)     # each (codec, budget, dim) built once
         resolve_device(config.device)
     except ValueError as exc:
         raise UsageError(f"harness run: {exc}") from None
-    return config
+    return _skip_unfit(config, unfit) if every else config
 
 
 def default_out(config: SweepConfig, root: Path = Path("runs")) -> Path:
