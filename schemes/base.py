@@ -259,7 +259,8 @@ class Scheme:
     rng: str = "pcg64"  # bit-generator family of the scheme's own randomness (kvcommon.rng)
 
     def validate(self) -> None:
-        """Raise ValueError naming the problem and what is valid; called by `create`."""
+        """Raise ValueError naming the problem and what is valid; called by schemes.registry.build
+        once the configuration, the RNG family included, is set."""
         check_family(self.rng)
 
     def check_cache(self, seq_len: int) -> None:
