@@ -95,7 +95,7 @@ def registered(entries):
     added = []
     try:
         for entry in entries:
-            _BUILTIN.add(entry.name, entry)
+            register(entry.name, entry.factory, entry.description, family=entry.family)
             added.append(entry.name)
         yield
     finally:
