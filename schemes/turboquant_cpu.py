@@ -34,7 +34,7 @@ import numba
 import numpy as np
 import torch
 
-from . import cpu_loops
+from . import cpu_loops, qjl
 from .cpu_loops import _JIT, _butterflies, _by_row_blocks, _count_row, _dequantize_row, _fma, _grid_row, _pack_row
 
 # numba takes CPU tensors as NumPy views: the dtypes it can read and write in place
@@ -314,7 +314,7 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
         else:
             br, rr, kr = np.zeros((0, 1), np.uint8), np.zeros(0, np.float32), _sign_rows(None, dtype, d)
         root = kind(math.sqrt(d))
-        scale = kind(math.sqrt(math.pi / 2) / d)       # qjl.sketch_scale(d), rounded to dtype as torch's product rounds it
+        scale = kind(qjl.sketch_scale(d))     # rounded to dtype as torch's product rounds it
 
         def run(start, stop):
             _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, kind(1), root,
