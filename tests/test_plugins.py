@@ -53,11 +53,18 @@ class FakeEntryPoint:
         return RoundKV
 
 
+def _codec_entry_points(points):
+    """metadata.entry_points with `points` as the codec group's; every other caller (numba lists
+    its own extensions when it first compiles) sees the real ones."""
+    real = plugins.metadata.entry_points
+    return lambda *args, **kw: list(points) if kw.get("group") == registry.ENTRY_POINT_GROUP else real(*args, **kw)
+
+
 @pytest.fixture
 def plugin(monkeypatch):
     monkeypatch.setenv(plugins.ENV, "1")
     monkeypatch.setattr(plugins.metadata, "entry_points",
-                        lambda group: [FakeEntryPoint()] if group == registry.ENTRY_POINT_GROUP else [])
+                        _codec_entry_points([FakeEntryPoint()]))
     monkeypatch.setattr(registry, "_plugins", None)
     yield "round-kv"
     registry._plugins = None
@@ -83,7 +90,7 @@ def test_plugin_never_shadows_a_builtin(monkeypatch):
     class Shadow(FakeEntryPoint):
         name = "tq-kv"
     monkeypatch.setenv(plugins.ENV, "1")
-    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [Shadow()])
+    monkeypatch.setattr(plugins.metadata, "entry_points", _codec_entry_points([Shadow()]))
     monkeypatch.setattr(registry, "_plugins", None)
     assert schemes.specs()["tq-kv"].factory is not RoundKV
     registry._plugins = None
@@ -141,7 +148,7 @@ def test_a_broken_plugin_costs_only_its_own_name(monkeypatch, capsys):
               _BrokenEntryPoint("wrong-class", "otherpkg:Thing", ValueError)]
     monkeypatch.setenv(plugins.ENV, "1")
     monkeypatch.setattr(plugins.metadata, "entry_points",
-                        lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+                        _codec_entry_points(points))
     monkeypatch.setattr(registry, "_plugins", None)
     try:
         assert "round-kv" in schemes.available()
@@ -162,7 +169,7 @@ def test_a_factory_that_returns_no_scheme_is_refused(monkeypatch):
     points = [_BrokenEntryPoint("lazy", "pkg:make", lambda **kw: {"budget": kw["budget"]})]
     monkeypatch.setenv(plugins.ENV, "1")
     monkeypatch.setattr(plugins.metadata, "entry_points",
-                        lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+                        _codec_entry_points(points))
     monkeypatch.setattr(registry, "_plugins", None)
     try:
         with pytest.raises(ValueError, match="'lazy': its factory returned dict, not a Scheme"):
