@@ -146,7 +146,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
     samples (s) go to `samples` in the same layout."""
     k, v = _gaussian_caches(shape, device)
     result: dict = {}
-    for name in names or schemes.registry.everyday():
+    for name in names or schemes.registry.all_schemes():
         for impl in impls:
             for budget in budgets or (shape.budget,):
                 try:

@@ -180,7 +180,7 @@ _LOGITS = IdentityMemo(8)
 def _logits(q: torch.Tensor, k_hat: torch.Tensor) -> torch.Tensor:
     """q·k̂ᵀ/√d, remembered for the very q and k̂: cells whose codecs decode K alike (one decoding,
     schemes.base.PerTensorScheme.decoded) share the logits, and so their score metrics."""
-    return _LOGITS.remembered((q, k_hat), lambda: exact_logits(q, k_hat))
+    return _LOGITS.get_or_compute((q, k_hat), lambda: exact_logits(q, k_hat))
 
 def _diagnostics(scheme: schemes.Scheme, n_trials: int) -> dict[str, torch.Tensor]:
     """The scheme's per-trial diagnostics, every one kept: those named by DIAGNOSTIC_COLUMNS go

@@ -25,7 +25,7 @@ def paper_schemes() -> tuple[str, ...]:
     """The AMD paper's sixteen TQ/SQ schemes, as far as they are registered. From the built-ins
     and plug-ins only: listing the optional families would import kvpress and transformers
     (seconds and hundreds of MB) for names that are never paper schemes."""
-    return tuple(n for n in schemes.registry.everyday() if n.split("-")[0] in ("plain", "tq", "sq", "squ"))
+    return tuple(n for n in schemes.registry.all_schemes() if n.split("-")[0] in ("plain", "tq", "sq", "squ"))
 
 
 # Named presets of `run --grid` / `bench --grid`: values of SweepConfig fields (callables are

@@ -50,7 +50,7 @@ class IdentityMemo:
         self.entries[key] = (refs, tuple(t._version for t in tensors), tag, value)
         return value
 
-    def remembered(self, tensors: tuple[torch.Tensor, ...], compute, tag: object = None):
+    def get_or_compute(self, tensors: tuple[torch.Tensor, ...], compute, tag: object = None):
         """compute()'s result for the very tensors under tag: the remembered one, or computed now
         and remembered."""
         known = self.get(tensors, tag)

@@ -4,10 +4,15 @@ are rows"). One definition that the cell engine (harness/cell.py) fills, the run
 (schemes/conformance.py) keep a codec's own diagnostics clear of. It imports nothing.
 
 A cell is one (scenario, scheme, budget, dim, seq_len, queries, calib_tokens): what the runner
-commits at once and what runs are matched on (stats/cells.py adds the setting: a cell without
+commits at once and what runs are matched on (and a setting, below: a cell without
 its scheme and budget).
 """
 CELL_COLUMNS = ("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens")
+# A setting is a cell without its scheme and budget: the cells compared with each other. A
+# setting's cells share their data trial by trial; settings that differ only in calib_tokens
+# share K, V and Q too (the calibration sample has streams of its own), but their calibrated
+# schemes are fitted on samples of different sizes.
+SETTING_COLUMNS = ("scenario", "dim", "seq_len", "queries", "calib_tokens")
 
 # The trial's configuration beside its cell. The trials table's column order is that of
 # results.sqlite since its first version (calib_tokens after heads), though calib_tokens is now

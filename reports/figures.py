@@ -25,7 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from stats.metrics import SIX_D  # noqa: E402
 
 from stats.findings import SETTING, Findings  # noqa: E402
-from stats.levels import ALPHA  # noqa: E402
+from stats.margins import ALPHA  # noqa: E402
 from .styles import MAX_SERIES, SchemeStyle, panel_groups, scheme_styles  # noqa: E402
 
 _UNIT_D2 = "(dimensionless)"

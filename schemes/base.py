@@ -352,7 +352,7 @@ class PerTensorScheme(Scheme):
             part = Encoded(tuple(x.shape), x.dtype)
             self.encode_tensor(x, prefix, part)
             return part
-        return _CODINGS.remembered((x, *self.coding_tensors(prefix)), code, (type(self), prefix, key))
+        return _CODINGS.get_or_compute((x, *self.coding_tensors(prefix)), code, (type(self), prefix, key))
 
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
         return self.decoded(enc, "k"), self.decoded(enc, "v")
@@ -363,17 +363,17 @@ class PerTensorScheme(Scheme):
         key = self.coding_key(prefix)
         if key is None:
             return self.decode_tensor(enc, prefix)
-        return _DECODED.remembered(self._codes_of(enc, prefix), lambda: self.decode_tensor(enc, prefix),
+        return _DECODED.get_or_compute(self._codes_of(enc, prefix), lambda: self.decode_tensor(enc, prefix),
                                    (type(self), prefix, key, enc.shape, enc.dtype))
 
-    def remembered_score(self, q: torch.Tensor, enc: Encoded, compute) -> torch.Tensor:
+    def memoized_score(self, q: torch.Tensor, enc: Encoded, compute) -> torch.Tensor:
         """compute(q, enc), a score on the codes that reads q and K's entries alone, remembered
         (_SCORES) for the very q and K code tensors under K's coding key: variants that code K
         alike and score on its codes (tq-qkv, tq-qkqv) score once. Shared: never written in place."""
         key = self.coding_key("k")
         if key is None:
             return compute(q, enc)
-        return _SCORES.remembered((q, *self._codes_of(enc, "k")), lambda: compute(q, enc), (type(self), key, enc.shape))
+        return _SCORES.get_or_compute((q, *self._codes_of(enc, "k")), lambda: compute(q, enc), (type(self), key, enc.shape))
 
     @staticmethod
     def _codes_of(enc: Encoded, prefix: str) -> tuple[torch.Tensor, ...]:

@@ -218,7 +218,7 @@ def available(families: bool = True) -> list[str]:
     return list(specs()) if families else [*_BUILTIN.names(), *_load_plugins()]
 
 
-def everyday() -> list[str]:
+def all_schemes() -> list[str]:
     """What `all` means on the command line: the built-in codecs and entry-point plug-ins."""
     return available(families=False)
 

@@ -240,7 +240,7 @@ def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor
     widths (B, H, d): remembered for the very coordinates and the widths' values, so two codings
     that allocate alike share them (squ-qkv at budget b and squ-kv at b − 1 give K's semantic
     coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
-    return _QUANTISED.remembered((scaled,), lambda: _search_and_pack(scaled, widths), _values(widths.to(torch.uint8)))
+    return _QUANTISED.get_or_compute((scaled,), lambda: _search_and_pack(scaled, widths), _values(widths.to(torch.uint8)))
 
 
 def _search_and_pack(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,7 +261,7 @@ def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch
     def project() -> tuple[torch.Tensor, torch.Tensor]:
         z = unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype)
         return z, z / cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
-    return _COORDINATES.remembered((x, cal.basis, cal.sigma), project)
+    return _COORDINATES.get_or_compute((x, cal.basis, cal.sigma), project)
 
 
 @dataclass
@@ -308,7 +308,7 @@ class SpectralQuant(PerTensorScheme):
         """The calibration of x (B, H, n, d): the data-dependent part from the memo when the same
         tensor was calibrated last (the cells of a sweep that share data), widths for this scheme."""
         tag = (self.rng, resolve_eigensolver(self.eigensolver, self.dim))
-        shared = _CALIBRATIONS.remembered((x,), lambda: self._spectrum(x), tag)
+        shared = _CALIBRATIONS.get_or_compute((x,), lambda: self._spectrum(x), tag)
         return replace(shared, widths=self._allocate(shared.sigma, shared.d_eff, sketched))
 
     def _spectrum(self, x: torch.Tensor) -> Calibration:
@@ -482,7 +482,7 @@ class SpectralQuant(PerTensorScheme):
             return values.index_select(0, flat).view(idx.shape) * sigma
         # not the set of stored books: each code reads its own width's book (Gaussian Lloyd–Max, fixed)
         tag = (dtype, *(_values(t) for t in (widths.to(torch.uint8), sigma.to(dtype))))
-        return _DEQUANTISED.remembered((idx,), dequantise, tag)
+        return _DEQUANTISED.get_or_compute((idx,), dequantise, tag)
 
     def _stored(self, enc: Encoded, prefix: str):
         """(Q (B, H, d, d), widths (B, H, d), σ (B, H, 1, d)) from the stored codes."""
@@ -530,7 +530,7 @@ class SpectralQuant(PerTensorScheme):
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         if not self.sketch_k:
             return super().score(q, enc)
-        return self.remembered_score(q, enc, self._score_on_codes)
+        return self.memoized_score(q, enc, self._score_on_codes)
 
     def _score_on_codes(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         # The asymmetric estimator in z-space (AMD paper eq. 1): q is projected, never quantised.

@@ -122,7 +122,7 @@ class TurboQuant(PerTensorScheme):
     def _unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
         """±1 (..., n) in dtype from the packed bits (..., ⌈n/8⌉), remembered for the very packed
         tensor (_SIGNS): encode, decode and score of a coding unpack its signs and sketch once."""
-        return _SIGNS.remembered((packed,), lambda: unpack_codes(packed, 1, n).to(dtype) * 2 - 1, (n, dtype))
+        return _SIGNS.get_or_compute((packed,), lambda: unpack_codes(packed, 1, n).to(dtype) * 2 - 1, (n, dtype))
 
     def _projection(self, enc: Encoded, prefix: str, kind: str, dtype) -> torch.Tensor:
         """The sketch of one tensor: signs (B, H, d) for "rht", the matrix P (B, H, m, d) for "full"."""
@@ -155,12 +155,12 @@ class TurboQuant(PerTensorScheme):
         def rotate():
             signs = self.draw_signs(prefix, "rotation", trials, u.shape[1]).to(u.device)
             return signs, rht(u, self._unpack_signs(signs, self.dim, u.dtype).unsqueeze(-2))
-        return _STAGES.remembered((u,), rotate, self._stage_tag(prefix, trials, "rotation"))
+        return _STAGES.get_or_compute((u,), rotate, self._stage_tag(prefix, trials, "rotation"))
 
     def _quantized(self, y: torch.Tensor, prefix: str, trials: list[int], bits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(packed codes, uint8 codes (B, H, S, d)) of y with the b-bit Beta Lloyd–Max codebook: the
         same as bucketize on its thresholds (schemes/fastquant.py)."""
-        return _STAGES.remembered((y,), lambda: fastquant.quantize_pack(y, beta_codebook(self.dim, bits).thresholds, bits),
+        return _STAGES.get_or_compute((y,), lambda: fastquant.quantize_pack(y, beta_codebook(self.dim, bits).thresholds, bits),
                                   self._stage_tag(prefix, trials, "codes", bits))
 
     def _residual(self, y: torch.Tensor, codes: torch.Tensor | None, prefix: str, trials: list[int],
@@ -173,7 +173,7 @@ class TurboQuant(PerTensorScheme):
                 0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
             e = y - y_hat
             return e, torch.linalg.vector_norm(e, dim=-1).to(torch.float32)
-        return _STAGES.remembered((y,) if codes is None else (y, codes), residual,
+        return _STAGES.get_or_compute((y,) if codes is None else (y, codes), residual,
                                   self._stage_tag(prefix, trials, "residual", bits))
 
     def _fused_passes(self, device: torch.device, dtype: torch.dtype, kind: str | None):
@@ -244,7 +244,7 @@ class TurboQuant(PerTensorScheme):
         if bits < 1:
             return torch.zeros(enc.shape, dtype=enc.dtype, device=enc.codes[f"{prefix}.norm"].device)
         packed = enc.codes[f"{prefix}.codes"]
-        return _STAGES.remembered((packed,), lambda: fastquant.dequantize_packed(
+        return _STAGES.get_or_compute((packed,), lambda: fastquant.dequantize_packed(
             packed, enc.side[f"codebook.{bits}bit"].to(enc.dtype), bits, d), ("decoded", bits, d, enc.dtype))
 
     def _sketch_signs(self, enc: Encoded, prefix: str) -> torch.Tensor:
@@ -281,7 +281,7 @@ class TurboQuant(PerTensorScheme):
     def score(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         if not self.sketch_k:
             return super().score(q, enc)
-        return self.remembered_score(q, enc, self._score_on_codes)
+        return self.memoized_score(q, enc, self._score_on_codes)
 
     def _score_on_codes(self, q: torch.Tensor, enc: Encoded) -> torch.Tensor:
         # Asymmetric QJL estimator on the codes: q is rotated like the keys, never quantised.

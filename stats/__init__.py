@@ -1,4 +1,4 @@
-"""Metrics and statistical inference on per-trial results. `stats.levels` (the significance level
+"""Metrics and statistical inference on per-trial results. `stats.margins` (the significance level
 and equivalence margin) imports nothing, so the command line can read it without loading torch;
 the metrics load on first use of the names below."""
 

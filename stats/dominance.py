@@ -2,7 +2,7 @@
 reports.
 
 Input: a trial frame (columns as kvcommon/rows.py TRIAL_COLUMNS). A *group* is one setting
-(stats.cells): (scenario, dim, seq_len, queries, calib_tokens). Its cells share their data
+(kvcommon.rows): (scenario, dim, seq_len, queries, calib_tokens). Its cells share their data
 trial by trial, so bootstrap resamples draw trial indices once per replicate and apply them to
 every cell of the group (a paired bootstrap that keeps the comparison between schemes on the
 same draws).
@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from .cells import SETTING_COLUMNS
+from kvcommon.rows import SETTING_COLUMNS
 from .inference import as_generator
 
 GROUP = SETTING_COLUMNS

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from .inference import as_generator
-from .levels import ALPHA
+from .margins import ALPHA
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .cells import SETTING_COLUMNS
+from kvcommon.rows import SETTING_COLUMNS
 
 STORAGE = "storage_bits_per_element"
 TOLERANCE = 0.05  # relative storage difference within which two values count as equal storage

@@ -5,7 +5,7 @@ The statistics themselves come from stats/ (equal_storage, paired, inference, do
 validation).
 
 Everything is computed from the stored trial rows alone. A *setting* is one
-(scenario, dim, seq_len, queries, calib_tokens) (stats.cells): the cells of a setting share
+(scenario, dim, seq_len, queries, calib_tokens) (kvcommon.rows): the cells of a setting share
 their data trial by trial, so its schemes are compared on the same draws, with paired tests.
 No headline compares values whose storage differs by more than stats.equal_storage.TOLERANCE
 (5 %): winners are ranked at a storage level, never at a nominal budget.
@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .cells import CELL_COLUMNS, SETTING_COLUMNS
+from kvcommon.rows import CELL_COLUMNS, SETTING_COLUMNS
 from .dominance import crossovers, pareto_front
 from .equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, storage_column
 from .finite import finite_cells
 from .inference import holm, mean_ci
 from .metrics import SIX_D
 from .paired import two_sample
-from .levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
+from .margins import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
 from .validation import margin_p_values, mean_difference, same_data, validate_family
 
 SETTING = SETTING_COLUMNS

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .cells import CELL_COLUMNS
+from kvcommon.rows import CELL_COLUMNS
 
 
 def _cell_words(key: tuple) -> str:

@@ -19,7 +19,7 @@ from scipy import stats as _sps
 
 from kvcommon.rng import generator
 
-from .levels import ALPHA
+from .margins import ALPHA
 
 STATISTICS = ("mean", "median")
 

@@ -90,7 +90,7 @@ _EXACT = IdentityMemo(16)
 
 def _exact(term, x: torch.Tensor) -> torch.Tensor:
     """term(x) for an exact-side tensor x, remembered for the very x (_EXACT)."""
-    return _EXACT.remembered((x,), lambda: term(x), term.__name__)
+    return _EXACT.get_or_compute((x,), lambda: term(x), term.__name__)
 
 
 def _not_a_number(*terms: torch.Tensor) -> torch.Tensor:
@@ -272,8 +272,8 @@ def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torc
     """
     logits, probs, t = exact_attention(q, k, v) if exact is None else exact
     masks = () if kept is None else (kept,)
-    scored, probs_hat = _remembered(score_metrics, (logits, logits_hat, *masks, v, t), logits, logits_hat, kept, v, t)
-    out = {**_remembered(key_metrics, (k, k_hat), k, k_hat), **_remembered(value_metrics, (v, v_hat, probs, t),
+    scored, probs_hat = _memoized(score_metrics, (logits, logits_hat, *masks, v, t), logits, logits_hat, kept, v, t)
+    out = {**_memoized(key_metrics, (k, k_hat), k, k_hat), **_memoized(value_metrics, (v, v_hat, probs, t),
                                                                             v, v_hat, probs, t), **scored}
     out.update(error_point(t, weighted_values(probs_hat, v_hat), "t"))
     names = METRIC_NAMES if kept is None else METRIC_NAMES + EVICTION_METRIC_NAMES
@@ -283,5 +283,5 @@ def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torc
 _PARTS = IdentityMemo(24)   # a chunk's parts at one budget: every codec's K, V and scores, with room
 
 
-def _remembered(part, tensors: tuple[torch.Tensor, ...], *args):
-    return _PARTS.remembered(tensors, lambda: part(*args), part.__name__)
+def _memoized(part, tensors: tuple[torch.Tensor, ...], *args):
+    return _PARTS.get_or_compute(tensors, lambda: part(*args), part.__name__)

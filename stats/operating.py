@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .levels import ALPHA
+from .margins import ALPHA
 from .metrics import SIX_D
 from .validation import VERDICTS, TrialSample, validate_samples
 

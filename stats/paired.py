@@ -1,6 +1,6 @@
 """Tests of two samples that ran on the same data trial by trial (paired rows).
 
-Rows of one setting share their K, V and Q draws (stats.cells), so schemes, budgets and storage
+Rows of one setting share their K, V and Q draws (kvcommon.rows), so schemes, budgets and storage
 levels of a setting are compared on per-trial differences: the Wilcoxon signed-rank test and
 the matched-pairs rank-biserial correlation as its effect size (Kerby 2014), the paired
 analogue of the Mann–Whitney U test and Cliff's δ used for unpaired samples.

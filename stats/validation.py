@@ -76,11 +76,11 @@ import pandas as pd
 from scipy import stats as _sps
 from scipy.spatial.distance import cdist
 
-from .cells import CELL_COLUMNS
+from kvcommon.rows import CELL_COLUMNS
 from .energy import EnergyResult, energy_test, paired_energy_test
 from .equal_storage import TOLERANCE, storage_column
 from .inference import holm, wilcoxon_signed_rank
-from .levels import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
+from .margins import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
 from .metrics import SIX_D
 
 IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")

@@ -11,7 +11,7 @@ import torch
 
 from stats import claims as C
 from stats.claims.framework import _basis
-from stats.levels import SMALLEST_EFFECT
+from stats.margins import SMALLEST_EFFECT
 from stats.metrics import SIX_D, relative_mse
 
 N = 30

@@ -19,7 +19,7 @@ TINY = ["run", "--dim", "16", "--seq-len", "16", "--queries", "4", "--trials", "
     (["--scenario", "gaussian", "--scheme", "all,-nope"], "exclusions -NAME of known names, not '-nope'"),
     (["--scenario", "gaussian", "--scheme", "all,tq-kv"], "'tq-kv' is already part of 'all'"),
     (["--scenario", "gaussian", "--scheme", "all,nope"], "unknown name 'nope' after 'all'"),
-    (["--scenario", "gaussian", "--scheme", "all,-" + ",-".join(schemes.registry.everyday())], "excludes every name"),
+    (["--scenario", "gaussian", "--scheme", "all,-" + ",-".join(schemes.registry.all_schemes())], "excludes every name"),
     (["--scenario", "heavy_tail:dof=x", "--scheme", "tq-kv"], "dof='x' is not a float"),
     (["--scenario", "heavy_tail:nope=1", "--scheme", "tq-kv"], "unknown parameter 'nope'; valid: alpha, dof"),
     (["--scenario", "heavy_tail:dof=-1", "--scheme", "tq-kv"], "must be positive"),
@@ -41,7 +41,7 @@ def test_all_plus_a_name_outside_all_runs_both(tmp_path):
                  "--seq-len", "32", "--out", str(out)]) == 0
     with sqlite3.connect(out / "results.sqlite") as con:
         stored = {s for (s,) in con.execute("SELECT DISTINCT scheme FROM trials")}
-    assert stored == set(schemes.registry.everyday()) - {"shard", "shard-pca-decode"} | {"kvpress:KnormPress"}
+    assert stored == set(schemes.registry.all_schemes()) - {"shard", "shard-pca-decode"} | {"kvpress:KnormPress"}
 
 
 def test_all_skips_the_codecs_a_dim_excludes_and_says_which(tmp_path, capsys):

@@ -396,7 +396,7 @@ def test_resume_after_a_kill_between_the_last_commit_and_the_manifest_completes_
     manifest = json.loads((out / "manifest.json").read_text())
     cells = RunStore(out).cells()
     assert manifest["finished_at"] == max(cells["finished_at"])             # when its last cell was stored
-    from stats.cells import CELL_COLUMNS
+    from kvcommon.rows import CELL_COLUMNS
     assert set(manifest["peak_mem_mb_per_cell"]) == {"/".join(map(str, k)) for k in
                                                      cells[list(CELL_COLUMNS)].itertuples(index=False)}
     assert "resumed_at" not in manifest

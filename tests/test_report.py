@@ -607,7 +607,7 @@ def test_significance_heatmap_labels_are_readable_on_the_pdf_page():
     from reports.pdf import page_scale
     from reports.styles import scheme_styles
 
-    names = schemes.registry.everyday()
+    names = schemes.registry.all_schemes()
     rng = np.random.default_rng(3)
     rows = []
     for name in names:

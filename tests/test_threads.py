@@ -62,7 +62,7 @@ def test_rows_identical_with_and_without_small_linalg(impl):
     rows with the thread limits on and off. Torch runs on one thread in both runs: MKL's LAPACK
     (torch on the CPU) changes its last bits with the thread count, which is a separate matter
     (test_rows_do_not_depend_on_torch_threads); NumPy's OpenBLAS runs at its default in both."""
-    names = tuple(schemes.registry.everyday()) if impl == "torch" else tuple(reference_available())
+    names = tuple(schemes.registry.all_schemes()) if impl == "torch" else tuple(reference_available())
     with torch_threads(1):
         with threads.enabled(False):
             before = _sweep_rows(impl, names)
@@ -77,7 +77,7 @@ def test_rows_do_not_depend_on_torch_threads():
     torch's thread count (MKL's QR and eigh alone change their last bits with it, and an
     eigenvector's sign with them, which redraws a sign-sensitive sketch: before the threads
     module, sketched SQ, Shard and SVD rows depended on the machine's core count)."""
-    names = tuple(schemes.registry.everyday())   # kvpress presses run no small linear algebra of ours
+    names = tuple(schemes.registry.all_schemes())   # kvpress presses run no small linear algebra of ours
     runs = []
     for n in (1, 3):
         with torch_threads(n):

@@ -164,7 +164,7 @@ def check_out_dir(out: Path, command: str, advice: str) -> None:
 
 def add_margin_arguments(p) -> None:
     """--margin and --spread-margin of the commands that give verdicts (stats/validation.py)."""
-    from stats.levels import SMALLEST_EFFECT, SPREAD_MARGIN
+    from stats.margins import SMALLEST_EFFECT, SPREAD_MARGIN
     p.add_argument("--margin", type=float, default=SMALLEST_EFFECT,
                    help=f"smallest effect of interest on a metric's mean, in its pooled trial-to-trial standard "
                         f"deviations (default {SMALLEST_EFFECT})")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stats.levels import ALPHA
+from stats.margins import ALPHA
 
 from ..errors import UsageError
 from ._args import add_margin_arguments, check_spread_margin, check_test_options

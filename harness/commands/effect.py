@@ -20,7 +20,7 @@ HELP = "end-to-end effect: a scheme inside all-MiniLM-L6-v2's attention vs the u
 
 
 def add_arguments(p):
-    p.add_argument("--scheme", type=comma_list(str, schemes.registry.everyday, why=schemes.registry.unavailable_reason,
+    p.add_argument("--scheme", type=comma_list(str, schemes.registry.all_schemes, why=schemes.registry.unavailable_reason,
                                                  known=schemes.is_registered), default=None,
                    help="NAME[,NAME...] or all (required unless --recommendation)")
     p.add_argument("--recommendation", type=Path, default=None,

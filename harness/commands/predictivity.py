@@ -43,7 +43,7 @@ def add_arguments(p):
     p.add_argument("capture", type=Path, help="capture FILE.safetensors or .npz (harness capture)")
     p.add_argument("--spec", type=Path, required=True, help="its fitted spec SPEC.json (harness fit --out)")
     p.add_argument("--layers", type=comma_list(int), default=None, help="layers (default: all of the spec)")
-    p.add_argument("--scheme", type=comma_list(str, schemes.registry.everyday, known=schemes.is_registered),
+    p.add_argument("--scheme", type=comma_list(str, schemes.registry.all_schemes, known=schemes.is_registered),
                    default=DEFAULT_SCHEMES, help=f"codecs (default {','.join(DEFAULT_SCHEMES)})")
     p.add_argument("--budget", type=comma_list(int), default=(2, 3, 4, 5), help="nominal bits (default 2,3,4,5)")
     p.add_argument("--levels", default="3.5,4.5", help="storage levels, bits per element (default 3.5,4.5)")

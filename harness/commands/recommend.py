@@ -24,7 +24,7 @@ def add_arguments(p):
     p.add_argument("capture", type=Path, help="capture FILE.safetensors or .npz (harness capture)")
     p.add_argument("--bits", type=float, required=True, help="average measured storage, bits per element")
     p.add_argument("--layers", type=comma_list(int), default=None, help="layers (default: all)")
-    p.add_argument("--scheme", type=comma_list(str, schemes.registry.everyday, known=schemes.is_registered),
+    p.add_argument("--scheme", type=comma_list(str, schemes.registry.all_schemes, known=schemes.is_registered),
                    default=DEFAULT_SCHEMES, help=f"codecs (default {','.join(DEFAULT_SCHEMES)})")
     p.add_argument("--budget", type=comma_list(int), default=(2, 3, 4, 5), help="nominal bits (default 2,3,4,5)")
     p.add_argument("--trials", type=int, default=20, help="windows per half and cell (default 20)")

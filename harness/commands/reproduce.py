@@ -7,7 +7,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from stats.levels import ALPHA
+from stats.margins import ALPHA
 
 from ..devices import DEVICES
 from ..errors import UsageError

@@ -33,7 +33,7 @@ def add_arguments(p):
     p.add_argument("--scenario", type=comma_list(str, scenarios.available, scenarios.create),
                    help="NAME[,NAME...] or all (all,-NAME excludes one); parameters after colons, e.g. "
                         "heavy_tail:dof=5 or lowrank_aligned:rank=4:noise=0.05; replay:FILE[:layer=N]")
-    p.add_argument("--scheme", type=comma_list(str, schemes.registry.everyday, why=schemes.registry.unavailable_reason,
+    p.add_argument("--scheme", type=comma_list(str, schemes.registry.all_schemes, why=schemes.registry.unavailable_reason,
                                                known=schemes.is_registered),
                    help="NAME[,NAME...] or all (the built-in codecs and entry-point plug-ins; an optional family's "
                         "members such as kvpress:SnapKVPress by name); all,-shard,-svd excludes those. With all, codecs that cannot "

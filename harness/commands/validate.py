@@ -23,7 +23,7 @@ from pathlib import Path
 
 import scenarios
 import schemes
-from stats.levels import ALPHA
+from stats.margins import ALPHA
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError

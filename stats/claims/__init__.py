@@ -7,7 +7,7 @@ verdict and reason, the claims table); paper.py states the claims and the paper'
 other module judges one claim (claims 2 and 3, and 5 and 12, share one). The names below are the
 package's interface: `from stats import claims as C; C.claim_jensen(...)`.
 """
-from ..levels import ALPHA
+from ..margins import ALPHA
 from .d_eff import RANK_MARGIN, claim_d_eff
 from .framework import (CLAIM_COLUMNS, METRIC, N_BOOT, OUTCOMES, STORAGE_SLACK, TEST_COLUMNS, VERDICTS, ClaimResult,
                         claims_frame, format_claims, lacking, paired_row, tests_frame, unpaired_row)

@@ -9,7 +9,7 @@ comparison (`tests`), the headline effect with its 95 % CI and a verdict with it
 
 The rule, the same for every claim (the *shape* of stats/validation.py):
 1. Every comparison of a claim states the direction the claim predicts (`expect`). Rows of one
-   setting (scenario, d, S, Nq, n_cal) share their K, V and Q draws (stats.cells), so codecs,
+   setting (scenario, d, S, Nq, n_cal) share their K, V and Q draws (kvcommon.rows), so codecs,
    budgets, calibration sizes and query temperatures of a setting are compared trial by trial:
    Wilcoxon signed-rank, effect = mean paired difference with a bootstrap 95 % CI
    (stats.paired). Rows of different settings (another d, another scenario) are compared with
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..cells import SETTING_COLUMNS
+from kvcommon.rows import SETTING_COLUMNS
 from ..equal_storage import TOLERANCE
 from ..inference import as_generator, bootstrap_ci, cliffs_delta, holm, mann_whitney, tost
-from ..levels import ALPHA
+from ..margins import ALPHA
 from ..paired import rank_biserial, wilcoxon
 from .paper import CLAIMS
 

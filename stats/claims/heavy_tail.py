@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..levels import SMALLEST_EFFECT
+from ..margins import SMALLEST_EFFECT
 from .framework import (METRIC, ClaimResult, _cells, _family, _headline, _missing, _name, _not_below, _pooled_sd,
                         _result, _settings, _standard_verdict, _where, lacking, paired_row, unpaired_row)
 from .paper import SQ_CODECS

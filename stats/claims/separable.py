@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..levels import ALPHA
+from ..margins import ALPHA
 from ..validation import same_data, validate_samples
 from .framework import (METRIC, ClaimResult, _aligned, _describe, _family, _result, _standard_verdict, lacking,
                         paired_row, unpaired_row)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..cells import SETTING_COLUMNS
+from kvcommon.rows import SETTING_COLUMNS
 from ..equal_storage import STORAGE, at_storage, storage_column
 from .framework import (METRIC, ClaimResult, _aligned, _describe, _family, _headline, _missing, _name, _no_comparison,
                         _result, _standard_verdict, _summary, _where, lacking, paired_row)
