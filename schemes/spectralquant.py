@@ -235,33 +235,32 @@ def _values(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.dtype, t.detach().cpu().contiguous().numpy().tobytes()
 
 
-def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes (B, H, S, d), their packed stream (B, bytes)) of the scaled coordinates at the
-    widths (B, H, d): remembered for the very coordinates and the widths' values, so two codings
-    that allocate alike share them (squ-qkv at budget b and squ-kv at b − 1 give K's semantic
-    coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
-    return _QUANTISED.remembered((scaled,), lambda: _search_and_pack(scaled, widths), _values(widths.to(torch.uint8)))
+def _quantised(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 codes (B, H, S, d), their packed stream (B, bytes)) of the coordinates z divided by
+    σ (B, H, d) at the widths (B, H, d): remembered for the very coordinates and the values of the
+    widths and σ, so two codings that allocate alike share them (squ-qkv at budget b and squ-kv at
+    b − 1 give K's semantic coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
+    tag = (_values(widths.to(torch.uint8)), _values(sigma.to(torch.float32)))
+    return _QUANTISED.remembered((z,), lambda: _search_and_pack(z, sigma, widths), tag)
 
 
-def _search_and_pack(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """_nearest_centroids and pack_variable: in one compiled pass on the CPU in float32
-    (schemes/cpu_loops.py: the same table, comparisons and stream), by torch passes elsewhere."""
-    cpu_loops = taking(scaled) if scaled.dtype == torch.float32 else None
-    if cpu_loops is not None:
-        table, last, block_cell, per_unit = _threshold_grid_float32("cpu")
-        return cpu_loops.variable_codes(scaled, widths, _CLAMP, per_unit, block_cell, table, last)
-    idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
+def _search_and_pack(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """z / σ, _nearest_centroids and pack_variable: in one compiled pass on the CPU in float32 and
+    float64 (schemes/spectralquant_cpu.py: the same operations, table, comparisons and stream), by
+    torch passes elsewhere."""
+    from . import spectralquant_cpu
+    if spectralquant_cpu.takes(z):
+        return spectralquant_cpu.codes(z, sigma, widths)
+    idx = _nearest_centroids(z / sigma.to(z.dtype).unsqueeze(-2), widths.unsqueeze(-2))
     return idx, pack_variable(idx, widths)
 
 
-def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z = Qᵀu, z/σ), (B, H, S, d) each: the coordinates every coding of x under one calibration
-    quantises, whatever its budget, allocation or sketch (the basis and σ are the calibration's,
-    shared by the sq and squ cells of a chunk); remembered for the very x and calibration."""
-    def project() -> tuple[torch.Tensor, torch.Tensor]:
-        z = unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype)
-        return z, z / cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
-    return _COORDINATES.remembered((x, cal.basis, cal.sigma), project)
+def _coordinates(x: torch.Tensor, cal: Calibration) -> torch.Tensor:
+    """z = Qᵀu (B, H, S, d): the coordinates every coding of x under one calibration quantises,
+    whatever its budget, allocation or sketch (the basis is the calibration's, shared by the sq
+    and squ cells of a chunk); remembered for the very x and basis."""
+    return _COORDINATES.remembered(
+        (x, cal.basis), lambda: unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype))
 
 
 @dataclass
@@ -422,7 +421,7 @@ class SpectralQuant(PerTensorScheme):
             raise ValueError(f"fitted on (B, H) = {tuple(cal.widths.shape[:2])} but asked to encode "
                              f"(B, H) = {(b, h)}; fit on calibration data of the same trials")
         norms = unit_rows(x)[1]
-        z, scaled = _coordinates(x, cal)
+        z = _coordinates(x, cal)
         sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
         widths = cal.widths.to(x.device)
         for width in torch.unique(widths).tolist():
@@ -433,7 +432,7 @@ class SpectralQuant(PerTensorScheme):
                 needs = (widths == width).flatten(1).any(-1) * stored_bits(book)                    # (B,)
                 enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
                 enc.model.add(key)
-        idx, packed = _quantised(scaled, widths)
+        idx, packed = _quantised(z, cal.sigma.to(x.device), widths)
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
         enc.codes[f"{prefix}.codes"] = packed
         # each trial's own stream, in whole bytes (the batch pads to the longest one)

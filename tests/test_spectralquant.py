@@ -511,25 +511,31 @@ def test_sketches_are_drawn_per_trial_index(impl):
     assert not torch.equal(moved.encode(one["k"], one["v"]).codes["k.sketch_seed"], enc_alone.codes["k.sketch_seed"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(2, 3, 20, 33), (3, 1, 64, 16), (9, 2, 64, 64)])
-def test_the_compiled_search_and_pack_equal_the_torch_passes(shape):
-    """cpu_loops.variable_codes (the CPU float32 path) gives _nearest_centroids' codes and
-    pack_variable's stream, on the thresholds' float32 neighbours, ±inf, NaN, values beyond the
-    clamp, tokens not a multiple of 8 and a batch large enough to be split across threads."""
-    from schemes import cpu_loops
+def test_the_fused_division_search_and_pack_equal_the_torch_passes(shape, dtype):
+    """spectralquant_cpu.codes (the CPU path) gives the codes of _nearest_centroids(z / σ) and
+    pack_variable's stream, in float32 and float64, on the thresholds' neighbours in the dtype
+    (after the division by σ), ±inf, NaN, values beyond the clamp, σ of every scale, tokens not a
+    multiple of 8 and a batch large enough to be split across threads."""
+    from schemes import spectralquant_cpu
     from schemes.packing import pack_variable
-    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids, _threshold_grid_float32
+    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids
     thresholds, first = _all_thresholds("cpu")
-    t32 = torch.cat([(thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w) for w in range(1, 9)]).to(torch.float32)
-    edges = torch.cat((t32, torch.nextafter(t32, t32 + 1), torch.nextafter(t32, t32 - 1),
-                       torch.tensor([math.inf, -math.inf, math.nan, _CLAMP, -_CLAMP, 1e30, -1e30, 0.0, -0.0, 1e-30])))
+    t = torch.cat([(thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w) for w in range(1, 9)]).to(dtype)
+    edges = torch.cat((t, torch.nextafter(t, t + 1), torch.nextafter(t, t - 1),
+                       torch.tensor([math.inf, -math.inf, math.nan, _CLAMP, -_CLAMP, 1e30, -1e30, 0.0, -0.0, 1e-30],
+                                    dtype=dtype)))
     gen = torch.Generator().manual_seed(11)
-    y = torch.randn(shape, generator=gen) * 2
+    y = (torch.randn(shape, generator=gen, dtype=torch.float64) * 2).to(dtype)
     y.view(-1)[:edges.numel()] = edges[:y.numel()]
+    sigma = (10.0 ** (torch.rand(shape[0], shape[1], shape[3], generator=gen, dtype=torch.float64) * 8 - 4)).to(
+        torch.float32)
+    sigma[0] = 1.0                                  # trial 0 (where the edges lie) divided by 1: kept as they are
+    z = y * sigma.to(dtype).unsqueeze(-2)           # z / σ lands on (or, rounded, beside) the edges
     widths = torch.randint(0, 9, (shape[0], shape[1], shape[3]), generator=gen)
-    table, last, block_cell, per_unit = _threshold_grid_float32("cpu")
-    codes, stream = cpu_loops.variable_codes(y, widths, _CLAMP, per_unit, block_cell, table, last)
-    expected = _nearest_centroids(y, widths.unsqueeze(-2))
+    codes, stream = spectralquant_cpu.codes(z, sigma, widths)
+    expected = _nearest_centroids(z / sigma.to(dtype).unsqueeze(-2), widths.unsqueeze(-2))
     assert codes.dtype == torch.uint8 and torch.equal(codes, expected)
     assert torch.equal(stream, pack_variable(expected, widths))
 
@@ -554,3 +560,29 @@ def test_the_compiled_dequantise_equals_the_torch_passes(dtype, codes_dtype, mon
     monkeypatch.setattr(cpu_loops, "SUPPORTED", ())
     slow = SpectralQuant._dequantise(enc, idx.clone(), widths, sigma, dtype)
     assert fast.dtype == dtype and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["sq-kv", "sq-qkv", "squ-kqv"])
+def test_the_fused_passes_store_and_decode_the_torch_passes_bits(name, dtype, monkeypatch):
+    """A cache coded with the fused CPU passes (spectralquant_cpu) and with the torch passes
+    (spectralquant_cpu.SUPPORTED emptied) stores the same codes, stream, norms and sketches and
+    decodes to the same bits, at every budget the sweep runs, with a zero row and a row of NaN."""
+    from schemes import spectralquant_cpu
+    data = _draw("spectral_decay", n_trials=3, seq_len=24, dim=32)
+    k, v = data["k"].to(dtype), data["v"].to(dtype)
+    k[0, 0, 0] = 0
+    v[1, 0, 3, 5] = math.nan
+    for budget in (2, 3, 4):
+        scheme = schemes.create(name, budget=budget, dim=32).fit(data["k_cal"].to(dtype), data["v_cal"].to(dtype))
+        fused = scheme.encode(k, v)
+        fused_out = scheme.decode(fused)
+        with monkeypatch.context() as m:
+            m.setattr(spectralquant_cpu, "SUPPORTED", ())
+            plain = scheme.encode(k.clone(), v.clone())      # fresh tensors: nothing remembered from the fused run
+            plain_out = scheme.decode(plain)
+        assert fused.codes.keys() == plain.codes.keys()
+        for key in fused.codes:                              # NaN (v's norm, its decoded row) as 7
+            assert torch.equal(fused.codes[key].nan_to_num(7.0), plain.codes[key].nan_to_num(7.0)), key
+        for a, b in zip(fused_out, plain_out):
+            assert a.dtype == dtype and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
