@@ -226,6 +226,7 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
 
 
 _COORDINATES = IdentityMemo(4)
+_UNIT_ROWS = IdentityMemo(4)    # K and V of the current chunk, with room
 _QUANTISED = IdentityMemo(16)   # the codes of K and V at a chunk's last budgets (4 codings each), with room
 _DEQUANTISED = IdentityMemo(8)
 
@@ -255,12 +256,22 @@ def _search_and_pack(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor)
     return idx, pack_variable(idx, widths)
 
 
+def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """unit_rows(x): by the fused pass on the CPU (spectralquant_cpu.unit_rows, the same bits),
+    remembered for the very x (_UNIT_ROWS: encode's norms and coordinates, every cell of a chunk);
+    by schemes/unit_rows.py's passes elsewhere. Shared: never written in place."""
+    from . import spectralquant_cpu
+    if not spectralquant_cpu.unit_rows_take(x):
+        return unit_rows(x)
+    return _UNIT_ROWS.remembered((x,), lambda: spectralquant_cpu.unit_rows(x))
+
+
 def _coordinates(x: torch.Tensor, cal: Calibration) -> torch.Tensor:
     """z = Qᵀu (B, H, S, d): the coordinates every coding of x under one calibration quantises,
     whatever its budget, allocation or sketch (the basis is the calibration's, shared by the sq
     and squ cells of a chunk); remembered for the very x and basis."""
     return _COORDINATES.remembered(
-        (x, cal.basis), lambda: unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype))
+        (x, cal.basis), lambda: _unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype))
 
 
 @dataclass
@@ -420,7 +431,7 @@ class SpectralQuant(PerTensorScheme):
         if tuple(cal.widths.shape[:2]) != (b, h):
             raise ValueError(f"fitted on (B, H) = {tuple(cal.widths.shape[:2])} but asked to encode "
                              f"(B, H) = {(b, h)}; fit on calibration data of the same trials")
-        norms = unit_rows(x)[1]
+        norms = _unit_rows(x)[1]
         z = _coordinates(x, cal)
         sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
         widths = cal.widths.to(x.device)

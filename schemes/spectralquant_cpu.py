@@ -11,8 +11,13 @@ lookup and one comparison) and appends it, b_i bits, to the trial's stream
 three passes. Every element goes through the torch passes' operations in their order and
 dtype, so the codes and the stream have their bits.
 
-Rows are split across the torch thread budget by trial (cpu_loops._by_row_blocks): a trial's
-stream is one bit stream, so a trial is the unit that writes whole bytes of its own.
+Before it, unit_rows(x) (the unit rows and norms the projection and the stored norms take) in
+one pass per row in place of six (|x|, its maximum, the division, the norm, the second division):
+the peak as turboquant_cpu finds it, the sum of squares in torch.linalg.vector_norm's order
+(turboquant_cpu.norm_order; where no order reproduces it, schemes/unit_rows.py's passes run).
+
+Rows are split across the torch thread budget (the unit rows row by row; the codes by trial (cpu_loops._by_row_blocks): a trial's
+stream is one bit stream, so a trial is the unit that writes whole bytes of its own).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import torch
 from . import cpu_loops
 from .cpu_loops import _JIT, _by_row_blocks
 from .packing import MAX_BITS
+from .turboquant_cpu import _largest_magnitude, _sum_squares, norm_order
 
 # the dtypes the fused pass reads and writes in place (tests empty it to run the torch passes)
 SUPPORTED = (torch.float32, torch.float64)
@@ -91,6 +97,57 @@ def _code_rows(z, sigma, widths, clamp, scale, offset, cell_of_width, table, bou
             at += 1
         for j in range(at, n_bytes):
             stream[b, j] = 0
+
+
+@numba.jit(**_IEEE_JIT)
+def _unit_rows(x, x_bits, mask, held, held_bits, one, lanes, fma_tail, u, norms):  # pragma: no cover - compiled
+    """u[r] = (x[r]/p)/σ and norms[r] = p·σ in x's dtype, p = max|x[r]| (1 where not > 0: zero
+    rows, NaN), σ = ‖x[r]/p‖ summed in vector_norm's order (1 where not > 0): unit_rows' values.
+    x_bits is x viewed as signed integers of its width, mask their sign bit cleared, held and
+    held_bits one scratch element viewed as x's dtype and as those integers."""
+    n_rows, d = x.shape
+    acc = np.empty(max(lanes, 1), x.dtype)
+    for r in range(n_rows):
+        xr, ur = x[r], u[r]
+        held_bits[0] = _largest_magnitude(x_bits[r], mask)
+        peak = held[0]
+        if not peak > 0:
+            peak = one
+        for i in range(d):
+            ur[i] = xr[i] / peak
+        sigma = np.sqrt(_sum_squares(ur, lanes, fma_tail, acc))
+        norms[r] = peak * sigma
+        if not sigma > 0:
+            sigma = one
+        for i in range(d):
+            ur[i] = ur[i] / sigma
+
+
+def unit_rows_take(x: torch.Tensor) -> bool:
+    """Whether unit_rows codes x with schemes/unit_rows.py's bits: takes(x) and a known order of
+    vector_norm's sum for x's dtype and row length."""
+    return takes(x) and x.shape[-1] >= 1 and norm_order(x.dtype, x.shape[-1]) is not None
+
+
+def unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(u (..., d), ‖x‖ (...)) of x, a CPU tensor with unit_rows_take(x): schemes/unit_rows.py's
+    unit_rows in one pass per row (new tensors, not remembered)."""
+    d = x.shape[-1]
+    x = x.detach().contiguous()
+    u = torch.empty_like(x)
+    norms = torch.empty(x.shape[:-1], dtype=x.dtype)
+    if x.numel():
+        lanes, fma_tail = norm_order(x.dtype, d)
+        xr, ur, nr = x.reshape(-1, d).numpy(), u.view(-1, d).numpy(), norms.view(-1).numpy()
+        as_int = np.int32 if xr.dtype == np.float32 else np.int64
+        mask, one = as_int(np.iinfo(as_int).max), xr.dtype.type(1)
+
+        def run(start, stop):
+            held = np.zeros(1, xr.dtype)                        # one per thread
+            _unit_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int), one, lanes,
+                       fma_tail, ur[start:stop], nr[start:stop])
+        _by_row_blocks(xr.shape[0], x.numel(), run)
+    return u, norms
 
 
 def takes(z: torch.Tensor) -> bool:
