@@ -458,11 +458,15 @@ class SpectralQuant(PerTensorScheme):
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
             enc.codes[f"{prefix}.sketch_seed"] = self._sketch_seeds(prefix, x.device)
             enc.model.update((f"{prefix}.d_eff", f"{prefix}.sketch_seed"))
-            mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
             z_hat = self._dequantise(enc, idx, widths, sigma, x.dtype)
-            residual = torch.where(mask, z - z_hat, torch.zeros_like(z))
+            from . import spectralquant_cpu
+            if spectralquant_cpu.unit_rows_take(z):        # the selection and the norm in one pass, the same bits
+                residual, enc.codes[f"{prefix}.residual_norm"] = spectralquant_cpu.residual(z, z_hat, cal.d_eff)
+            else:
+                mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
+                residual = torch.where(mask, z - z_hat, torch.zeros_like(z))
+                enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
             proj = self._sketch_matrix(enc, prefix, x.dtype)
-            enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
             sketch = residual @ proj.transpose(-1, -2) >= 0                               # (B, H, S, m)
             enc.codes[f"{prefix}.sketch"] = pack_bits(sketch.to(torch.uint8), 1)
 
@@ -515,10 +519,16 @@ class SpectralQuant(PerTensorScheme):
         idx = self._codes(enc, prefix, widths)
         z_hat = self._dequantise(enc, idx, widths, sigma, enc.dtype)
         if sketched:
-            mask = _semantic_mask(enc.codes[f"{prefix}.d_eff"].to(torch.int64), self.dim).unsqueeze(-2)
             signs = unpack_bits(enc.codes[f"{prefix}.sketch"], 1, self.n_projections).to(enc.dtype) * 2 - 1
+            product = signs @ self._sketch_matrix(enc, prefix, enc.dtype)
+            d_eff = enc.codes[f"{prefix}.d_eff"].to(torch.int64)
+            from . import spectralquant_cpu
+            if spectralquant_cpu.takes(z_hat):            # product, selection and sum in one pass, the same bits
+                return spectralquant_cpu.corrected(z_hat, product, enc.codes[f"{prefix}.residual_norm"],
+                                                   qjl.sketch_scale(self.n_projections), d_eff), basis
+            mask = _semantic_mask(d_eff, self.dim).unsqueeze(-2)
             r = enc.codes[f"{prefix}.residual_norm"].to(enc.dtype).unsqueeze(-1)
-            correction = qjl.sketch_scale(self.n_projections) * r * (signs @ self._sketch_matrix(enc, prefix, enc.dtype))
+            correction = qjl.sketch_scale(self.n_projections) * r * product
             z_hat = z_hat + torch.where(mask, correction, torch.zeros_like(correction))
         return z_hat, basis
 

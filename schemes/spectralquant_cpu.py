@@ -16,7 +16,13 @@ one pass per row in place of six (|x|, its maximum, the division, the norm, the 
 the peak as turboquant_cpu finds it, the sum of squares in torch.linalg.vector_norm's order
 (turboquant_cpu.norm_order; where no order reproduces it, schemes/unit_rows.py's passes run).
 
-Rows are split across the torch thread budget (the unit rows row by row; the codes by trial (cpu_loops._by_row_blocks): a trial's
+With a QJL sketch (a `q` before k or v), the residual e = z − ẑ on the d_eff semantic
+coordinates (0 past them) and its norm in one pass (`residual`), in place of the difference,
+zeros, the selection and the norm; S·e stays a matmul. Decode adds the sketch's correction
+(√(π/2)/m·‖e‖)·(Sᵀ sign) on the semantic coordinates to ẑ in one pass (`corrected`), in place of
+the product, zeros, the selection and the sum; the back-projection stays a matmul.
+
+Rows are split across the torch thread budget (the unit rows, residuals and corrections row by row; the codes by trial (cpu_loops._by_row_blocks): a trial's
 stream is one bit stream, so a trial is the unit that writes whole bytes of its own).
 """
 from __future__ import annotations
@@ -121,6 +127,78 @@ def _unit_rows(x, x_bits, mask, held, held_bits, one, lanes, fma_tail, u, norms)
             sigma = one
         for i in range(d):
             ur[i] = ur[i] / sigma
+
+
+@numba.jit(**_IEEE_JIT)
+def _residual_rows(z, z_hat, first_row, per_head, d_eff, lanes, fma_tail, e, norms):  # pragma: no cover - compiled
+    """e[r, i] = z[r, i] − z_hat[r, i] for i < d_eff of row r's head (row first_row + r of per_head
+    rows a head), +0 past it; norms[r] = ‖e[r]‖ summed in vector_norm's order, as float32."""
+    n_rows, d = z.shape
+    acc = np.empty(max(lanes, 1), z.dtype)
+    zero = z.dtype.type(0)
+    for r in range(n_rows):
+        k = d_eff[(first_row + r) // per_head]
+        zr, hr, er = z[r], z_hat[r], e[r]
+        for i in range(d):
+            er[i] = zr[i] - hr[i] if i < k else zero
+        norms[r] = np.float32(np.sqrt(_sum_squares(er, lanes, fma_tail, acc)))
+
+
+@numba.jit(**_IEEE_JIT)
+def _corrected_rows(z_hat, product, residual_norms, scale, first_row, per_head, d_eff, out):  # pragma: no cover - compiled
+    """out[r, i] = z_hat[r, i] + c with c = (scale·residual_norms[r])·product[r, i] for i < d_eff
+    of row r's head, +0 past it: qjl's correction and its selection in torch's order and dtype."""
+    n_rows, d = z_hat.shape
+    held = np.empty(1, out.dtype)                 # the float32 norm in out's dtype, as .to(dtype) gives it
+    zero = out.dtype.type(0)
+    for r in range(n_rows):
+        k = d_eff[(first_row + r) // per_head]
+        held[0] = residual_norms[r]
+        factor = scale * held[0]
+        hr, pr, orow = z_hat[r], product[r], out[r]
+        for i in range(d):
+            orow[i] = hr[i] + (factor * pr[i] if i < k else zero)
+
+
+def _heads(d_eff: torch.Tensor) -> np.ndarray:
+    return d_eff.to(torch.int64).reshape(-1).contiguous().numpy()
+
+
+def residual(z: torch.Tensor, z_hat: torch.Tensor, d_eff: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e (B, H, S, d), ‖e‖ float32 (B, H, S)) for the coordinates z and their reconstruction ẑ
+    (B, H, S, d), CPU tensors with unit_rows_take(z), and d_eff (B, H): e = z − ẑ on the first
+    d_eff coordinates of each head and +0 past them, spectralquant's torch.where and
+    vector_norm in one pass."""
+    b, h, n, d = z.shape
+    z, z_hat = z.detach().contiguous(), z_hat.to(z.dtype).contiguous()
+    e = torch.empty_like(z)
+    norms = torch.empty(b, h, n, dtype=torch.float32)
+    if z.numel():
+        lanes, fma_tail = norm_order(z.dtype, d)
+        zr, hr, er, nr, k = z.view(-1, d).numpy(), z_hat.view(-1, d).numpy(), e.view(-1, d).numpy(), \
+            norms.view(-1).numpy(), _heads(d_eff)
+        _by_row_blocks(zr.shape[0], z.numel(), lambda a, c: _residual_rows(
+            zr[a:c], hr[a:c], a, n, k, lanes, fma_tail, er[a:c], nr[a:c]))
+    return e, norms
+
+
+def corrected(z_hat: torch.Tensor, product: torch.Tensor, residual_norms: torch.Tensor, scale: float,
+              d_eff: torch.Tensor) -> torch.Tensor:
+    """ẑ + where(semantic, scale·‖e‖·product, 0) (B, H, S, d) for ẑ and product = sign(S e)·S
+    (B, H, S, d), CPU tensors with takes(z_hat), the residual norms (B, H, S) (float32) and d_eff
+    (B, H): spectralquant's correction (scale a Python float, rounded to ẑ's dtype as torch's
+    product rounds it), its selection and the sum in one pass; a new tensor."""
+    b, h, n, d = z_hat.shape
+    z_hat, product = z_hat.contiguous(), product.to(z_hat.dtype).contiguous()
+    out = torch.empty_like(z_hat)
+    if out.numel():
+        hr, pr, orow, k = z_hat.view(-1, d).numpy(), product.view(-1, d).numpy(), out.view(-1, d).numpy(), \
+            _heads(d_eff)
+        rn = residual_norms.to(torch.float32).contiguous().view(-1).numpy()
+        kind = orow.dtype.type
+        _by_row_blocks(hr.shape[0], out.numel(), lambda a, c: _corrected_rows(
+            hr[a:c], pr[a:c], rn[a:c], kind(scale), a, n, k, orow[a:c]))
+    return out
 
 
 def unit_rows_take(x: torch.Tensor) -> bool:
