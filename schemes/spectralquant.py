@@ -534,7 +534,8 @@ class SpectralQuant(PerTensorScheme):
 
     def decode_tensor(self, enc: Encoded, prefix: str) -> torch.Tensor:
         z_hat, basis = self._z_hat(enc, prefix, self.sketch_k if prefix == "k" else self.sketch_v)
-        return (z_hat @ basis.transpose(-1, -2)) * enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1)
+        # scaled in place: the product is a new tensor, so one (B, H, S, d) allocation less, the same values
+        return (z_hat @ basis.transpose(-1, -2)).mul_(enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1))
 
     # --- protocol -----------------------------------------------------------------------------
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
