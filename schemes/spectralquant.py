@@ -471,6 +471,22 @@ class SpectralQuant(PerTensorScheme):
             enc.codes[f"{prefix}.sketch"] = pack_bits(sketch.to(torch.uint8), 1)
 
     @staticmethod
+    def _codebook_table(enc: Encoded, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, offsets): the concatenation [0, codebook(1 bit), codebook(2 bits), ...] of the
+        stored codebooks in dtype, and the position of each width's book in it ((MAX_BITS + 1,)
+        int32; 0 for width 0 and for widths not stored)."""
+        table = [torch.zeros(1, dtype=dtype, device=device)]
+        offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=device)   # + uint8 codes: int32 indices
+        position = 1
+        for width in range(1, MAX_BITS + 1):
+            key = f"codebook.{width}bit"
+            if key in enc.side:
+                offsets[width] = position
+                table.append(enc.side[key].to(dtype))
+                position += 2 ** width
+        return torch.cat(table), offsets
+
+    @staticmethod
     def _dequantise(enc: Encoded, idx: torch.Tensor, widths: torch.Tensor, sigma: torch.Tensor, dtype) -> torch.Tensor:
         """ẑ (B, H, S, d): σ_k · centroid; coordinates with 0 bits decode to 0 (the mean).
 
@@ -479,16 +495,7 @@ class SpectralQuant(PerTensorScheme):
         and the values of the widths and σ (_DEQUANTISED): a sketched coding's encode, decode and
         score, and the codings sharing its codes (_quantised), dequantise once."""
         def dequantise() -> torch.Tensor:
-            table = [torch.zeros(1, dtype=dtype, device=idx.device)]
-            offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=idx.device)   # + uint8 codes: int32 indices
-            position = 1
-            for width in range(1, MAX_BITS + 1):
-                key = f"codebook.{width}bit"
-                if key in enc.side:
-                    offsets[width] = position
-                    table.append(enc.side[key].to(dtype))
-                    position += 2 ** width
-            values = torch.cat(table)
+            values, offsets = SpectralQuant._codebook_table(enc, dtype, idx.device)
             cpu_loops = taking(values)
             if cpu_loops is not None:   # the same values as the two passes below, in one
                 return cpu_loops.dequantise_variable(idx, widths, offsets, values, sigma)
