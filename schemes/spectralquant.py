@@ -523,8 +523,15 @@ class SpectralQuant(PerTensorScheme):
     def _z_hat(self, enc: Encoded, prefix: str, sketched: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(ẑ including the QJL correction (B, H, S, d), Q (B, H, d, d))."""
         basis, widths, sigma = self._stored(enc, prefix)
-        idx = self._codes(enc, prefix, widths)
-        z_hat = self._dequantise(enc, idx, widths, sigma, enc.dtype)
+        stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
+        from . import spectralquant_cpu
+        if _CODES.get((stream, table)) is None and stream.device.type == "cpu" and \
+                spectralquant_cpu.takes(torch.empty(0, dtype=enc.dtype)):
+            # a stream not coded here: read back, looked up and scaled in one pass (the same values)
+            values, offsets = self._codebook_table(enc, enc.dtype, stream.device)
+            z_hat = spectralquant_cpu.dequantised_stream(stream, widths, enc.shape[2], offsets, values, sigma)
+        else:
+            z_hat = self._dequantise(enc, self._codes(enc, prefix, widths), widths, sigma, enc.dtype)
         if sketched:
             signs = unpack_bits(enc.codes[f"{prefix}.sketch"], 1, self.n_projections).to(enc.dtype) * 2 - 1
             product = signs @ self._sketch_matrix(enc, prefix, enc.dtype)

@@ -16,6 +16,10 @@ one pass per row in place of six (|x|, its maximum, the division, the norm, the 
 the peak as turboquant_cpu finds it, the sum of squares in torch.linalg.vector_norm's order
 (turboquant_cpu.norm_order; where no order reproduces it, schemes/unit_rows.py's passes run).
 
+Decode of a stream this process has not coded (its codes not remembered, spectralquant._CODES):
+the codes read back from the stream, looked up in the stored codebooks and scaled by σ in one
+pass per trial (`dequantised_stream`), in place of unpack_variable's passes and the lookup.
+
 With a QJL sketch (a `q` before k or v), the residual e = z − ẑ on the d_eff semantic
 coordinates (0 past them) and its norm in one pass (`residual`), in place of the difference,
 zeros, the selection and the norm; S·e stays a matmul. Decode adds the sketch's correction
@@ -158,6 +162,51 @@ def _corrected_rows(z_hat, product, residual_norms, scale, first_row, per_head, 
         hr, pr, orow = z_hat[r], product[r], out[r]
         for i in range(d):
             orow[i] = hr[i] + (factor * pr[i] if i < k else zero)
+
+
+@numba.jit(**_JIT)
+def _dequantised_stream(stream, widths, n_tokens, offsets, table, sigma, out):  # pragma: no cover - compiled
+    """out[b, h, s, i] = table[offsets[w] + code] · sigma[b, h, i] with w = widths[b, h, i] and code
+    the next w bits of stream[b] (head after head, token after token, most significant first:
+    packing.pack_variable's layout; width 0: code 0)."""
+    n_trials, n_heads, d = widths.shape
+    base = np.empty(d, np.int32)
+    for b in range(n_trials):
+        acc = np.int64(0)
+        held = 0
+        at = 0
+        for h in range(n_heads):
+            w, sg = widths[b, h], sigma[b, h]
+            for i in range(d):
+                base[i] = offsets[w[i]]
+            for t in range(n_tokens):
+                row = out[b, h, t]
+                for i in range(d):
+                    wi = np.int64(w[i])
+                    if held < wi:
+                        acc = ((acc << 8) | stream[b, at]) & 0xFFFF
+                        at += 1
+                        held += 8
+                    held -= wi
+                    code = (acc >> held) & ((np.int64(1) << wi) - 1)
+                    row[i] = table[base[i] + np.int32(code)] * sg[i]
+
+
+def dequantised_stream(stream: torch.Tensor, widths: torch.Tensor, n_tokens: int, offsets: torch.Tensor,
+                       table: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """ẑ (B, H, S, d) in table's dtype (takes(table)) of the stored stream (B, bytes) at widths
+    (B, H, d) with n_tokens = S: table[offsets[widths] + code] · σ (σ (B, H, 1, d)), the codes
+    unpack_variable reads, in one pass."""
+    b, h, d = widths.shape
+    out = torch.empty(b, h, n_tokens, d, dtype=table.dtype)
+    if out.numel():
+        st, w = stream.contiguous().numpy(), widths.to(torch.uint8).contiguous().numpy()
+        off, tb = offsets.to(torch.int32).contiguous().numpy(), table.contiguous().numpy()
+        sg = sigma.to(table.dtype).reshape(b, h, d).contiguous().numpy()
+        o = out.numpy()
+        _by_row_blocks(b, out.numel(), lambda a, c: _dequantised_stream(st[a:c], w[a:c], n_tokens, off, tb, sg[a:c],
+                                                                         o[a:c]))
+    return out
 
 
 def _heads(d_eff: torch.Tensor) -> np.ndarray:

@@ -622,3 +622,47 @@ def test_the_fused_unit_rows_equal_the_torch_passes(shape, dtype):
     u, norms = spectralquant_cpu.unit_rows(x)
     want_u, want_norms = unit_rows(x.clone())
     assert _same_bits(u, want_u) and _same_bits(norms, want_norms)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 21, 33), (9, 2, 64, 64)])
+def test_the_fused_stream_decode_equals_unpacking_and_the_lookup(shape, dtype):
+    """spectralquant_cpu.dequantised_stream reads the codes unpack_variable reads (widths 0–8,
+    tokens not a multiple of 8, trials of unequal stream lengths, a batch split across threads)
+    and gives the lookup and product of SpectralQuant's torch passes."""
+    from schemes import spectralquant_cpu
+    from schemes.lloyd_max import gaussian_codebook
+    gen = torch.Generator().manual_seed(14)
+    b, h, s_, d = shape
+    widths = torch.randint(0, 9, (b, h, d), generator=gen)
+    idx = (torch.rand(b, h, s_, d, generator=gen) * (2 ** widths.unsqueeze(-2))).to(torch.int64)
+    stream = pack_variable(idx, widths)
+    assert torch.equal(unpack_variable(stream, widths, s_), idx)
+    sigma = (torch.rand(b, h, 1, d, generator=gen, dtype=torch.float64) * 3).to(dtype)
+    enc = Encoded((b, h, s_, d), dtype)
+    for w in range(1, 9):
+        enc.side[f"codebook.{w}bit"] = torch.tensor(gaussian_codebook(w, 1.0).centroids, dtype=torch.float32)
+    values, offsets = SpectralQuant._codebook_table(enc, dtype, "cpu")
+    fused = spectralquant_cpu.dequantised_stream(stream, widths, s_, offsets, values, sigma)
+    expected = values[(offsets[widths].unsqueeze(-2) + idx).to(torch.int64)] * sigma
+    assert fused.dtype == dtype and torch.equal(fused, expected)
+
+
+@pytest.mark.parametrize("name", ["sq-kv", "sq-qkv"])
+def test_a_stream_coded_elsewhere_decodes_to_the_same_bits(name, monkeypatch):
+    """Decoding a copy of the stored codes (not remembered from encode: read back from the stream
+    by the fused pass) gives the decode of the original, and that of the torch passes."""
+    from schemes import spectralquant_cpu
+    data = _draw("spectral_decay", n_trials=3, seq_len=20, dim=32)
+    scheme = schemes.create(name, budget=3, dim=32).fit(data["k_cal"], data["v_cal"])
+    enc = scheme.encode(data["k"], data["v"])
+    warm = scheme.decode(enc)
+    copy = Encoded(enc.shape, enc.dtype)
+    copy.codes = {key: t.clone() for key, t in enc.codes.items()}
+    copy.side = dict(enc.side)
+    cold = scheme.decode(copy)
+    monkeypatch.setattr(spectralquant_cpu, "SUPPORTED", ())
+    copy.codes = {key: t.clone() for key, t in enc.codes.items()}
+    plain = scheme.decode(copy)
+    for a, b, c in zip(warm, cold, plain):
+        assert torch.equal(a, b) and torch.equal(a, c)
