@@ -179,50 +179,6 @@ def _dequantize_rows(packed, centroids, width, out):  # pragma: no cover - compi
 
 
 @numba.jit(**_JIT)
-def _variable_rows(y, widths, clamp, per_unit, block_cell, table, last, codes, stream):  # pragma: no cover - compiled
-    """SpectralQuant's codes and streams, trial by trial: codes[b, h, s, i] the index of the
-    nearest centroid of the Gaussian codebook of width widths[b, h, i] by spectralquant's float32
-    table (y clamped to ±clamp, NaN to +clamp; cell floor(y·per_unit) + block_cell[w]; index
-    table[cell] + [last[cell] < y]), and stream[b] the codes of widths[b, h, i] bits each, head
-    after head, token after token, most significant bit first, zero-padded (packing.pack_variable)."""
-    n_trials, n_heads, n_tokens, d = y.shape
-    n_bytes = stream.shape[1]
-    lo, hi = np.float32(-clamp), np.float32(clamp)
-    scale = np.float32(per_unit)
-    for b in range(n_trials):
-        acc = np.int64(0)
-        held = 0
-        at = 0
-        for h in range(n_heads):
-            w = widths[b, h]
-            for t in range(n_tokens):
-                for i in range(d):
-                    v = y[b, h, t, i]
-                    if v != v:
-                        v = hi
-                    elif v < lo:
-                        v = lo
-                    elif v > hi:
-                        v = hi
-                    c = np.int32(np.floor(v * scale)) + block_cell[w[i]]
-                    q = np.int64(table[c]) + np.int64(last[c] < v)
-                    codes[b, h, t, i] = q
-                    if w[i]:
-                        acc = (acc << w[i]) | q
-                        held += w[i]
-                        if held >= 8:
-                            held -= 8
-                            stream[b, at] = (acc >> held) & 255
-                            acc &= (1 << held) - 1
-                            at += 1
-        if held:
-            stream[b, at] = (acc << (8 - held)) & 255
-            at += 1
-        for j in range(at, n_bytes):
-            stream[b, j] = 0
-
-
-@numba.jit(**_JIT)
 def _butterflies(buf, d):  # pragma: no cover - compiled
     """buf[:] = H buf (unnormalised Walsh–Hadamard, Sylvester ordering) by log2(d) butterfly
     stages h = 1, 2, 4, ..., each pair (i, i + h) of a block of 2h becoming (a + b, a − b): the
@@ -417,13 +373,16 @@ def _kmeans_pp_rows(points, u, first, picks):  # pragma: no cover - compiled
 def _dequantise_variable(idx, widths, offsets, table, sigma, out):  # pragma: no cover - compiled
     """out[b, h, s, i] = table[offsets[widths[b, h, i]] + idx[b, h, s, i]] · sigma[b, h, i]."""
     n_trials, n_heads, n_tokens, d = idx.shape
+    base = np.empty(d, np.int32)                 # offsets[widths] of a head, looked up once (0.87 -> 0.66 ms, 1 M codes)
     for b in range(n_trials):
         for h in range(n_heads):
             w, sg = widths[b, h], sigma[b, h]
+            for i in range(d):
+                base[i] = offsets[w[i]]
             for t in range(n_tokens):
                 codes, row = idx[b, h, t], out[b, h, t]
                 for i in range(d):
-                    row[i] = table[offsets[w[i]] + codes[i]] * sg[i]
+                    row[i] = table[base[i] + np.int32(codes[i])] * sg[i]
 
 
 def _rows(t: torch.Tensor) -> np.ndarray:
@@ -478,25 +437,6 @@ def grid_pack(y: torch.Tensor, lo: float, hi: float, inv_h: float, origin: float
         _by_row_blocks(yr.shape[0], y.numel(),
                        lambda a, b: _grid_rows(yr[a:b], lo, hi, inv_h, origin, f, c, width, cr[a:b], pr[a:b]))
     return packed, codes
-
-
-def variable_codes(y: torch.Tensor, widths: torch.Tensor, clamp: float, per_unit: int, block_cell: torch.Tensor,
-                   table: torch.Tensor, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes (B, H, S, d), stream uint8 (B, bytes)) of float32 y (B, H, S, d) on the CPU at
-    widths (B, H, d), by spectralquant's float32 table (block_cell int32, table uint8, last
-    float32): spectralquant._nearest_centroids and packing.pack_variable in one pass."""
-    y = y.detach().contiguous()
-    widths = widths.to(torch.uint8).contiguous()
-    n_tokens = y.shape[2]
-    longest = int(widths.to(torch.int64).sum((-1, -2)).max()) * n_tokens if widths.numel() else 0
-    codes = torch.empty(y.shape, dtype=torch.uint8)
-    stream = torch.empty(y.shape[0], (longest + 7) // 8, dtype=torch.uint8)
-    if y.numel():
-        yn, wn, cn, sn = y.numpy(), widths.numpy(), codes.numpy(), stream.numpy()
-        bc, tb, la = block_cell.numpy(), table.numpy(), last.numpy()
-        _by_row_blocks(yn.shape[0], y.numel(), lambda a, b: _variable_rows(
-            yn[a:b], wn[a:b], clamp, per_unit, bc, tb, la, cn[a:b], sn[a:b]))
-    return codes, stream
 
 
 def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int, n: int) -> torch.Tensor:

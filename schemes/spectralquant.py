@@ -226,6 +226,7 @@ def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
 
 
 _COORDINATES = IdentityMemo(4)
+_UNIT_ROWS = IdentityMemo(4)    # K and V of the current chunk, with room
 _QUANTISED = IdentityMemo(16)   # the codes of K and V at a chunk's last budgets (4 codings each), with room
 _DEQUANTISED = IdentityMemo(8)
 
@@ -235,33 +236,42 @@ def _values(t: torch.Tensor) -> tuple:
     return tuple(t.shape), t.dtype, t.detach().cpu().contiguous().numpy().tobytes()
 
 
-def _quantised(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes (B, H, S, d), their packed stream (B, bytes)) of the scaled coordinates at the
-    widths (B, H, d): remembered for the very coordinates and the widths' values, so two codings
-    that allocate alike share them (squ-qkv at budget b and squ-kv at b − 1 give K's semantic
-    coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
-    return _QUANTISED.get_or_compute((scaled,), lambda: _search_and_pack(scaled, widths), _values(widths.to(torch.uint8)))
+def _quantised(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 codes (B, H, S, d), their packed stream (B, bytes)) of the coordinates z divided by
+    σ (B, H, d) at the widths (B, H, d): remembered for the very coordinates and the values of the
+    widths and σ, so two codings that allocate alike share them (squ-qkv at budget b and squ-kv at
+    b − 1 give K's semantic coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
+    tag = (_values(widths.to(torch.uint8)), _values(sigma.to(torch.float32)))
+    return _QUANTISED.get_or_compute((z,), lambda: _search_and_pack(z, sigma, widths), tag)
 
 
-def _search_and_pack(scaled: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """_nearest_centroids and pack_variable: in one compiled pass on the CPU in float32
-    (schemes/cpu_loops.py: the same table, comparisons and stream), by torch passes elsewhere."""
-    cpu_loops = taking(scaled) if scaled.dtype == torch.float32 else None
-    if cpu_loops is not None:
-        table, last, block_cell, per_unit = _threshold_grid_float32("cpu")
-        return cpu_loops.variable_codes(scaled, widths, _CLAMP, per_unit, block_cell, table, last)
-    idx = _nearest_centroids(scaled, widths.unsqueeze(-2))
+def _search_and_pack(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """z / σ, _nearest_centroids and pack_variable: in one compiled pass on the CPU in float32 and
+    float64 (schemes/spectralquant_cpu.py: the same operations, table, comparisons and stream), by
+    torch passes elsewhere."""
+    from . import spectralquant_cpu
+    if spectralquant_cpu.takes(z):
+        return spectralquant_cpu.codes(z, sigma, widths)
+    idx = _nearest_centroids(z / sigma.to(z.dtype).unsqueeze(-2), widths.unsqueeze(-2))
     return idx, pack_variable(idx, widths)
 
 
-def _coordinates(x: torch.Tensor, cal: Calibration) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z = Qᵀu, z/σ), (B, H, S, d) each: the coordinates every coding of x under one calibration
-    quantises, whatever its budget, allocation or sketch (the basis and σ are the calibration's,
-    shared by the sq and squ cells of a chunk); remembered for the very x and calibration."""
-    def project() -> tuple[torch.Tensor, torch.Tensor]:
-        z = unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype)
-        return z, z / cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
-    return _COORDINATES.get_or_compute((x, cal.basis, cal.sigma), project)
+def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """unit_rows(x): by the fused pass on the CPU (spectralquant_cpu.unit_rows, the same bits),
+    remembered for the very x (_UNIT_ROWS: encode's norms and coordinates, every cell of a chunk);
+    by schemes/unit_rows.py's passes elsewhere. Shared: never written in place."""
+    from . import spectralquant_cpu
+    if not spectralquant_cpu.unit_rows_take(x):
+        return unit_rows(x)
+    return _UNIT_ROWS.get_or_compute((x,), lambda: spectralquant_cpu.unit_rows(x))
+
+
+def _coordinates(x: torch.Tensor, cal: Calibration) -> torch.Tensor:
+    """z = Qᵀu (B, H, S, d): the coordinates every coding of x under one calibration quantises,
+    whatever its budget, allocation or sketch (the basis is the calibration's, shared by the sq
+    and squ cells of a chunk); remembered for the very x and basis."""
+    return _COORDINATES.get_or_compute(
+        (x, cal.basis), lambda: _unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype))
 
 
 @dataclass
@@ -421,8 +431,8 @@ class SpectralQuant(PerTensorScheme):
         if tuple(cal.widths.shape[:2]) != (b, h):
             raise ValueError(f"fitted on (B, H) = {tuple(cal.widths.shape[:2])} but asked to encode "
                              f"(B, H) = {(b, h)}; fit on calibration data of the same trials")
-        norms = unit_rows(x)[1]
-        z, scaled = _coordinates(x, cal)
+        norms = _unit_rows(x)[1]
+        z = _coordinates(x, cal)
         sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
         widths = cal.widths.to(x.device)
         for width in torch.unique(widths).tolist():
@@ -433,7 +443,7 @@ class SpectralQuant(PerTensorScheme):
                 needs = (widths == width).flatten(1).any(-1) * stored_bits(book)                    # (B,)
                 enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
                 enc.model.add(key)
-        idx, packed = _quantised(scaled, widths)
+        idx, packed = _quantised(z, cal.sigma.to(x.device), widths)
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
         enc.codes[f"{prefix}.codes"] = packed
         # each trial's own stream, in whole bytes (the batch pads to the longest one)
@@ -448,13 +458,33 @@ class SpectralQuant(PerTensorScheme):
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
             enc.codes[f"{prefix}.sketch_seed"] = self._sketch_seeds(prefix, x.device)
             enc.model.update((f"{prefix}.d_eff", f"{prefix}.sketch_seed"))
-            mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
             z_hat = self._dequantise(enc, idx, widths, sigma, x.dtype)
-            residual = torch.where(mask, z - z_hat, torch.zeros_like(z))
+            from . import spectralquant_cpu
+            if spectralquant_cpu.unit_rows_take(z):        # the selection and the norm in one pass, the same bits
+                residual, enc.codes[f"{prefix}.residual_norm"] = spectralquant_cpu.residual(z, z_hat, cal.d_eff)
+            else:
+                mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
+                residual = torch.where(mask, z - z_hat, torch.zeros_like(z))
+                enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
             proj = self._sketch_matrix(enc, prefix, x.dtype)
-            enc.codes[f"{prefix}.residual_norm"] = torch.linalg.vector_norm(residual, dim=-1).to(torch.float32)
             sketch = residual @ proj.transpose(-1, -2) >= 0                               # (B, H, S, m)
             enc.codes[f"{prefix}.sketch"] = pack_bits(sketch.to(torch.uint8), 1)
+
+    @staticmethod
+    def _codebook_table(enc: Encoded, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(values, offsets): the concatenation [0, codebook(1 bit), codebook(2 bits), ...] of the
+        stored codebooks in dtype, and the position of each width's book in it ((MAX_BITS + 1,)
+        int32; 0 for width 0 and for widths not stored)."""
+        table = [torch.zeros(1, dtype=dtype, device=device)]
+        offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=device)   # + uint8 codes: int32 indices
+        position = 1
+        for width in range(1, MAX_BITS + 1):
+            key = f"codebook.{width}bit"
+            if key in enc.side:
+                offsets[width] = position
+                table.append(enc.side[key].to(dtype))
+                position += 2 ** width
+        return torch.cat(table), offsets
 
     @staticmethod
     def _dequantise(enc: Encoded, idx: torch.Tensor, widths: torch.Tensor, sigma: torch.Tensor, dtype) -> torch.Tensor:
@@ -465,16 +495,7 @@ class SpectralQuant(PerTensorScheme):
         and the values of the widths and σ (_DEQUANTISED): a sketched coding's encode, decode and
         score, and the codings sharing its codes (_quantised), dequantise once."""
         def dequantise() -> torch.Tensor:
-            table = [torch.zeros(1, dtype=dtype, device=idx.device)]
-            offsets = torch.zeros(MAX_BITS + 1, dtype=torch.int32, device=idx.device)   # + uint8 codes: int32 indices
-            position = 1
-            for width in range(1, MAX_BITS + 1):
-                key = f"codebook.{width}bit"
-                if key in enc.side:
-                    offsets[width] = position
-                    table.append(enc.side[key].to(dtype))
-                    position += 2 ** width
-            values = torch.cat(table)
+            values, offsets = SpectralQuant._codebook_table(enc, dtype, idx.device)
             cpu_loops = taking(values)
             if cpu_loops is not None:   # the same values as the two passes below, in one
                 return cpu_loops.dequantise_variable(idx, widths, offsets, values, sigma)
@@ -502,19 +523,33 @@ class SpectralQuant(PerTensorScheme):
     def _z_hat(self, enc: Encoded, prefix: str, sketched: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(ẑ including the QJL correction (B, H, S, d), Q (B, H, d, d))."""
         basis, widths, sigma = self._stored(enc, prefix)
-        idx = self._codes(enc, prefix, widths)
-        z_hat = self._dequantise(enc, idx, widths, sigma, enc.dtype)
+        stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
+        from . import spectralquant_cpu
+        if _CODES.get((stream, table)) is None and stream.device.type == "cpu" and \
+                spectralquant_cpu.takes(torch.empty(0, dtype=enc.dtype)):
+            # a stream not coded here: read back, looked up and scaled in one pass (the same values)
+            values, offsets = self._codebook_table(enc, enc.dtype, stream.device)
+            z_hat = spectralquant_cpu.dequantised_stream(stream, widths, enc.shape[2], offsets, values, sigma)
+        else:
+            z_hat = self._dequantise(enc, self._codes(enc, prefix, widths), widths, sigma, enc.dtype)
         if sketched:
-            mask = _semantic_mask(enc.codes[f"{prefix}.d_eff"].to(torch.int64), self.dim).unsqueeze(-2)
             signs = unpack_bits(enc.codes[f"{prefix}.sketch"], 1, self.n_projections).to(enc.dtype) * 2 - 1
+            product = signs @ self._sketch_matrix(enc, prefix, enc.dtype)
+            d_eff = enc.codes[f"{prefix}.d_eff"].to(torch.int64)
+            from . import spectralquant_cpu
+            if spectralquant_cpu.takes(z_hat):            # product, selection and sum in one pass, the same bits
+                return spectralquant_cpu.corrected(z_hat, product, enc.codes[f"{prefix}.residual_norm"],
+                                                   qjl.sketch_scale(self.n_projections), d_eff), basis
+            mask = _semantic_mask(d_eff, self.dim).unsqueeze(-2)
             r = enc.codes[f"{prefix}.residual_norm"].to(enc.dtype).unsqueeze(-1)
-            correction = qjl.sketch_scale(self.n_projections) * r * (signs @ self._sketch_matrix(enc, prefix, enc.dtype))
+            correction = qjl.sketch_scale(self.n_projections) * r * product
             z_hat = z_hat + torch.where(mask, correction, torch.zeros_like(correction))
         return z_hat, basis
 
     def decode_tensor(self, enc: Encoded, prefix: str) -> torch.Tensor:
         z_hat, basis = self._z_hat(enc, prefix, self.sketch_k if prefix == "k" else self.sketch_v)
-        return (z_hat @ basis.transpose(-1, -2)) * enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1)
+        # scaled in place: the product is a new tensor, so one (B, H, S, d) allocation less, the same values
+        return (z_hat @ basis.transpose(-1, -2)).mul_(enc.codes[f"{prefix}.norm"].to(enc.dtype).unsqueeze(-1))
 
     # --- protocol -----------------------------------------------------------------------------
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:

@@ -511,25 +511,31 @@ def test_sketches_are_drawn_per_trial_index(impl):
     assert not torch.equal(moved.encode(one["k"], one["v"]).codes["k.sketch_seed"], enc_alone.codes["k.sketch_seed"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(2, 3, 20, 33), (3, 1, 64, 16), (9, 2, 64, 64)])
-def test_the_compiled_search_and_pack_equal_the_torch_passes(shape):
-    """cpu_loops.variable_codes (the CPU float32 path) gives _nearest_centroids' codes and
-    pack_variable's stream, on the thresholds' float32 neighbours, ±inf, NaN, values beyond the
-    clamp, tokens not a multiple of 8 and a batch large enough to be split across threads."""
-    from schemes import cpu_loops
+def test_the_fused_division_search_and_pack_equal_the_torch_passes(shape, dtype):
+    """spectralquant_cpu.codes (the CPU path) gives the codes of _nearest_centroids(z / σ) and
+    pack_variable's stream, in float32 and float64, on the thresholds' neighbours in the dtype
+    (after the division by σ), ±inf, NaN, values beyond the clamp, σ of every scale, tokens not a
+    multiple of 8 and a batch large enough to be split across threads."""
+    from schemes import spectralquant_cpu
     from schemes.packing import pack_variable
-    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids, _threshold_grid_float32
+    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids
     thresholds, first = _all_thresholds("cpu")
-    t32 = torch.cat([(thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w) for w in range(1, 9)]).to(torch.float32)
-    edges = torch.cat((t32, torch.nextafter(t32, t32 + 1), torch.nextafter(t32, t32 - 1),
-                       torch.tensor([math.inf, -math.inf, math.nan, _CLAMP, -_CLAMP, 1e30, -1e30, 0.0, -0.0, 1e-30])))
+    t = torch.cat([(thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w) for w in range(1, 9)]).to(dtype)
+    edges = torch.cat((t, torch.nextafter(t, t + 1), torch.nextafter(t, t - 1),
+                       torch.tensor([math.inf, -math.inf, math.nan, _CLAMP, -_CLAMP, 1e30, -1e30, 0.0, -0.0, 1e-30],
+                                    dtype=dtype)))
     gen = torch.Generator().manual_seed(11)
-    y = torch.randn(shape, generator=gen) * 2
+    y = (torch.randn(shape, generator=gen, dtype=torch.float64) * 2).to(dtype)
     y.view(-1)[:edges.numel()] = edges[:y.numel()]
+    sigma = (10.0 ** (torch.rand(shape[0], shape[1], shape[3], generator=gen, dtype=torch.float64) * 8 - 4)).to(
+        torch.float32)
+    sigma[0] = 1.0                                  # trial 0 (where the edges lie) divided by 1: kept as they are
+    z = y * sigma.to(dtype).unsqueeze(-2)           # z / σ lands on (or, rounded, beside) the edges
     widths = torch.randint(0, 9, (shape[0], shape[1], shape[3]), generator=gen)
-    table, last, block_cell, per_unit = _threshold_grid_float32("cpu")
-    codes, stream = cpu_loops.variable_codes(y, widths, _CLAMP, per_unit, block_cell, table, last)
-    expected = _nearest_centroids(y, widths.unsqueeze(-2))
+    codes, stream = spectralquant_cpu.codes(z, sigma, widths)
+    expected = _nearest_centroids(z / sigma.to(dtype).unsqueeze(-2), widths.unsqueeze(-2))
     assert codes.dtype == torch.uint8 and torch.equal(codes, expected)
     assert torch.equal(stream, pack_variable(expected, widths))
 
@@ -554,3 +560,109 @@ def test_the_compiled_dequantise_equals_the_torch_passes(dtype, codes_dtype, mon
     monkeypatch.setattr(cpu_loops, "SUPPORTED", ())
     slow = SpectralQuant._dequantise(enc, idx.clone(), widths, sigma, dtype)
     assert fast.dtype == dtype and torch.equal(fast, slow)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["sq-kv", "sq-qkv", "squ-kqv"])
+def test_the_fused_passes_store_and_decode_the_torch_passes_bits(name, dtype, monkeypatch):
+    """A cache coded with the fused CPU passes (spectralquant_cpu) and with the torch passes
+    (spectralquant_cpu.SUPPORTED emptied) stores the same codes, stream, norms and sketches and
+    decodes to the same bits, at every budget the sweep runs, with a zero row and a row of NaN."""
+    from schemes import spectralquant_cpu
+    data = _draw("spectral_decay", n_trials=3, seq_len=24, dim=32)
+    k, v = data["k"].to(dtype), data["v"].to(dtype)
+    k[0, 0, 0] = 0
+    v[1, 0, 3, 5] = math.nan
+    for budget in (2, 3, 4):
+        scheme = schemes.create(name, budget=budget, dim=32).fit(data["k_cal"].to(dtype), data["v_cal"].to(dtype))
+        fused = scheme.encode(k, v)
+        fused_out = scheme.decode(fused)
+        with monkeypatch.context() as m:
+            m.setattr(spectralquant_cpu, "SUPPORTED", ())
+            plain = scheme.encode(k.clone(), v.clone())      # fresh tensors: nothing remembered from the fused run
+            plain_out = scheme.decode(plain)
+        assert fused.codes.keys() == plain.codes.keys()
+        for key in fused.codes:                              # NaN (v's norm, its decoded row) as 7
+            assert torch.equal(fused.codes[key].nan_to_num(7.0), plain.codes[key].nan_to_num(7.0)), key
+        for a, b in zip(fused_out, plain_out):
+            assert a.dtype == dtype and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+
+
+def _same_bits(a, b) -> bool:
+    """a and b hold the same values bit for bit (any NaN as one NaN; -0 ≠ +0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    as_int = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
+    nan = torch.tensor(math.nan, dtype=a.dtype)
+    return torch.equal(torch.where(a.isnan(), nan, a).view(as_int), torch.where(b.isnan(), nan, b).view(as_int))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 40, 33), (9, 2, 64, 128), (1, 1, 7, 16)])
+def test_the_fused_unit_rows_equal_the_torch_passes(shape, dtype):
+    """spectralquant_cpu.unit_rows gives schemes/unit_rows.py's unit rows and norms bit for bit, on
+    rows of scales 1e-20..1e20, a zero row, a row holding NaN, one holding +inf, a constant row,
+    a row of one huge entry, subnormal entries, row lengths off the vector width, and a batch
+    large enough to be split across threads."""
+    from schemes import spectralquant_cpu
+    from schemes.unit_rows import unit_rows
+    gen = torch.Generator().manual_seed(13)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    x *= 10.0 ** (torch.rand(*shape[:-1], 1, generator=gen, dtype=torch.float64) * 40 - 20)
+    x = x.to(dtype)
+    rows = x.view(-1, shape[-1])
+    rows[0] = 0
+    rows[1, 1] = math.nan
+    rows[2, 0] = math.inf
+    rows[3] = 0.5
+    rows[4] = 0
+    rows[4, -1] = 3e30 if dtype == torch.float32 else 3e300
+    rows[5] *= 1e-30
+    assert spectralquant_cpu.unit_rows_take(x)
+    u, norms = spectralquant_cpu.unit_rows(x)
+    want_u, want_norms = unit_rows(x.clone())
+    assert _same_bits(u, want_u) and _same_bits(norms, want_norms)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 21, 33), (9, 2, 64, 64)])
+def test_the_fused_stream_decode_equals_unpacking_and_the_lookup(shape, dtype):
+    """spectralquant_cpu.dequantised_stream reads the codes unpack_variable reads (widths 0–8,
+    tokens not a multiple of 8, trials of unequal stream lengths, a batch split across threads)
+    and gives the lookup and product of SpectralQuant's torch passes."""
+    from schemes import spectralquant_cpu
+    from schemes.lloyd_max import gaussian_codebook
+    gen = torch.Generator().manual_seed(14)
+    b, h, s_, d = shape
+    widths = torch.randint(0, 9, (b, h, d), generator=gen)
+    idx = (torch.rand(b, h, s_, d, generator=gen) * (2 ** widths.unsqueeze(-2))).to(torch.int64)
+    stream = pack_variable(idx, widths)
+    assert torch.equal(unpack_variable(stream, widths, s_), idx)
+    sigma = (torch.rand(b, h, 1, d, generator=gen, dtype=torch.float64) * 3).to(dtype)
+    enc = Encoded((b, h, s_, d), dtype)
+    for w in range(1, 9):
+        enc.side[f"codebook.{w}bit"] = torch.tensor(gaussian_codebook(w, 1.0).centroids, dtype=torch.float32)
+    values, offsets = SpectralQuant._codebook_table(enc, dtype, "cpu")
+    fused = spectralquant_cpu.dequantised_stream(stream, widths, s_, offsets, values, sigma)
+    expected = values[(offsets[widths].unsqueeze(-2) + idx).to(torch.int64)] * sigma
+    assert fused.dtype == dtype and torch.equal(fused, expected)
+
+
+@pytest.mark.parametrize("name", ["sq-kv", "sq-qkv"])
+def test_a_stream_coded_elsewhere_decodes_to_the_same_bits(name, monkeypatch):
+    """Decoding a copy of the stored codes (not remembered from encode: read back from the stream
+    by the fused pass) gives the decode of the original, and that of the torch passes."""
+    from schemes import spectralquant_cpu
+    data = _draw("spectral_decay", n_trials=3, seq_len=20, dim=32)
+    scheme = schemes.create(name, budget=3, dim=32).fit(data["k_cal"], data["v_cal"])
+    enc = scheme.encode(data["k"], data["v"])
+    warm = scheme.decode(enc)
+    copy = Encoded(enc.shape, enc.dtype)
+    copy.codes = {key: t.clone() for key, t in enc.codes.items()}
+    copy.side = dict(enc.side)
+    cold = scheme.decode(copy)
+    monkeypatch.setattr(spectralquant_cpu, "SUPPORTED", ())
+    copy.codes = {key: t.clone() for key, t in enc.codes.items()}
+    plain = scheme.decode(copy)
+    for a, b, c in zip(warm, cold, plain):
+        assert torch.equal(a, b) and torch.equal(a, c)
