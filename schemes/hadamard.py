@@ -4,7 +4,7 @@ All functions act on the last dimension of a tensor of shape (..., d) with d a p
 two. The normalised transform H/sqrt(d) is orthogonal and symmetric, hence its own inverse.
 
 On the CPU in float32/float64 (every harness run there) the transform is the O(d log d)
-butterflies in one compiled pass over each vector (schemes/cpu_loops.py), the random signs,
+butterflies in one compiled pass over each vector (schemes/hadamard_cpu.py), the random signs,
 the scale and the vector's norm applied in the same pass; elsewhere (CUDA, half precision) a
 dense matmul with the cached Hadamard matrix up to d = 512 and torch butterflies above. The
 butterflies add in a fixed order, so their result is the same on every CPU, whatever the BLAS
@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from .loops import taking
+from . import compiled
 
 
 def _vector_signs(signs: torch.Tensor, x: torch.Tensor) -> bool:
@@ -46,9 +46,9 @@ def fwht(x: torch.Tensor, *, normalize: bool = True) -> torch.Tensor:
     """
     d = x.shape[-1]
     check_power_of_two(d)
-    loops = taking(x)
-    if loops is not None:
-        return loops.hadamard(x, normalize=normalize)
+    if compiled.takes(x):
+        from . import hadamard_cpu
+        return hadamard_cpu.hadamard(x, normalize=normalize)
     if d <= DENSE_MAX_DIM:
         h = _dense(d, x.dtype, str(x.device), normalize)
         return x @ h
@@ -90,9 +90,9 @@ def rht(x: torch.Tensor, signs: torch.Tensor, *, mult: float = 1.0) -> torch.Ten
     """Randomized Hadamard transform y = H (s ⊙ x) / sqrt(d) (· mult); signs (..., d) in {-1, +1}
     broadcast to x."""
     check_power_of_two(x.shape[-1])
-    loops = taking(x)
-    if loops is not None and _vector_signs(signs, x):
-        return loops.hadamard(x, pre=signs, mult=mult)
+    if compiled.takes(x) and _vector_signs(signs, x):
+        from . import hadamard_cpu
+        return hadamard_cpu.hadamard(x, pre=signs, mult=mult)
     y = fwht(x * signs)
     return y * mult if mult != 1 else y
 
@@ -102,9 +102,9 @@ def rht_inverse(y: torch.Tensor, signs: torch.Tensor, *, mult: float = 1.0,
     """Inverse of rht: x = s ⊙ H y / sqrt(d), times mult and then, given scale (...,) (one factor a
     vector, e.g. its norm), times scale[..., None]: the products in that order."""
     check_power_of_two(y.shape[-1])
-    loops = taking(y)
-    if loops is not None and _vector_signs(signs, y) and (scale is None or scale.shape == y.shape[:-1]):
-        return loops.hadamard(y, post=signs, mult=mult, scale=scale)
+    if compiled.takes(y) and _vector_signs(signs, y) and (scale is None or scale.shape == y.shape[:-1]):
+        from . import hadamard_cpu
+        return hadamard_cpu.hadamard(y, post=signs, mult=mult, scale=scale)
     x = fwht(y)
     x = x * mult if mult != 1 else x
     x = x * signs

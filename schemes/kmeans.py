@@ -13,18 +13,27 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .loops import taking
+from . import compiled
 
 INITS = ("k-means++", "random")
 _CHUNK_ELEMENTS = 1 << 20  # distance-matrix entries per chunk (4 MiB of float32: stays in cache)
 # Up to this point dimension the CPU's assignment forms each point's products in cache instead of
-# by matmul (cpu_loops.nearest_points): a matmul with so short an inner dimension is all output
+# by matmul (kmeans_cpu.nearest_points): a matmul with so short an inner dimension is all output
 # traffic. Shard's V points (g = 4), B = 17 trials of 32,768 points, 256 centroids: 87-104 ms vs
 # 318-390 ms for the matmul and the compiled minimum (2-core AMD EPYC, one run, three repeats).
 _FUSED_MAX_DIM = 16
 # Up to this point dimension torch sums a point's squared differences in order, which the CPU's
-# compiled k-means++ seeding reproduces (cpu_loops.kmeans_pp_picks; tests)
+# compiled k-means++ seeding reproduces (kmeans_cpu.kmeans_pp_picks; tests)
 _SEEDING_MAX_DIM = 4
+
+
+def compiled_loops(points: torch.Tensor):
+    """schemes.kmeans_cpu when its compiled loops take points (compiled.takes), else None (tests
+    replace it to run the torch passes)."""
+    if not compiled.takes(points):
+        return None
+    from . import kmeans_cpu
+    return kmeans_cpu
 
 
 @dataclass(frozen=True)
@@ -46,15 +55,15 @@ def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor,
     k = centroids.shape[1]
     c_sq = (centroids ** 2).sum(-1)                                   # (B, k)
     indices = torch.empty(b, n, dtype=torch.int64, device=points.device)
-    loops = taking(points)
+    loops = compiled_loops(points)
     if loops is not None and g <= _FUSED_MAX_DIM and centroids.dtype == points.dtype:
-        # the same products and indices, each point's in cache (schemes/cpu_loops.py)
+        # the same products and indices, each point's in cache (schemes/kmeans_cpu.py)
         loops.nearest_points(points, centroids, c_sq, indices)
     else:
         step = max(1, _CHUNK_ELEMENTS // max(1, b * k))
         for start in range(0, n, step):
             xc = points[:, start:start + step] @ centroids.transpose(1, 2)
-            if loops is not None:   # the same indices in one compiled pass over xc (schemes/cpu_loops.py)
+            if loops is not None:   # the same indices in one compiled pass over xc (schemes/kmeans_cpu.py)
                 loops.nearest_centroids(xc, c_sq, indices[:, start:start + step])
             else:                   # ‖x‖² is constant per row; argmin's indices (first of ties), 2x faster on CPU
                 indices[:, start:start + step] = (c_sq[:, None, :] - 2 * xc).min(-1).indices
@@ -65,8 +74,8 @@ def assign(points: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor,
 def _init_kmeans_pp(points: torch.Tensor, k: int, uniforms: np.ndarray) -> torch.Tensor:
     b, n, g = points.shape
     first = min(int(uniforms[0] * n), n - 1)
-    loops = taking(points)
-    if loops is not None and g <= _SEEDING_MAX_DIM:   # the same picks, each problem's in cache (schemes/cpu_loops.py)
+    loops = compiled_loops(points)
+    if loops is not None and g <= _SEEDING_MAX_DIM:   # the same picks, each problem's in cache (schemes/kmeans_cpu.py)
         picks = loops.kmeans_pp_picks(points, uniforms[:k], first)
         return torch.gather(points, 1, picks[..., None].expand(-1, -1, g))
     u = torch.as_tensor(uniforms, dtype=torch.float64, device=points.device)

@@ -63,7 +63,7 @@ from . import qjl
 from .base import Capabilities, Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
-from .loops import taking
+from . import compiled
 from kvcommon.memo import IdentityMemo
 from .packing import MAX_BITS, pack_bits, pack_variable, unpack_bits, unpack_variable
 from .registry import register_variant
@@ -496,9 +496,9 @@ class SpectralQuant(PerTensorScheme):
         score, and the codings sharing its codes (_quantised), dequantise once."""
         def dequantise() -> torch.Tensor:
             values, offsets = SpectralQuant._codebook_table(enc, dtype, idx.device)
-            cpu_loops = taking(values)
-            if cpu_loops is not None:   # the same values as the two passes below, in one
-                return cpu_loops.dequantise_variable(idx, widths, offsets, values, sigma)
+            if compiled.takes(values):   # the same values as the two passes below, in one
+                from . import spectralquant_cpu
+                return spectralquant_cpu.dequantise_variable(idx, widths, offsets, values, sigma)
             flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
             return values.index_select(0, flat).view(idx.shape) * sigma
         # not the set of stored books: each code reads its own width's book (Gaussian Lloyd–Max, fixed)

@@ -26,7 +26,7 @@ zeros, the selection and the norm; S·e stays a matmul. Decode adds the sketch's
 (√(π/2)/m·‖e‖)·(Sᵀ sign) on the semantic coordinates to ẑ in one pass (`corrected`), in place of
 the product, zeros, the selection and the sum; the back-projection stays a matmul.
 
-Rows are split across the torch thread budget (the unit rows, residuals and corrections row by row; the codes by trial (cpu_loops._by_row_blocks): a trial's
+Rows are split across the torch thread budget (the unit rows, residuals and corrections row by row; the codes by trial (compiled.by_row_blocks): a trial's
 stream is one bit stream, so a trial is the unit that writes whole bytes of its own).
 """
 from __future__ import annotations
@@ -35,17 +35,17 @@ import numba
 import numpy as np
 import torch
 
-from . import cpu_loops
-from .cpu_loops import _JIT, _by_row_blocks
+from . import compiled
+from .compiled import JIT, by_row_blocks
 from .packing import MAX_BITS
 from .turboquant_cpu import _largest_magnitude, _sum_squares, norm_order
 
 # the dtypes the fused pass reads and writes in place (tests empty it to run the torch passes)
-SUPPORTED = (torch.float32, torch.float64)
+FUSED_DTYPES = (torch.float32, torch.float64)
 
 # IEEE division (x/0 = ±inf or NaN, as torch's), not Python's ZeroDivisionError: without the
 # check on every divisor the division loop vectorises (one thread, 1 M float32: 1.2 against 2.7 ms)
-_IEEE_JIT = {**_JIT, "error_model": "numpy"}
+_IEEE_JIT = {**JIT, "error_model": "numpy"}
 
 
 @numba.jit(**_IEEE_JIT)
@@ -164,7 +164,7 @@ def _corrected_rows(z_hat, product, residual_norms, scale, first_row, per_head, 
             orow[i] = hr[i] + (factor * pr[i] if i < k else zero)
 
 
-@numba.jit(**_JIT)
+@numba.jit(**JIT)
 def _dequantised_stream(stream, widths, n_tokens, offsets, table, sigma, out):  # pragma: no cover - compiled
     """out[b, h, s, i] = table[offsets[w] + code] · sigma[b, h, i] with w = widths[b, h, i] and code
     the next w bits of stream[b] (head after head, token after token, most significant first:
@@ -204,7 +204,7 @@ def dequantised_stream(stream: torch.Tensor, widths: torch.Tensor, n_tokens: int
         off, tb = offsets.to(torch.int32).contiguous().numpy(), table.contiguous().numpy()
         sg = sigma.to(table.dtype).reshape(b, h, d).contiguous().numpy()
         o = out.numpy()
-        _by_row_blocks(b, out.numel(), lambda a, c: _dequantised_stream(st[a:c], w[a:c], n_tokens, off, tb, sg[a:c],
+        by_row_blocks(b, out.numel(), lambda a, c: _dequantised_stream(st[a:c], w[a:c], n_tokens, off, tb, sg[a:c],
                                                                          o[a:c]))
     return out
 
@@ -226,7 +226,7 @@ def residual(z: torch.Tensor, z_hat: torch.Tensor, d_eff: torch.Tensor) -> tuple
         lanes, fma_tail = norm_order(z.dtype, d)
         zr, hr, er, nr, k = z.view(-1, d).numpy(), z_hat.view(-1, d).numpy(), e.view(-1, d).numpy(), \
             norms.view(-1).numpy(), _heads(d_eff)
-        _by_row_blocks(zr.shape[0], z.numel(), lambda a, c: _residual_rows(
+        by_row_blocks(zr.shape[0], z.numel(), lambda a, c: _residual_rows(
             zr[a:c], hr[a:c], a, n, k, lanes, fma_tail, er[a:c], nr[a:c]))
     return e, norms
 
@@ -245,7 +245,7 @@ def corrected(z_hat: torch.Tensor, product: torch.Tensor, residual_norms: torch.
             _heads(d_eff)
         rn = residual_norms.to(torch.float32).contiguous().view(-1).numpy()
         kind = orow.dtype.type
-        _by_row_blocks(hr.shape[0], out.numel(), lambda a, c: _corrected_rows(
+        by_row_blocks(hr.shape[0], out.numel(), lambda a, c: _corrected_rows(
             hr[a:c], pr[a:c], rn[a:c], kind(scale), a, n, k, orow[a:c]))
     return out
 
@@ -273,14 +273,14 @@ def unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             held = np.zeros(1, xr.dtype)                        # one per thread
             _unit_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int), one, lanes,
                        fma_tail, ur[start:stop], nr[start:stop])
-        _by_row_blocks(xr.shape[0], x.numel(), run)
+        by_row_blocks(xr.shape[0], x.numel(), run)
     return u, norms
 
 
 def takes(z: torch.Tensor) -> bool:
-    """Whether the fused pass codes z: on the CPU in a SUPPORTED dtype, the CPU loops on
-    (emptying cpu_loops.SUPPORTED routes every codec to its torch passes)."""
-    return z.device.type == "cpu" and z.dtype in SUPPORTED and z.dtype in cpu_loops.SUPPORTED
+    """Whether the fused pass codes z: on the CPU in a FUSED_DTYPES dtype, the compiled loops on
+    (emptying compiled.DTYPES routes every codec to its torch passes)."""
+    return z.device.type == "cpu" and z.dtype in FUSED_DTYPES and z.dtype in compiled.DTYPES
 
 
 def codes(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -305,6 +305,38 @@ def codes(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[t
     if z.numel():
         zn, sn, wn, on, st = z.numpy(), sigma.numpy(), widths.numpy(), out.numpy(), stream.numpy()
         cw, tb, bd = cell_of_width.to(torch.int32).numpy(), table.numpy(), bound.numpy()
-        _by_row_blocks(zn.shape[0], z.numel(), lambda a, b: _code_rows(
+        by_row_blocks(zn.shape[0], z.numel(), lambda a, b: _code_rows(
             zn[a:b], sn[a:b], wn[a:b], kind(_CLAMP), kind(per_unit), kind(offset), cw, tb, bd, on[a:b], st[a:b]))
     return out, stream
+
+
+@numba.jit(**JIT)
+def _dequantise_variable(idx, widths, offsets, table, sigma, out):  # pragma: no cover - compiled
+    """out[b, h, s, i] = table[offsets[widths[b, h, i]] + idx[b, h, s, i]] · sigma[b, h, i]."""
+    n_trials, n_heads, n_tokens, d = idx.shape
+    base = np.empty(d, np.int32)                 # offsets[widths] of a head, looked up once (0.87 -> 0.66 ms, 1 M codes)
+    for b in range(n_trials):
+        for h in range(n_heads):
+            w, sg = widths[b, h], sigma[b, h]
+            for i in range(d):
+                base[i] = offsets[w[i]]
+            for t in range(n_tokens):
+                codes, row = idx[b, h, t], out[b, h, t]
+                for i in range(d):
+                    row[i] = table[base[i] + np.int32(codes[i])] * sg[i]
+
+
+
+def dequantise_variable(idx: torch.Tensor, widths: torch.Tensor, offsets: torch.Tensor, table: torch.Tensor,
+                        sigma: torch.Tensor) -> torch.Tensor:
+    """SpectralQuant's ẑ (B, H, S, d) in table's (compiled.DTYPES) dtype: table[offsets[widths] + idx] · σ
+    for codes idx (B, H, S, d), widths (B, H, d), σ (B, H, 1, d) — the gather and the product of
+    spectralquant's torch passes (the same values) in one pass on the CPU."""
+    idx = idx.contiguous()
+    out = torch.empty(idx.shape, dtype=table.dtype)
+    if out.numel():
+        i, w, o = idx.numpy(), widths.contiguous().numpy(), out.numpy()
+        off, tb = offsets.contiguous().numpy(), table.contiguous().numpy()
+        sg = sigma.to(table.dtype).reshape(idx.shape[0], idx.shape[1], idx.shape[3]).contiguous().numpy()
+        by_row_blocks(i.shape[0], out.numel(), lambda a, b: _dequantise_variable(i[a:b], w[a:b], off, tb, sg[a:b], o[a:b]))
+    return out

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import fastquant, hadamard, qjl
+from . import hadamard, qjl, scalar_quantizer
 from .base import Capabilities, Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook
@@ -159,8 +159,8 @@ class TurboQuant(PerTensorScheme):
 
     def _quantized(self, y: torch.Tensor, prefix: str, trials: list[int], bits: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(packed codes, uint8 codes (B, H, S, d)) of y with the b-bit Beta Lloyd–Max codebook: the
-        same as bucketize on its thresholds (schemes/fastquant.py)."""
-        return _STAGES.get_or_compute((y,), lambda: fastquant.quantize_pack(y, beta_codebook(self.dim, bits).thresholds, bits),
+        same as bucketize on its thresholds (schemes/scalar_quantizer.py)."""
+        return _STAGES.get_or_compute((y,), lambda: scalar_quantizer.quantize_pack(y, beta_codebook(self.dim, bits).thresholds, bits),
                                   self._stage_tag(prefix, trials, "codes", bits))
 
     def _residual(self, y: torch.Tensor, codes: torch.Tensor | None, prefix: str, trials: list[int],
@@ -198,7 +198,7 @@ class TurboQuant(PerTensorScheme):
         entries = passes.encode(
             x, self._unpack_signs(signs, d, x.dtype), bits, book.thresholds if book else np.zeros(0),
             book.tensors("cpu", x.dtype)[0] if book else torch.zeros(1, dtype=x.dtype),
-            fastquant.cpu_grid(book.thresholds, x.dtype, passes.COUNT_MAX_THRESHOLDS) if book else None,
+            scalar_quantizer.cpu_grid(book.thresholds, x.dtype, passes.COUNT_MAX_THRESHOLDS) if book else None,
             self._projection(enc, prefix, kind, x.dtype) if kind else None)
         enc.codes[f"{prefix}.norm"] = entries["norm"]
         if bits >= 1:
@@ -244,7 +244,7 @@ class TurboQuant(PerTensorScheme):
         if bits < 1:
             return torch.zeros(enc.shape, dtype=enc.dtype, device=enc.codes[f"{prefix}.norm"].device)
         packed = enc.codes[f"{prefix}.codes"]
-        return _STAGES.get_or_compute((packed,), lambda: fastquant.dequantize_packed(
+        return _STAGES.get_or_compute((packed,), lambda: scalar_quantizer.dequantize_packed(
             packed, enc.side[f"codebook.{bits}bit"].to(enc.dtype), bits, d), ("decoded", bits, d, enc.dtype))
 
     def _sketch_signs(self, enc: Encoded, prefix: str) -> torch.Tensor:

@@ -1,12 +1,12 @@
 """TurboQuant's coding of a token vector in one compiled pass each way on the CPU (numba), in
-place of the chain of whole-tensor passes (unit_rows, hadamard.rht, fastquant.quantize_pack,
-the residual, its norm and QJL sketch; back: fastquant.dequantize_packed, the QJL correction,
+place of the chain of whole-tensor passes (unit_rows, hadamard.rht, scalar_quantizer.quantize_pack,
+the residual, its norm and QJL sketch; back: scalar_quantizer.dequantize_packed, the QJL correction,
 hadamard.rht_inverse), each of which reads and writes every element once more.
 
 Encode, one row x (d, a power of two) of K or V at a time, in cache:
   1. p = max|x| (1 where not > 0), σ = ‖x/p‖, u = (x/p)/σ (σ: 1 where not > 0), ‖x‖ = p·σ
      (float32), as schemes/unit_rows.py computes them;
-  2. y = H(s ⊙ u)/√d, s the trial's and head's rotation signs (the butterflies of cpu_loops);
+  2. y = H(s ⊙ u)/√d, s the trial's and head's rotation signs (the butterflies of hadamard_cpu);
   3. the codes #{j : t_j < y_i} against the b-bit Lloyd–Max thresholds, packed big-endian
      (packing.pack_bits);
   4. with an RHT QJL sketch: e = y − c[code] (e = y at 0 MSE bits), ‖e‖ (float32) and the bits
@@ -23,7 +23,7 @@ this torch build uses (32-byte vectors here: 8 float32, 4 float64) is found once
 by probing vector_norm with rows drawn for the purpose (`norm_order`); where no candidate
 reproduces it, the fused passes are not used (`takes`), and the codec runs its chain.
 
-Rows are split across the torch thread budget like the other loops (cpu_loops._by_row_blocks).
+Rows are split across the torch thread budget like the other loops (compiled.by_row_blocks).
 """
 from __future__ import annotations
 
@@ -34,12 +34,15 @@ import numba
 import numpy as np
 import torch
 
-from . import cpu_loops, qjl
-from .cpu_loops import _JIT, _butterflies, _by_row_blocks, _count_row, _dequantize_row, _fma, _grid_row, _pack_row
+from . import compiled, qjl
+from .compiled import JIT, by_row_blocks
+from .hadamard_cpu import _butterflies
+from .kmeans_cpu import _fma
+from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row
 
-# numba takes CPU tensors as NumPy views: the dtypes it can read and write in place
-# (tests empty it to run TurboQuant's chain of passes on the CPU instead)
-SUPPORTED = (torch.float32, torch.float64)
+# the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
+# instead; emptying compiled.DTYPES turns off every compiled loop)
+FUSED_DTYPES = (torch.float32, torch.float64)
 
 # Up to this many thresholds the fused encode counts them, above it looks them up on the grid: in
 # a pass that also rotates, counting 31 thresholds (b = 5) costs more than the grid (one thread,
@@ -50,7 +53,7 @@ COUNT_MAX_THRESHOLDS = 15
 _NORM_ORDERS = ((8, False), (4, False), (16, False), (8, True), (4, True), (16, True), (1, False), (1, True))
 
 
-@numba.jit(**_JIT)
+@numba.jit(**JIT)
 def _sum_squares(v, lanes, fma_tail, acc):  # pragma: no cover - compiled
     """Σ v_i² in v's dtype in vector_norm's order: accumulator j of `lanes` (acc: a scratch
     array) += v_i² for i ≡ j (mod lanes) over the whole vectors, the accumulators added in order,
@@ -80,7 +83,7 @@ def _sum_squares(v, lanes, fma_tail, acc):  # pragma: no cover - compiled
     return s
 
 
-@numba.jit(**_JIT)
+@numba.jit(**JIT)
 def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     """max_i (bits_i & mask) for a row's float bits (as signed integers of its width) and mask
     clearing the sign bit: the bits of max|x| — the order of non-negative floats is their bits'
@@ -92,7 +95,7 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     return m
 
 
-@numba.jit(**_JIT)
+@numba.jit(**JIT)
 def _norm_rows(x, lanes, fma_tail, out):  # pragma: no cover - compiled
     """out[r] = √(_sum_squares(x[r])) (the probe of norm_order)."""
     acc = np.empty(max(lanes, 1), x.dtype)
@@ -100,14 +103,14 @@ def _norm_rows(x, lanes, fma_tail, out):  # pragma: no cover - compiled
         out[r] = np.sqrt(_sum_squares(x[r], lanes, fma_tail, acc))
 
 
-@numba.jit(**_JIT)
+@numba.jit(**JIT)
 def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
                  width, t, use_grid, lo, hi, inv_h, origin, g_first, g_cand, centroids,
                  sketch, sketch_signs, mult,
                  norms, packed, residual_norms, sketch_bits):  # pragma: no cover - compiled
     """Rows x (n, d) coded as the module docstring says: norms[r] (float32), packed[r] the codes
     of `width` bits (none at width 0) by counting thresholds t or by the grid (use_grid: lo, hi,
-    inv_h, origin, g_first, g_cand, fastquant._Grid's fields); with `sketch` also
+    inv_h, origin, g_first, g_cand, scalar_quantizer._Grid's fields); with `sketch` also
     residual_norms[r] (float32) and sketch_bits[r], the residual taken against `centroids`.
     Row r uses the sign rows s = (first_row + r) // per_sign of signs and sketch_signs (±1, in
     x's dtype); one, div = √d and mult = √d are scalars of x's dtype; x_bits is x viewed as
@@ -165,7 +168,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
             _pack_row(bits, 1, sketch_bits[r])
 
 
-@numba.jit(**_JIT)
+@numba.jit(**JIT)
 def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, one, div,
                  sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out):  # pragma: no cover - compiled
     """out[r] (d) = s ⊙ H(ŷ)/√d · norms[r] with ŷ the centroids of packed[r]'s codes (0 at width
@@ -226,8 +229,8 @@ def norm_order(dtype: torch.dtype, d: int) -> tuple[int, bool] | None:
 
 def takes(dim: int, dtype: torch.dtype) -> bool:
     """Whether the fused passes code rows of dim (a power of two) in dtype with the chain's bits
-    (and the CPU loops are on: emptying cpu_loops.SUPPORTED routes every codec to its torch passes)."""
-    return dtype in SUPPORTED and dtype in cpu_loops.SUPPORTED and dim >= 2 and not dim & (dim - 1) and \
+    (and the compiled loops are on: emptying compiled.DTYPES routes every codec to its torch passes)."""
+    return dtype in FUSED_DTYPES and dtype in compiled.DTYPES and dim >= 2 and not dim & (dim - 1) and \
         norm_order(dtype, dim) is not None
 
 
@@ -240,12 +243,12 @@ def _sign_rows(signs: torch.Tensor | None, dtype: torch.dtype, d: int) -> np.nda
 
 def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndarray, centroids: torch.Tensor,
            grid, sketch_signs: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """TurboQuant's entries of x (B, H, S, d), a CPU tensor in a SUPPORTED dtype with takes(d, dtype):
+    """TurboQuant's entries of x (B, H, S, d), a CPU tensor in a FUSED_DTYPES dtype with takes(d, dtype):
     "norm" float32 (B, H, S); at width >= 1 "codes" uint8 (B, H, S, packed_size(d, width)); with
     sketch_signs (±1, (B, H, d): an RHT QJL sketch) "residual_norm" float32 (B, H, S) and "sketch"
     uint8 (B, H, S, ⌈d/8⌉). signs (B, H, d) ±1; thresholds the width's Lloyd–Max thresholds
     (ascending); centroids (2^width,) in x's dtype, the residual's reconstruction; grid a
-    fastquant._Grid of the thresholds in x's dtype, or None to count them."""
+    scalar_quantizer._Grid of the thresholds in x's dtype, or None to count them."""
     b, h, n, d = x.shape
     dtype = x.dtype
     kind = torch.empty(0, dtype=dtype).numpy().dtype.type
@@ -278,7 +281,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
                          width, t, grid is not None, *g, c, sketch, kr, root,
                          nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
                          br[start:stop] if sketch else br)
-        _by_row_blocks(xr.shape[0], x.numel(), run)
+        by_row_blocks(xr.shape[0], x.numel(), run)
     out = {"norm": norms.view(b, h, n)}
     if width >= 1:
         out["codes"] = packed.view(b, h, n, packed.shape[1])
@@ -290,7 +293,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
 def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Tensor, signs: torch.Tensor,
            width: int, packed: torch.Tensor | None, centroids: torch.Tensor | None,
            sketch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """The decoded tensor (B, H, S, d) = shape in dtype (SUPPORTED, takes(d, dtype)) of encode's
+    """The decoded tensor (B, H, S, d) = shape in dtype (FUSED_DTYPES, takes(d, dtype)) of encode's
     entries: norms float32 (B, H, S), signs ±1 (B, H, d), at width >= 1 the packed codes and the
     centroids (2^width,) (the stored codebook); sketch = (bits, residual norms, sketch signs
     (B, H, d)) for an RHT-sketched tensor."""
@@ -320,5 +323,5 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
             _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, kind(1), root,
                          sketch is not None, br[start:stop] if sketch is not None else br,
                          rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop])
-        _by_row_blocks(o.shape[0], out.numel(), run)
+        by_row_blocks(o.shape[0], out.numel(), run)
     return out

@@ -34,7 +34,7 @@ def test_rht_inverse_round_trip(dim, data):
     assert torch.allclose(rht_inverse(rht(x, signs), signs), x, atol=1e-9)
 
 
-# --- the compiled butterflies (schemes/cpu_loops.py) against the torch butterflies and the exact transform ---
+# --- the compiled butterflies (schemes/hadamard_cpu.py) against the torch butterflies and the exact transform ---
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("dim", [1, 2, 4, 8, 16, 128, 256, 1024])
 def test_compiled_butterflies_equal_the_torch_butterflies(dim, dtype):

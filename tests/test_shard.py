@@ -341,9 +341,9 @@ def test_every_budget_has_its_own_allocation_at_one_head_of_64():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_compiled_nearest_centroid_equals_torch_min(dtype):
-    """cpu_loops.nearest_centroids gives (c² − 2·xc).min(-1).indices: the first of tied minima,
+    """kmeans_cpu.nearest_centroids gives (c² − 2·xc).min(-1).indices: the first of tied minima,
     the first NaN where a row has one, infinities as torch orders them; rows split across threads."""
-    from schemes import cpu_loops
+    from schemes import kmeans_cpu
     gen = torch.Generator().manual_seed(3)
     cases = []
     for n in (5, 400):
@@ -359,7 +359,7 @@ def test_compiled_nearest_centroid_equals_torch_min(dtype):
         cases.append((inf, c_sq))
     for xc, c_sq in cases:
         out = torch.empty(xc.shape[:2], dtype=torch.int64)
-        cpu_loops.nearest_centroids(xc, c_sq, out)
+        kmeans_cpu.nearest_centroids(xc, c_sq, out)
         assert torch.equal(out, (c_sq[:, None, :] - 2 * xc).min(-1).indices)
 
 
@@ -375,11 +375,11 @@ def _fma_chain(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 
 def test_compiled_nearest_point_pass_is_the_fma_chain_and_torch_min():
-    """cpu_loops.nearest_points gives (c² − 2·x·c).min(-1).indices with each x·c the fma chain over
+    """kmeans_cpu.nearest_points gives (c² − 2·x·c).min(-1).indices with each x·c the fma chain over
     the point's g coordinates in order (as an independent float64 emulation forms it), among many
     ties, duplicated centroids, NaN and infinite points, for point dimensions 1 to 8; rows split
     across threads."""
-    from schemes import cpu_loops
+    from schemes import kmeans_cpu
     gen = torch.Generator().manual_seed(5)
     for g, k, n in ((1, 7, 50), (3, 256, 500), (4, 256, 4000), (8, 33, 300)):
         x = torch.randn(3, n, g, generator=gen) * torch.rand(3, n, 1, generator=gen) * 4
@@ -392,7 +392,7 @@ def test_compiled_nearest_point_pass_is_the_fma_chain_and_torch_min():
                                   (nan, c), (inf, c)):
             c_sq = (centroids ** 2).sum(-1)
             out = torch.empty(points.shape[:2], dtype=torch.int64)
-            cpu_loops.nearest_points(points, centroids, c_sq, out)
+            kmeans_cpu.nearest_points(points, centroids, c_sq, out)
             assert torch.equal(out, (c_sq[:, None, :] - 2 * _fma_chain(points, centroids)).min(-1).indices)
 
 
@@ -401,13 +401,13 @@ def test_compiled_nearest_point_pass_equals_the_matmul_at_shards_shape(dtype):
     """At Shard's shape (g = 4, 256 centroids, points in multiples of 16) torch's CPU matmul (MKL)
     forms x·c by the same fma chain, so the compiled pass assigns as the matmul path did: Shard's
     rows did not change (main job: 300 rows identical)."""
-    from schemes import cpu_loops
+    from schemes import kmeans_cpu
     gen = torch.Generator().manual_seed(6)
     x = torch.randn(5, 30592, 4, generator=gen, dtype=dtype) * torch.rand(5, 30592, 1, generator=gen, dtype=dtype)
     c = torch.randn(5, 256, 4, generator=gen, dtype=dtype)
     c_sq = (c ** 2).sum(-1)
     out = torch.empty(x.shape[:2], dtype=torch.int64)
-    cpu_loops.nearest_points(x, c, c_sq, out)
+    kmeans_cpu.nearest_points(x, c, c_sq, out)
     assert torch.equal(out, (c_sq[:, None, :] - 2 * (x @ c.transpose(1, 2))).min(-1).indices)
     if dtype == torch.float32:
         assert torch.equal(x @ c.transpose(1, 2), _fma_chain(x, c))
@@ -415,7 +415,7 @@ def test_compiled_nearest_point_pass_equals_the_matmul_at_shards_shape(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_compiled_kmeans_pp_seeding_picks_as_the_torch_passes(dtype, monkeypatch):
-    """cpu_loops.kmeans_pp_picks picks the centres _init_kmeans_pp's torch passes pick, for point
+    """kmeans_cpu.kmeans_pp_picks picks the centres _init_kmeans_pp's torch passes pick, for point
     dimensions 1 to 4: on random points, on a problem of duplicates (ΣD² = 0: the uniform pick),
     with NaN and infinite points; rows split across threads."""
     from schemes import kmeans as kmeans_module
@@ -428,7 +428,7 @@ def test_compiled_kmeans_pp_seeding_picks_as_the_torch_passes(dtype, monkeypatch
         pts[3, 9] = float("inf")
         fast = kmeans_module._init_kmeans_pp(pts, 64, uniforms)
         with monkeypatch.context() as m:
-            m.setattr(kmeans_module, "taking", lambda points: None)
+            m.setattr(kmeans_module, "compiled_loops", lambda points: None)
             slow = kmeans_module._init_kmeans_pp(pts, 64, uniforms)
         assert torch.equal(fast.isnan(), slow.isnan()) and torch.equal(fast.nan_to_num(), slow.nan_to_num())
 
@@ -438,6 +438,6 @@ def test_kmeans_same_with_the_compiled_assignment(monkeypatch):
     from schemes import kmeans as kmeans_module
     pts = torch.randn(3, 3000, 4, generator=torch.Generator().manual_seed(4))
     fast = kmeans(pts, 256, gen=generator("pcg64", 0, "km"))
-    monkeypatch.setattr(kmeans_module, "taking", lambda points: None)
+    monkeypatch.setattr(kmeans_module, "compiled_loops", lambda points: None)
     slow = kmeans(pts, 256, gen=generator("pcg64", 0, "km"))
     assert torch.equal(fast.centroids, slow.centroids) and torch.equal(fast.objective, slow.objective)

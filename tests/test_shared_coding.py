@@ -140,9 +140,9 @@ def test_turboquant_variants_of_a_budget_rotate_and_quantise_a_tensor_once(monke
     (one seed family): each tensor is rotated once, quantised once per MSE width (b for the
     unsketched, b − 1 for both sketches), and its residual is computed once; the codes equal a
     fresh coding's (inference tensors: no memo serves them)."""
-    from schemes import fastquant, turboquant
+    from schemes import scalar_quantizer, turboquant
     counts = {"rht": 0, "quantize_pack": 0}
-    for module, name in ((turboquant, "rht"), (fastquant, "quantize_pack")):
+    for module, name in ((turboquant, "rht"), (scalar_quantizer, "quantize_pack")):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: counts.__setitem__(
             _name, counts[_name] + 1) or _real(*a))

@@ -543,10 +543,10 @@ def test_the_fused_division_search_and_pack_equal_the_torch_passes(shape, dtype)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("codes_dtype", [torch.uint8, torch.int64])
 def test_the_compiled_dequantise_equals_the_torch_passes(dtype, codes_dtype, monkeypatch):
-    """SpectralQuant's ẑ by cpu_loops.dequantise_variable (the CPU path) equals the gather and
+    """SpectralQuant's ẑ by spectralquant_cpu.dequantise_variable (the CPU path) equals the gather and
     product of its torch passes, for remembered uint8 and unpacked int64 codes of every width 0–8,
     on a batch large enough to be split across threads."""
-    from schemes import cpu_loops
+    from schemes import compiled
     from schemes.lloyd_max import gaussian_codebook
     gen = torch.Generator().manual_seed(12)
     b, h, s_, d = 9, 2, 64, 64
@@ -557,7 +557,7 @@ def test_the_compiled_dequantise_equals_the_torch_passes(dtype, codes_dtype, mon
     for w in range(1, 9):
         enc.side[f"codebook.{w}bit"] = torch.tensor(gaussian_codebook(w, 1.0).centroids, dtype=torch.float32)
     fast = SpectralQuant._dequantise(enc, idx.clone(), widths, sigma, dtype)
-    monkeypatch.setattr(cpu_loops, "SUPPORTED", ())
+    monkeypatch.setattr(compiled, "DTYPES", ())
     slow = SpectralQuant._dequantise(enc, idx.clone(), widths, sigma, dtype)
     assert fast.dtype == dtype and torch.equal(fast, slow)
 
@@ -566,7 +566,7 @@ def test_the_compiled_dequantise_equals_the_torch_passes(dtype, codes_dtype, mon
 @pytest.mark.parametrize("name", ["sq-kv", "sq-qkv", "squ-kqv"])
 def test_the_fused_passes_store_and_decode_the_torch_passes_bits(name, dtype, monkeypatch):
     """A cache coded with the fused CPU passes (spectralquant_cpu) and with the torch passes
-    (spectralquant_cpu.SUPPORTED emptied) stores the same codes, stream, norms and sketches and
+    (spectralquant_cpu.FUSED_DTYPES emptied) stores the same codes, stream, norms and sketches and
     decodes to the same bits, at every budget the sweep runs, with a zero row and a row of NaN."""
     from schemes import spectralquant_cpu
     data = _draw("spectral_decay", n_trials=3, seq_len=24, dim=32)
@@ -578,7 +578,7 @@ def test_the_fused_passes_store_and_decode_the_torch_passes_bits(name, dtype, mo
         fused = scheme.encode(k, v)
         fused_out = scheme.decode(fused)
         with monkeypatch.context() as m:
-            m.setattr(spectralquant_cpu, "SUPPORTED", ())
+            m.setattr(spectralquant_cpu, "FUSED_DTYPES", ())
             plain = scheme.encode(k.clone(), v.clone())      # fresh tensors: nothing remembered from the fused run
             plain_out = scheme.decode(plain)
         assert fused.codes.keys() == plain.codes.keys()
@@ -661,7 +661,7 @@ def test_a_stream_coded_elsewhere_decodes_to_the_same_bits(name, monkeypatch):
     copy.codes = {key: t.clone() for key, t in enc.codes.items()}
     copy.side = dict(enc.side)
     cold = scheme.decode(copy)
-    monkeypatch.setattr(spectralquant_cpu, "SUPPORTED", ())
+    monkeypatch.setattr(spectralquant_cpu, "FUSED_DTYPES", ())
     copy.codes = {key: t.clone() for key, t in enc.codes.items()}
     plain = scheme.decode(copy)
     for a, b, c in zip(warm, cold, plain):

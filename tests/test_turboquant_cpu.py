@@ -91,7 +91,7 @@ def _reference_decode(enc, d, dtype, width, sketched):
 def _coded(name, budget, x, fused: bool, monkeypatch):
     with monkeypatch.context() as m:
         if not fused:
-            m.setattr(turboquant_cpu, "SUPPORTED", ())
+            m.setattr(turboquant_cpu, "FUSED_DTYPES", ())
         calls = []
         original = turboquant_cpu.encode
         m.setattr(turboquant_cpu, "encode", lambda *a, **k: calls.append(1) or original(*a, **k))
@@ -124,7 +124,7 @@ def test_fused_passes_give_the_bits_of_the_torch_reference_and_of_the_chain(
         name, budget, log_dim, n_trials, n_heads, n_tokens, dtype, seed):
     """Every stored entry of the fused encode equals the torch reference's bit for bit (norms,
     packed codes, residual norms, sketch bits), decode equals the reference decode of those
-    entries, and both equal the codec's chain of passes (turboquant_cpu.SUPPORTED emptied):
+    entries, and both equal the codec's chain of passes (turboquant_cpu.FUSED_DTYPES emptied):
     widths 1–8 (0–7 MSE bits under a sketch), d = 2..256, rows of scales 1e-20..1e20 with zero,
     constant, NaN, inf, huge and subnormal rows."""
     d = 2 ** log_dim
@@ -176,11 +176,11 @@ def test_chain_where_no_norm_order_reproduces_torch(monkeypatch):
         turboquant_cpu.norm_order.cache_clear()
 
 
-def test_the_torch_passes_when_the_cpu_loops_are_off(monkeypatch):
-    """Emptying cpu_loops.SUPPORTED (the switch to every codec's torch passes) turns the fused
+def test_the_torch_passes_when_the_compiled_loops_are_off(monkeypatch):
+    """Emptying compiled.DTYPES (the switch to every codec's torch passes) turns the fused
     passes off too."""
-    from schemes import cpu_loops
-    monkeypatch.setattr(cpu_loops, "SUPPORTED", ())
+    from schemes import compiled
+    monkeypatch.setattr(compiled, "DTYPES", ())
     assert not turboquant_cpu.takes(64, torch.float32)
     calls = []
     monkeypatch.setattr(turboquant_cpu, "encode", lambda *a, **k: calls.append(a))

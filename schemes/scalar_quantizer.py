@@ -23,7 +23,7 @@ turns each stored byte into its 8/width values in one `index_select` (no per-cod
 other widths unpack to uint8 codes and look up the centroids with int32 indices.
 
 On the CPU in float32/float64 (every harness run there) both directions are one compiled pass
-over each row instead (schemes/cpu_loops.py): the same grid, comparison and byte layout, so the
+over each row instead (schemes/scalar_quantizer_cpu.py): the same grid, comparison and byte layout, so the
 same bits; the torch passes here serve the other devices and dtypes and check those loops.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .loops import taking
+from . import compiled
 from .packing import pack_bits, packed_size, unpack_codes
 
 
@@ -106,9 +106,9 @@ def _byte_codes(width: int, device: str) -> torch.Tensor:
 def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int, n: int) -> torch.Tensor:
     """Centroid values (..., n) of the codes packed by packing.pack_bits (..., bytes), in the
     centroids' dtype and device; the same values as centroids[unpack_bits(packed, width, n)]."""
-    cpu_loops = taking(centroids) if packed.device.type == "cpu" else None
-    if cpu_loops is not None:
-        return cpu_loops.dequantize_packed(packed, centroids, width, n)
+    if packed.device.type == "cpu" and compiled.takes(centroids):
+        from . import scalar_quantizer_cpu
+        return scalar_quantizer_cpu.dequantize_packed(packed, centroids, width, n)
     lead = packed.shape[:-1]
     if 8 % width == 0:
         table = centroids[_byte_codes(width, str(centroids.device))]     # (256, 8 // width)
@@ -122,9 +122,9 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
 def cpu_grid(thresholds: np.ndarray, dtype: torch.dtype, count_max: int | None = None) -> _Grid | None:
     """The grid the CPU loops code by for these thresholds (ascending) in dtype, or None where
     they count the thresholds instead: at most count_max of them (default
-    cpu_loops.COUNT_MAX_THRESHOLDS: counting is faster), or thresholds no grid holds one to a cell."""
-    from . import cpu_loops
-    if len(thresholds) <= (cpu_loops.COUNT_MAX_THRESHOLDS if count_max is None else count_max):
+    scalar_quantizer_cpu.COUNT_MAX_THRESHOLDS: counting is faster), or thresholds no grid holds one to a cell."""
+    from . import scalar_quantizer_cpu
+    if len(thresholds) <= (scalar_quantizer_cpu.COUNT_MAX_THRESHOLDS if count_max is None else count_max):
         return None
     try:
         return _grid(tuple(float(x) for x in thresholds), dtype, "cpu")
@@ -134,13 +134,13 @@ def cpu_grid(thresholds: np.ndarray, dtype: torch.dtype, count_max: int | None =
 
 def quantize_pack(y: torch.Tensor, thresholds: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 (..., packed_size(d, width)), codes uint8 (..., d)) of y (..., d)."""
-    cpu_loops = taking(y)
-    if cpu_loops is not None:
+    if compiled.takes(y):
+        from . import scalar_quantizer_cpu
         n_bytes = packed_size(y.shape[-1], width)
         g = cpu_grid(thresholds, y.dtype)
         if g is None:
             t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(y.dtype)
-            return cpu_loops.count_pack(y, t, width, n_bytes)
-        return cpu_loops.grid_pack(y, g.lo, g.hi, g.inv_h, g.origin, g.first, g.cand, width, n_bytes)
+            return scalar_quantizer_cpu.count_pack(y, t, width, n_bytes)
+        return scalar_quantizer_cpu.grid_pack(y, g.lo, g.hi, g.inv_h, g.origin, g.first, g.cand, width, n_bytes)
     codes = quantize(y, thresholds)
     return pack_bits(codes, width), codes

@@ -1,4 +1,4 @@
-"""schemes.fastquant: the grid quantiser gives bucketize's indices exactly (uint8), byte-table
+"""schemes.scalar_quantizer (and its loops, schemes.scalar_quantizer_cpu): the grid quantiser gives bucketize's indices exactly (uint8), byte-table
 decoding gives the centroids of the unpacked codes, and the uint8 group packing the bytes of
 the int64-word packing it replaced."""
 import numpy as np
@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemes import cpu_loops
-from schemes.fastquant import dequantize_packed, quantize, quantize_pack
+from schemes import compiled
+from schemes.scalar_quantizer import dequantize_packed, quantize, quantize_pack
 from schemes.lloyd_max import beta_codebook, gaussian_codebook
 from schemes.packing import pack_bits, unpack_bits, unpack_codes
 
@@ -74,16 +74,16 @@ def test_equal_thresholds_fall_back_to_bucketize(dtype):
                        torch.bucketize(y, torch.tensor(thresholds, dtype=dtype)))
 
 
-# --- the compiled CPU loops (schemes/cpu_loops.py) against bucketize, pack_bits and the torch passes ---
+# --- the compiled CPU loops (schemes/scalar_quantizer_cpu.py) against bucketize, pack_bits and the torch passes ---
 def _torch_passes(monkeypatch):
-    """Route fastquant through its torch passes (the path of CUDA and half precision)."""
-    monkeypatch.setattr(cpu_loops, "SUPPORTED", ())  # fastquant reads it on every call
+    """Route scalar_quantizer through its torch passes (the path of CUDA and half precision)."""
+    monkeypatch.setattr(compiled, "DTYPES", ())  # scalar_quantizer reads it on every call
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("bits", range(1, 9))
 @pytest.mark.parametrize("n", [128, 45])
-def test_cpu_loops_quantize_pack_equal_bucketize_and_the_torch_passes(bits, dtype, n, monkeypatch):
+def test_compiled_loops_quantize_pack_equal_bucketize_and_the_torch_passes(bits, dtype, n, monkeypatch):
     """Both of the loops' methods (counting up to 31 thresholds, the grid above) give bucketize's
     codes and pack_bits' bytes, on rows split across threads (≥ 64 k elements) or not."""
     cb = beta_codebook(128, bits)
@@ -107,7 +107,7 @@ def test_cpu_loops_quantize_pack_equal_bucketize_and_the_torch_passes(bits, dtyp
 
 @given(thresholds=st.lists(st.floats(-4, 4, allow_nan=False, width=32), min_size=1, max_size=40),
        n=st.integers(1, 20), seed=st.integers(0, 2 ** 31))
-def test_cpu_loops_count_any_sorted_thresholds(thresholds, n, seed):
+def test_compiled_loops_count_any_sorted_thresholds(thresholds, n, seed):
     """Any ascending thresholds, equal ones included (where the grid gives up), are counted
     exactly as bucketize searches them."""
     t = np.sort(np.asarray(thresholds, dtype=np.float32))
@@ -120,7 +120,7 @@ def test_cpu_loops_count_any_sorted_thresholds(thresholds, n, seed):
     assert torch.equal(packed, pack_bits(expected, width))
 
 
-def test_cpu_loops_split_does_not_change_the_result(monkeypatch):
+def test_compiled_loops_split_does_not_change_the_result(monkeypatch):
     """The same bytes with the rows on one thread and split across two."""
     cb = beta_codebook(64, 6)
     y = torch.randn(4096, 64, generator=torch.Generator().manual_seed(5)) / 8

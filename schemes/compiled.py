@@ -1,0 +1,73 @@
+"""The compiled CPU loops (numba) of the building blocks, and what they share: the switch that
+turns them on (DTYPES), the gate every codec asks before using them (takes), the numba options
+they are compiled with, and the split of a call's rows across the torch threads.
+
+The loops themselves live beside the building block they serve, in a sibling module named
+<block>_cpu.py: schemes/scalar_quantizer_cpu.py (quantise, pack, dequantise), schemes/hadamard_cpu.py
+(the Walsh–Hadamard butterflies), schemes/kmeans_cpu.py (nearest centroids, k-means++ seeding), and
+the fused per-codec passes schemes/turboquant_cpu.py and schemes/spectralquant_cpu.py. They replace
+chains of whole-tensor torch passes (a dozen reads and writes of every element) with one pass over
+each row in cache, with the same bits; the torch passes serve the other devices (CUDA) and dtypes
+(half precision) and check the loops in the tests.
+
+This module does not import numba (its import costs most of a second, and a run on CUDA never
+needs it): a caller imports its <block>_cpu module only once takes(t) says yes. (schemes/__init__.py
+still imports every module of the package, the <block>_cpu ones included, to register codecs.) numba compiles a
+loop once per dtype on first use (cached on disk beside its module, or in numba's user cache where
+that is not writable).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import numpy as np
+import torch
+
+# The switch: the dtypes the compiled loops take (numba reads and writes CPU tensors of these as
+# NumPy views in place). Tests empty it to route every codec through its torch passes.
+DTYPES = (torch.float32, torch.float64)
+
+# the numba options of every loop (numba.jit(**JIT))
+JIT = {"nopython": True, "nogil": True, "cache": True, "boundscheck": False}
+
+# Rows split across threads (the kernels release the GIL) when a call has at least this many elements.
+_THREADED_MIN_ELEMENTS = 1 << 16
+_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's pool (a forked worker gets its own: the parent's threads do not follow a fork)."""
+    pid = os.getpid()
+    if pid not in _POOLS:
+        _POOLS.clear()
+        _POOLS[pid] = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvharness-loops")
+    return _POOLS[pid]
+
+
+def takes(t: torch.Tensor) -> bool:
+    """Whether the compiled loops take t: a CPU tensor in one of DTYPES."""
+    return t.device.type == "cpu" and t.dtype in DTYPES
+
+
+def row_view(t: torch.Tensor) -> np.ndarray:
+    """A 2-D NumPy view (rows, last dim) of a contiguous CPU tensor."""
+    return t.reshape(-1, t.shape[-1]).numpy()
+
+
+def by_row_blocks(n_rows: int, n_elements: int, run) -> None:
+    """run(start, stop) over contiguous blocks of rows, one per torch thread (the harness's
+    thread budget) on the loops' pool when the call is large enough to pay for the hand-off;
+    blocks write disjoint rows, so the result does not depend on the split."""
+    parts = min(torch.get_num_threads(), n_rows) if n_elements >= _THREADED_MIN_ELEMENTS else 1
+    if parts <= 1:
+        run(0, n_rows)
+        return
+    bounds = [n_rows * i // parts for i in range(parts + 1)]
+    others = [_pool().submit(run, bounds[i], bounds[i + 1]) for i in range(parts - 1)]
+    try:
+        run(bounds[-2], bounds[-1])                    # the last block here, not waiting idle
+    finally:
+        for done in others:
+            done.result()                              # every block finished before leaving; re-raises
+
