@@ -49,10 +49,13 @@ Ledger (DESIGN.md `bits`): per cache the norms, codes, residual norms and sketch
 of the cache's tokens); per model the basis and its scales, σ, the allocation table, d_eff,
 the sketch seed and the codebooks (fitted on separate calibration tokens, or data-independent:
 one set per layer-head, shared by every cache it stores), as the paper's storage formula counts.
+
+Beside the codec: schemes/spectralquant_search.py (the centroid search over all widths at once),
+schemes/spectralquant_memos.py (the memos of its stages, shared by the cells of a chunk),
+schemes/spectralquant_cpu.py (its fused CPU passes).
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -64,8 +67,8 @@ from .base import Capabilities, Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
 from . import compiled
-from kvcommon.memo import IdentityMemo
-from .packing import MAX_BITS, pack_bits, pack_variable, unpack_bits, unpack_variable
+from . import spectralquant_memos as memos
+from .packing import MAX_BITS, pack_bits, unpack_bits, unpack_variable
 from .registry import register_variant
 from .unit_rows import unit_rows
 from kvcommon.rng import generator, seed_sequence
@@ -112,166 +115,21 @@ def _quantise_basis(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _basis_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Q = orthonormalised dequantised basis, float64 (..., d, d); the same on encode and decode
-    (remembered for the very tensors it was computed from: _BASES)."""
-    known = _BASES.get((codes, scale))
+    (remembered for the very tensors it was computed from: memos.BASES)."""
+    known = memos.BASES.get((codes, scale))
     if known is not None:
         return known
     u = codes.to(torch.float64) * scale.to(torch.float64).unsqueeze(-2)
     with small_linalg():
         q, r = torch.linalg.qr(u)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
-    return _BASES.put((codes, scale), q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2))
+    return memos.BASES.put((codes, scale), q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2))
 
 
 def _semantic_mask(d_eff: torch.Tensor, d: int) -> torch.Tensor:
     """(B, H, d) bool: the first d_eff coordinates of each head."""
     return torch.arange(d, device=d_eff.device) < d_eff.unsqueeze(-1)
 
-
-_CALIBRATIONS = IdentityMemo(4)   # K and V of the current chunk, with room
-_BASES = IdentityMemo(4)
-_SKETCHES = IdentityMemo(4)
-# The codes of a cache as its encode computed them, for the very stream and width table it stored:
-# decode and score read them back without unpacking (unpack_variable(pack_variable(i, w), w, S) == i,
-# tests/test_spectralquant.py); a stream seen for the first time (another process, a copy) is unpacked.
-_CODES = IdentityMemo(4)
-
-
-_SHIFT = 64.0   # > 2·_CLAMP + the largest |threshold| (3.9 at 8 bits): keeps the widths' blocks apart
-_CLAMP = 30.0
-
-
-@functools.lru_cache(maxsize=None)
-def _all_thresholds(device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(thresholds of the unit Gaussian codebooks of widths 1..8, block w shifted by _SHIFT·w,
-    float64; first[w] = the position of block w, (MAX_BITS + 1,) int64)."""
-    blocks = [gaussian_codebook(w, 1.0).thresholds + _SHIFT * w for w in range(1, MAX_BITS + 1)]
-    first = np.concatenate(([0, 0], np.cumsum([len(b) for b in blocks])[:-1]))
-    return (torch.tensor(np.concatenate(blocks), dtype=torch.float64, device=device),
-            torch.tensor(first, dtype=torch.int64, device=device))
-
-
-@functools.lru_cache(maxsize=None)
-def _threshold_grid(device: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """A lookup table over the shifted axis of _all_thresholds, in cells of 1/per_unit (a power of
-    two, fine enough that no cell holds two thresholds): for the cell starting at edge e, the
-    final index of a value at e (the number of its block's thresholds below e; 0 in block 0,
-    width 0) and the smallest threshold ≥ e (+inf if none in its block). A value y in the cell
-    then has index table[c] + (next[c] < y): exactly torch.bucketize's count of the thresholds
-    below y, in one gather and one comparison instead of a binary search."""
-    thresholds, first = _all_thresholds("cpu")
-    per_unit = 256
-    while True:
-        origin = int(-_CLAMP * per_unit)
-        edges = torch.arange(origin, int((_CLAMP + _SHIFT * MAX_BITS) * per_unit) + 2, dtype=torch.float64) / per_unit
-        below = torch.searchsorted(thresholds, edges)                        # thresholds < edge
-        if int((below[1:] - below[:-1]).max()) <= 1:
-            break
-        per_unit *= 2
-    block = torch.div(edges + _CLAMP, _SHIFT, rounding_mode="floor").to(torch.int64).clamp(0, MAX_BITS)
-    table = torch.where(block > 0, below - first[block], torch.zeros_like(below))
-    following = torch.cat((thresholds, thresholds.new_tensor([math.inf])))[below]
-    following = torch.where(block > 0, following, torch.full_like(following, math.inf))
-    return table.to(device), following.to(device), origin, per_unit
-
-
-@functools.lru_cache(maxsize=None)
-def _threshold_grid_float32(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """_threshold_grid for float32 values, without leaving float32: (table uint8, last32 float32,
-    block_cell (MAX_BITS + 1,) int32, per_unit). A float32 y ∈ [−_CLAMP, _CLAMP] of width w lies in
-    cell c = floor(y·per_unit) + block_cell[w] of the table (per_unit a power of two: exact), and
-    has index table[c] + (last32[c] < y), with last32[c] the largest float32 y that the float64
-    search does not count past the cell's next threshold T (fl(y + _SHIFT·w) ≤ T; found by
-    bisection over the float32 values): the very index the float64 search gives, also where
-    y + _SHIFT·w rounds (|y| below ~1e-13 beside the threshold 0)."""
-    table, following, origin, per_unit = _threshold_grid("cpu")
-    edges = (torch.arange(len(table), dtype=torch.float64) + origin) / per_unit
-    shift = (_SHIFT * torch.div(edges + _CLAMP, _SHIFT, rounding_mode="floor").clamp(0, MAX_BITS)).numpy()
-    bound = following.numpy()
-    top = np.int64(np.array(np.finfo(np.float32).max, np.float32).view(np.int32))
-
-    def value(key):   # float32 of an order-preserving integer key (the bits; negatives mirrored)
-        return np.where(key >= 0, key, -key | np.int64(1 << 31)).astype(np.uint32).view(np.float32)
-    lo, hi = np.full(bound.shape, -top), np.full(bound.shape, top)     # not counted at lo, counted at hi
-    while (hi - lo > 1).any():
-        mid = (lo + hi) // 2
-        kept = value(mid).astype(np.float64) + shift <= bound
-        lo, hi = np.where(kept, mid, lo), np.where(kept, hi, mid)
-    last = np.where(np.isfinite(bound), value(lo), np.float32(np.inf))
-    block_cell = (_SHIFT * per_unit * torch.arange(MAX_BITS + 1) - origin).to(torch.int32)
-    return (table.to(device=device, dtype=torch.uint8), torch.from_numpy(last).to(device), block_cell.to(device),
-            per_unit)
-
-
-def _nearest_centroids(u: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
-    """Index (uint8) of the nearest centroid of the unit Gaussian Lloyd–Max codebook of each
-    element's width (0: index 0), for u (..., d) and widths broadcasting to it: one search for all
-    widths, element of width w looked up as clamp(u) + _SHIFT·w among the shifted blocks
-    (_threshold_grid; in float32 throughout for float32 u, _threshold_grid_float32, with the
-    same result). NaN takes the top index of its width, as a per-width search would."""
-    if u.dtype == torch.float32:
-        table, following, block_cell, per_unit = _threshold_grid_float32(str(u.device))
-        y = torch.nan_to_num(u, nan=_CLAMP).clamp_(-_CLAMP, _CLAMP)
-        shape = torch.broadcast_shapes(y.shape, widths.shape)
-        cell = (torch.mul(y, per_unit).floor_().to(torch.int32) + block_cell[widths]).expand(shape).reshape(-1)
-        idx = table.index_select(0, cell)
-        idx += following.index_select(0, cell) < y.expand(shape).reshape(-1)
-        return idx.view(shape)
-    table, following, origin, per_unit = _threshold_grid(str(u.device))
-    shifted = torch.nan_to_num(u.to(torch.float64), nan=_CLAMP).clamp_(-_CLAMP, _CLAMP) + _SHIFT * widths
-    cell = (shifted * per_unit).floor_().to(torch.int64).sub_(origin).view(-1)
-    # index_select, not table[cell]: 2-3x faster on the CPU for a flat index
-    return (table.index_select(0, cell) + (following.index_select(0, cell) < shifted.view(-1))).view(
-        shifted.shape).to(torch.uint8)
-
-
-_COORDINATES = IdentityMemo(4)
-_UNIT_ROWS = IdentityMemo(4)    # K and V of the current chunk, with room
-_QUANTISED = IdentityMemo(16)   # the codes of K and V at a chunk's last budgets (4 codings each), with room
-_DEQUANTISED = IdentityMemo(8)
-
-
-def _values(t: torch.Tensor) -> tuple:
-    """A small tensor's shape, dtype and bytes: a memo tag that matches equal values."""
-    return tuple(t.shape), t.dtype, t.detach().cpu().contiguous().numpy().tobytes()
-
-
-def _quantised(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes (B, H, S, d), their packed stream (B, bytes)) of the coordinates z divided by
-    σ (B, H, d) at the widths (B, H, d): remembered for the very coordinates and the values of the
-    widths and σ, so two codings that allocate alike share them (squ-qkv at budget b and squ-kv at
-    b − 1 give K's semantic coordinates b − 1 bits and the tail 2 for b ≥ 3)."""
-    tag = (_values(widths.to(torch.uint8)), _values(sigma.to(torch.float32)))
-    return _QUANTISED.get_or_compute((z,), lambda: _search_and_pack(z, sigma, widths), tag)
-
-
-def _search_and_pack(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """z / σ, _nearest_centroids and pack_variable: in one compiled pass on the CPU in float32 and
-    float64 (schemes/spectralquant_cpu.py: the same operations, table, comparisons and stream), by
-    torch passes elsewhere."""
-    from . import spectralquant_cpu
-    if spectralquant_cpu.takes(z):
-        return spectralquant_cpu.codes(z, sigma, widths)
-    idx = _nearest_centroids(z / sigma.to(z.dtype).unsqueeze(-2), widths.unsqueeze(-2))
-    return idx, pack_variable(idx, widths)
-
-
-def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """unit_rows(x): by the fused pass on the CPU (spectralquant_cpu.unit_rows, the same bits),
-    remembered for the very x (_UNIT_ROWS: encode's norms and coordinates, every cell of a chunk);
-    by schemes/unit_rows.py's passes elsewhere. Shared: never written in place."""
-    from . import spectralquant_cpu
-    if not spectralquant_cpu.unit_rows_take(x):
-        return unit_rows(x)
-    return _UNIT_ROWS.get_or_compute((x,), lambda: spectralquant_cpu.unit_rows(x))
-
-
-def _coordinates(x: torch.Tensor, cal: Calibration) -> torch.Tensor:
-    """z = Qᵀu (B, H, S, d): the coordinates every coding of x under one calibration quantises,
-    whatever its budget, allocation or sketch (the basis is the calibration's, shared by the sq
-    and squ cells of a chunk); remembered for the very x and basis."""
-    return _COORDINATES.get_or_compute(
-        (x, cal.basis), lambda: _unit_rows(x)[0] @ cal.basis.to(device=x.device, dtype=x.dtype))
 
 
 @dataclass
@@ -318,7 +176,7 @@ class SpectralQuant(PerTensorScheme):
         """The calibration of x (B, H, n, d): the data-dependent part from the memo when the same
         tensor was calibrated last (the cells of a sweep that share data), widths for this scheme."""
         tag = (self.rng, resolve_eigensolver(self.eigensolver, self.dim))
-        shared = _CALIBRATIONS.get_or_compute((x,), lambda: self._spectrum(x), tag)
+        shared = memos.CALIBRATIONS.get_or_compute((x,), lambda: self._spectrum(x), tag)
         return replace(shared, widths=self._allocate(shared.sigma, shared.d_eff, sketched))
 
     def _spectrum(self, x: torch.Tensor) -> Calibration:
@@ -399,14 +257,14 @@ class SpectralQuant(PerTensorScheme):
 
     def _sketch_matrix(self, enc: Encoded, prefix: str, dtype) -> torch.Tensor:
         """S (B, H, m, d), i.i.d. N(0, 1) per trial and head, drawn from the stored seeds (once per
-        seeds tensor: encode, decode and score of one cache share the draw, _SKETCHES)."""
+        seeds tensor: encode, decode and score of one cache share the draw, memos.SKETCHES)."""
         seeds = enc.codes[f"{prefix}.sketch_seed"]
         tag = (self.rng, enc.shape[1], self.n_projections, self.dim)
-        drawn = _SKETCHES.get((seeds,), tag)
+        drawn = memos.SKETCHES.get((seeds,), tag)
         if drawn is None:
             draws = [[generator(self.rng, int(seed), h).standard_normal((self.n_projections, self.dim))
                       for h in range(enc.shape[1])] for seed in seeds.tolist()]
-            drawn = _SKETCHES.put((seeds,), torch.from_numpy(np.array(draws)).to(seeds.device), tag)
+            drawn = memos.SKETCHES.put((seeds,), torch.from_numpy(np.array(draws)).to(seeds.device), tag)
         return drawn.to(dtype)
 
     # --- one tensor ---------------------------------------------------------------------------
@@ -419,7 +277,7 @@ class SpectralQuant(PerTensorScheme):
                 resolve_eigensolver(self.eigensolver, self.dim), trials)
 
     def coding_tensors(self, prefix: str) -> tuple[torch.Tensor, ...]:
-        """The calibration's basis: one object per calibration (_CALIBRATIONS), hence per fitted data."""
+        """The calibration's basis: one object per calibration (memos.CALIBRATIONS), hence per fitted data."""
         return (self.calibration[prefix].basis,) if prefix in self.calibration else ()
 
     def encode_tensor(self, x: torch.Tensor, prefix: str, enc: Encoded) -> None:
@@ -431,8 +289,8 @@ class SpectralQuant(PerTensorScheme):
         if tuple(cal.widths.shape[:2]) != (b, h):
             raise ValueError(f"fitted on (B, H) = {tuple(cal.widths.shape[:2])} but asked to encode "
                              f"(B, H) = {(b, h)}; fit on calibration data of the same trials")
-        norms = _unit_rows(x)[1]
-        z = _coordinates(x, cal)
+        norms = memos.fused_unit_rows(x)[1]
+        z = memos.coordinates(x, cal.basis)
         sigma = cal.sigma.to(device=x.device, dtype=x.dtype).unsqueeze(-2)
         widths = cal.widths.to(x.device)
         for width in torch.unique(widths).tolist():
@@ -443,7 +301,7 @@ class SpectralQuant(PerTensorScheme):
                 needs = (widths == width).flatten(1).any(-1) * stored_bits(book)                    # (B,)
                 enc.exact_bits[key] = torch.maximum(enc.exact_bits.get(key, torch.zeros_like(needs)), needs)
                 enc.model.add(key)
-        idx, packed = _quantised(z, cal.sigma.to(x.device), widths)
+        idx, packed = memos.quantised(z, cal.sigma.to(x.device), widths)
         enc.codes[f"{prefix}.norm"] = norms.to(torch.float32, copy=True)   # not the shared tensor
         enc.codes[f"{prefix}.codes"] = packed
         # each trial's own stream, in whole bytes (the batch pads to the longest one)
@@ -452,7 +310,7 @@ class SpectralQuant(PerTensorScheme):
         enc.codes[f"{prefix}.basis_scale"] = cal.basis_scale.to(x.device)
         enc.codes[f"{prefix}.sigma"] = cal.sigma.to(x.device)
         enc.codes[f"{prefix}.widths"] = pack_bits(widths.to(torch.uint8), _TABLE_BITS)
-        _CODES.put((enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]), idx)   # uint8
+        memos.CODES.put((enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]), idx)   # uint8
         enc.model.update(f"{prefix}.{name}" for name in ("basis", "basis_scale", "sigma", "widths"))
         if sketched:
             enc.codes[f"{prefix}.d_eff"] = cal.d_eff.to(device=x.device, dtype=torch.int16)
@@ -492,8 +350,8 @@ class SpectralQuant(PerTensorScheme):
 
         One lookup in the concatenation [0, codebook(1 bit), codebook(2 bits), ...] of the
         stored codebooks, at the offset of each coordinate's width. Remembered for the very codes
-        and the values of the widths and σ (_DEQUANTISED): a sketched coding's encode, decode and
-        score, and the codings sharing its codes (_quantised), dequantise once."""
+        and the values of the widths and σ (memos.DEQUANTISED): a sketched coding's encode, decode and
+        score, and the codings sharing its codes (memos.quantised), dequantise once."""
         def dequantise() -> torch.Tensor:
             values, offsets = SpectralQuant._codebook_table(enc, dtype, idx.device)
             if compiled.takes(values):   # the same values as the two passes below, in one
@@ -502,8 +360,8 @@ class SpectralQuant(PerTensorScheme):
             flat = (offsets[widths].unsqueeze(-2) + idx).reshape(-1)
             return values.index_select(0, flat).view(idx.shape) * sigma
         # not the set of stored books: each code reads its own width's book (Gaussian Lloyd–Max, fixed)
-        tag = (dtype, *(_values(t) for t in (widths.to(torch.uint8), sigma.to(dtype))))
-        return _DEQUANTISED.get_or_compute((idx,), dequantise, tag)
+        tag = (dtype, *(memos.values_tag(t) for t in (widths.to(torch.uint8), sigma.to(dtype))))
+        return memos.DEQUANTISED.get_or_compute((idx,), dequantise, tag)
 
     def _stored(self, enc: Encoded, prefix: str):
         """(Q (B, H, d, d), widths (B, H, d), σ (B, H, 1, d)) from the stored codes."""
@@ -514,10 +372,10 @@ class SpectralQuant(PerTensorScheme):
 
     @staticmethod
     def _codes(enc: Encoded, prefix: str, widths: torch.Tensor) -> torch.Tensor:
-        """The stored codes of one tensor, (B, H, S, d): uint8 as encode remembered them (_CODES), or
+        """The stored codes of one tensor, (B, H, S, d): uint8 as encode remembered them (memos.CODES), or
         int64 unpacked from a stream seen for the first time."""
         stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
-        known = _CODES.get((stream, table))
+        known = memos.CODES.get((stream, table))
         return known if known is not None else unpack_variable(stream, widths, enc.shape[2])
 
     def _z_hat(self, enc: Encoded, prefix: str, sketched: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -525,7 +383,7 @@ class SpectralQuant(PerTensorScheme):
         basis, widths, sigma = self._stored(enc, prefix)
         stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
         from . import spectralquant_cpu
-        if _CODES.get((stream, table)) is None and stream.device.type == "cpu" and \
+        if memos.CODES.get((stream, table)) is None and stream.device.type == "cpu" and \
                 spectralquant_cpu.takes(torch.empty(0, dtype=enc.dtype)):
             # a stream not coded here: read back, looked up and scaled in one pass (the same values)
             values, offsets = self._codebook_table(enc, enc.dtype, stream.device)

@@ -2,10 +2,10 @@
 dense matmul (MKL's: at d = 128 it runs several times faster than a compiled per-row product,
 and a per-row product would not sum in its order, so the codes would change).
 
-Encode, after z = u @ Q (spectralquant._coordinates): one pass over the coordinates of a trial,
+Encode, after z = u @ Q (spectralquant_memos.coordinates): one pass over the coordinates of a trial,
 head after head and token after token, that divides coordinate i by σ_i, finds the index of
 the nearest centroid of the unit Gaussian Lloyd–Max codebook of its width b_i (the threshold
-grid of spectralquant._threshold_grid_float32 in float32, _threshold_grid in float64: one cell
+grid of spectralquant_search.threshold_grid_float32 in float32, threshold_grid in float64: one cell
 lookup and one comparison) and appends it, b_i bits, to the trial's stream
 (packing.pack_variable's layout) — in place of the division, the search and the packing as
 three passes. Every element goes through the torch passes' operations in their order and
@@ -16,7 +16,7 @@ one pass per row in place of six (|x|, its maximum, the division, the norm, the 
 the peak as turboquant_cpu finds it, the sum of squares in torch.linalg.vector_norm's order
 (turboquant_cpu.norm_order; where no order reproduces it, schemes/unit_rows.py's passes run).
 
-Decode of a stream this process has not coded (its codes not remembered, spectralquant._CODES):
+Decode of a stream this process has not coded (its codes not remembered, spectralquant_memos.CODES):
 the codes read back from the stream, looked up in the stored codebooks and scaled by σ in one
 pass per trial (`dequantised_stream`), in place of unpack_variable's passes and the lookup.
 
@@ -286,8 +286,8 @@ def takes(z: torch.Tensor) -> bool:
 def codes(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 codes (B, H, S, d), stream uint8 (B, bytes)) of the coordinates z (B, H, S, d), a CPU
     tensor with takes(z), divided by σ (B, H, d) at widths (B, H, d): the codes of
-    spectralquant._nearest_centroids(z / σ) and packing.pack_variable's stream, in one pass."""
-    from .spectralquant import _CLAMP, _SHIFT, _threshold_grid, _threshold_grid_float32
+    spectralquant_search.nearest_centroids(z / σ) and packing.pack_variable's stream, in one pass."""
+    from .spectralquant_search import CLAMP, SHIFT, threshold_grid, threshold_grid_float32
     z = z.detach().contiguous()
     kind = z.numpy().dtype.type
     sigma = sigma.to(z.dtype).reshape(widths.shape).contiguous()
@@ -297,16 +297,16 @@ def codes(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[t
     out = torch.empty(z.shape, dtype=torch.uint8)
     stream = torch.empty(z.shape[0], (longest + 7) // 8, dtype=torch.uint8)
     if z.dtype == torch.float32:
-        table, bound, cell_of_width, per_unit = _threshold_grid_float32("cpu")
+        table, bound, cell_of_width, per_unit = threshold_grid_float32("cpu")
         offset = 0.0
     else:
-        table, bound, origin, per_unit = _threshold_grid("cpu")
-        cell_of_width, offset = torch.full((MAX_BITS + 1,), -origin, dtype=torch.int64), _SHIFT
+        table, bound, origin, per_unit = threshold_grid("cpu")
+        cell_of_width, offset = torch.full((MAX_BITS + 1,), -origin, dtype=torch.int64), SHIFT
     if z.numel():
         zn, sn, wn, on, st = z.numpy(), sigma.numpy(), widths.numpy(), out.numpy(), stream.numpy()
         cw, tb, bd = cell_of_width.to(torch.int32).numpy(), table.numpy(), bound.numpy()
         by_row_blocks(zn.shape[0], z.numel(), lambda a, b: _code_rows(
-            zn[a:b], sn[a:b], wn[a:b], kind(_CLAMP), kind(per_unit), kind(offset), cw, tb, bd, on[a:b], st[a:b]))
+            zn[a:b], sn[a:b], wn[a:b], kind(CLAMP), kind(per_unit), kind(offset), cw, tb, bd, on[a:b], st[a:b]))
     return out, stream
 
 

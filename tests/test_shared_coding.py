@@ -125,14 +125,14 @@ def test_spectralquant_projects_a_tensor_once_for_every_budget_and_variant():
     """z = Qᵀu depends on the tensor and the calibration alone: sq and squ cells at any budget
     share it (the calibration is shared too, σ's division is in the coding's one pass), and it
     equals a fresh projection."""
-    from schemes.spectralquant import _coordinates
+    from schemes.spectralquant_memos import coordinates
     g = torch.Generator().manual_seed(4)
     k, v = (torch.randn(2, 1, 48, 16, generator=g) * torch.linspace(2, 0.1, 16) for _ in range(2))
     made = [schemes.create(n, budget=b, dim=16).fit(k, v) for n, b in (("sq-kv", 2), ("squ-qkv", 5))]
-    first, second = (_coordinates(k, s.calibration["k"]) for s in made)
+    first, second = (coordinates(k, s.calibration["k"].basis) for s in made)
     assert first is second
     fresh = schemes.create("sq-kv", budget=3, dim=16).fit(k.clone(), v.clone())
-    assert torch.equal(first, _coordinates(k.clone(), fresh.calibration["k"]))
+    assert torch.equal(first, coordinates(k.clone(), fresh.calibration["k"].basis))
 
 
 def test_turboquant_variants_of_a_budget_rotate_and_quantise_a_tensor_once(monkeypatch):
@@ -169,12 +169,12 @@ def test_spectralquant_codings_that_allocate_alike_quantise_once(monkeypatch):
     """squ-qkv at budget b gives K's semantic coordinates b − 1 bits and the tail 2, as squ-kv at
     b − 1 does (b ≥ 3): one calibration, the same widths, so one search and one packed stream,
     equal to a fresh coding's; sq-kv at b allocates otherwise and codes apart."""
-    from schemes import spectralquant
+    from schemes import spectralquant_memos
     g = torch.Generator().manual_seed(8)
     k, v = (torch.randn(2, 1, 48, 16, generator=g) * torch.linspace(2, 0.1, 16) for _ in range(2))
     calls = []
-    real = spectralquant._search_and_pack
-    monkeypatch.setattr(spectralquant, "_search_and_pack", lambda *a: calls.append(1) or real(*a))
+    real = spectralquant_memos.search_and_pack
+    monkeypatch.setattr(spectralquant_memos, "search_and_pack", lambda *a: calls.append(1) or real(*a))
     made = {(n, b): schemes.create(n, budget=b, dim=16).fit(k, v) for n, b in
             (("squ-kv", 3), ("squ-qkv", 4), ("sq-kv", 4))}
     coded = {key: s.encode(k, v) for key, s in made.items()}
@@ -193,10 +193,10 @@ def test_spectralquant_codings_that_allocate_alike_quantise_once(monkeypatch):
 def test_a_sketched_spectralquant_coding_dequantises_once(monkeypatch):
     """sq-qkv's K: encode (the residual), decode and the score on the codes read one ẑ, equal to a
     fresh coding's."""
-    from schemes import spectralquant
+    from schemes import spectralquant_memos
     computed = []
-    real = spectralquant._DEQUANTISED.put
-    monkeypatch.setattr(spectralquant._DEQUANTISED, "put", lambda *a: computed.append(1) or real(*a))
+    real = spectralquant_memos.DEQUANTISED.put
+    monkeypatch.setattr(spectralquant_memos.DEQUANTISED, "put", lambda *a: computed.append(1) or real(*a))
     g = torch.Generator().manual_seed(9)
     k, v, q = (torch.randn(2, 1, 48, 16, generator=g) * torch.linspace(2, 0.1, 16) for _ in range(3))
     s = schemes.create("sq-qkv", budget=3, dim=16).fit(k, v)

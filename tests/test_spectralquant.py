@@ -224,17 +224,17 @@ def test_variable_width_packing_roundtrips(b, h, s, d, seed):
 
 @pytest.mark.parametrize("name", ["sq-kv", "squ-qkqv"])
 def test_decoding_a_copy_of_the_stored_codes_gives_the_same_cache(name):
-    """decode and score read the codes encode remembered for its very streams (_CODES); a copy
+    """decode and score read the codes encode remembered for its very streams (CODES); a copy
     of the stored tensors (as another process would hold) is unpacked instead: same values."""
     from schemes.base import Encoded
-    from schemes.spectralquant import _CODES
+    from schemes.spectralquant_memos import CODES
     data = _draw("spectral_decay", n_trials=3, seq_len=40, dim=32, n_calib=128)
     scheme = schemes.create(name, budget=3, dim=32).fit(data["k_cal"], data["v_cal"])
     enc = scheme.encode(data["k"], data["v"])
-    assert _CODES.get((enc.codes["k.codes"], enc.codes["k.widths"])) is not None
+    assert CODES.get((enc.codes["k.codes"], enc.codes["k.widths"])) is not None
     copy = Encoded(enc.shape, enc.dtype, codes={n: t.clone() for n, t in enc.codes.items()},
                    side=dict(enc.side), exact_bits=dict(enc.exact_bits), model=set(enc.model))
-    assert _CODES.get((copy.codes["k.codes"], copy.codes["k.widths"])) is None
+    assert CODES.get((copy.codes["k.codes"], copy.codes["k.widths"])) is None
     for a, b in zip(scheme.decode(enc), scheme.decode(copy)):
         assert torch.equal(a, b)
     assert torch.equal(scheme.score(data["q"], enc), scheme.score(data["q"], copy))
@@ -438,12 +438,12 @@ def test_calibration_memo_shares_only_the_same_unmodified_tensor():
 def test_one_search_finds_the_nearest_centroid_of_every_width(seed, spread):
     """The shifted single search against a brute-force argmin over each width's centroids."""
     from schemes.lloyd_max import gaussian_codebook
-    from schemes.spectralquant import _nearest_centroids
+    from schemes.spectralquant_search import nearest_centroids
     gen = np.random.default_rng(seed)
     u = torch.from_numpy(gen.standard_normal((40, 9)) * np.where(gen.random((40, 9)) < 0.1, spread, 1.0))
     widths = torch.arange(9).expand(40, 9)
     u[0] = float("nan")                      # NaN: the top index of each width, never out of range
-    idx = _nearest_centroids(u, widths).long()
+    idx = nearest_centroids(u, widths).long()
     assert idx[0].tolist() == [0] + [2 ** w - 1 for w in range(1, 9)]
     u, idx = u[1:], idx[1:]
     assert (idx[:, 0] == 0).all()
@@ -456,16 +456,16 @@ def test_one_search_finds_the_nearest_centroid_of_every_width(seed, spread):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_lookup_table_equals_a_binary_search_on_every_threshold(dtype):
-    """_nearest_centroids' table lookup against torch.bucketize over the shifted thresholds (the
+    """nearest_centroids' table lookup against torch.bucketize over the shifted thresholds (the
     search it replaces), on every threshold of every width, its floating-point neighbours, the
     cell edges around it, random values and the clamp's limits."""
-    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids
-    thresholds, first = _all_thresholds("cpu")
+    from schemes.spectralquant_search import CLAMP, SHIFT, all_thresholds, nearest_centroids
+    thresholds, first = all_thresholds("cpu")
     values, widths = [], []
     for w in range(1, 9):
-        t = (thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w)
+        t = (thresholds[first[w]:first[w] + 2 ** w - 1] - SHIFT * w)
         near = torch.cat((t, torch.nextafter(t, t + 1), torch.nextafter(t, t - 1), torch.floor(t * 256) / 256,
-                          torch.ceil(t * 256) / 256, torch.tensor([-_CLAMP, _CLAMP, -1e30, 1e30, 0.0],
+                          torch.ceil(t * 256) / 256, torch.tensor([-CLAMP, CLAMP, -1e30, 1e30, 0.0],
                                                                    dtype=torch.float64)))
         if dtype == torch.float32:   # the float32 path: each threshold's float32 rounding and its neighbours
             t32 = t.to(torch.float32)
@@ -476,21 +476,21 @@ def test_the_lookup_table_equals_a_binary_search_on_every_threshold(dtype):
     rand = torch.randn(4000, generator=gen, dtype=torch.float64) * 2
     values = torch.cat(values + [rand]).to(dtype)
     widths = torch.cat(widths + [torch.randint(0, 9, (4000,), generator=gen)])
-    # ±inf, NaN, and values so small that y + _SHIFT·w rounds beside the threshold 0 (the search's
+    # ±inf, NaN, and values so small that y + SHIFT·w rounds beside the threshold 0 (the search's
     # float64 sum, which the float32 path reproduces)
     tiny = [2.0 ** -44, 2.0 ** -47, 1e-45, 3e-14, 6e-14, 1e-13, 1e-30]
     special = [math.inf, -math.inf, math.nan] + tiny + [-x for x in tiny]
     values = torch.cat((values, torch.tensor(special, dtype=dtype).repeat(8)))
     widths = torch.cat((widths, torch.arange(1, 9).repeat_interleave(len(special))))
-    shifted = torch.nan_to_num(values.to(torch.float64), nan=_CLAMP).clamp(-_CLAMP, _CLAMP) + _SHIFT * widths
+    shifted = torch.nan_to_num(values.to(torch.float64), nan=CLAMP).clamp(-CLAMP, CLAMP) + SHIFT * widths
     expected = torch.where(widths > 0, torch.bucketize(shifted, thresholds) - first[widths], 0)
-    found = _nearest_centroids(values, widths)
+    found = nearest_centroids(values, widths)
     assert found.dtype == torch.uint8 and torch.equal(found.long(), expected)
     # in the codec's layout: widths (B, H, 1, d) broadcast over the tokens
     grid = values[:3960].view(2, 3, 20, 33)
     per_coordinate = torch.randint(0, 9, (2, 3, 1, 33), generator=gen)
-    assert torch.equal(_nearest_centroids(grid, per_coordinate),
-                       _nearest_centroids(grid.reshape(-1), per_coordinate.expand(grid.shape).reshape(-1)).view(grid.shape))
+    assert torch.equal(nearest_centroids(grid, per_coordinate),
+                       nearest_centroids(grid.reshape(-1), per_coordinate.expand(grid.shape).reshape(-1)).view(grid.shape))
 
 
 @pytest.mark.parametrize("impl", ["torch", "reference"])
@@ -514,17 +514,17 @@ def test_sketches_are_drawn_per_trial_index(impl):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(2, 3, 20, 33), (3, 1, 64, 16), (9, 2, 64, 64)])
 def test_the_fused_division_search_and_pack_equal_the_torch_passes(shape, dtype):
-    """spectralquant_cpu.codes (the CPU path) gives the codes of _nearest_centroids(z / σ) and
+    """spectralquant_cpu.codes (the CPU path) gives the codes of nearest_centroids(z / σ) and
     pack_variable's stream, in float32 and float64, on the thresholds' neighbours in the dtype
     (after the division by σ), ±inf, NaN, values beyond the clamp, σ of every scale, tokens not a
     multiple of 8 and a batch large enough to be split across threads."""
     from schemes import spectralquant_cpu
     from schemes.packing import pack_variable
-    from schemes.spectralquant import _CLAMP, _SHIFT, _all_thresholds, _nearest_centroids
-    thresholds, first = _all_thresholds("cpu")
-    t = torch.cat([(thresholds[first[w]:first[w] + 2 ** w - 1] - _SHIFT * w) for w in range(1, 9)]).to(dtype)
+    from schemes.spectralquant_search import CLAMP, SHIFT, all_thresholds, nearest_centroids
+    thresholds, first = all_thresholds("cpu")
+    t = torch.cat([(thresholds[first[w]:first[w] + 2 ** w - 1] - SHIFT * w) for w in range(1, 9)]).to(dtype)
     edges = torch.cat((t, torch.nextafter(t, t + 1), torch.nextafter(t, t - 1),
-                       torch.tensor([math.inf, -math.inf, math.nan, _CLAMP, -_CLAMP, 1e30, -1e30, 0.0, -0.0, 1e-30],
+                       torch.tensor([math.inf, -math.inf, math.nan, CLAMP, -CLAMP, 1e30, -1e30, 0.0, -0.0, 1e-30],
                                     dtype=dtype)))
     gen = torch.Generator().manual_seed(11)
     y = (torch.randn(shape, generator=gen, dtype=torch.float64) * 2).to(dtype)
@@ -535,7 +535,7 @@ def test_the_fused_division_search_and_pack_equal_the_torch_passes(shape, dtype)
     z = y * sigma.to(dtype).unsqueeze(-2)           # z / σ lands on (or, rounded, beside) the edges
     widths = torch.randint(0, 9, (shape[0], shape[1], shape[3]), generator=gen)
     codes, stream = spectralquant_cpu.codes(z, sigma, widths)
-    expected = _nearest_centroids(z / sigma.to(dtype).unsqueeze(-2), widths.unsqueeze(-2))
+    expected = nearest_centroids(z / sigma.to(dtype).unsqueeze(-2), widths.unsqueeze(-2))
     assert codes.dtype == torch.uint8 and torch.equal(codes, expected)
     assert torch.equal(stream, pack_variable(expected, widths))
 
