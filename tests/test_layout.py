@@ -75,3 +75,42 @@ def test_an_import_inside_a_function_is_seen(tmp_path):
     assert _imports("schemes.probe", source, modules, anywhere=True) == {"stats.metrics", "harness.store"}
     assert _upstream({"schemes.probe": {"stats.metrics", "harness.store", "kvcommon.rows"}}) == [
         "schemes.probe imports harness.store", "schemes.probe imports stats.metrics"]
+
+
+# The tests mirror the modules in one flat folder: tests/test_<module>.py holds the tests of one
+# module (<module> the last part of its path, or a package's name), tests/test_<topic>.py those of
+# a behaviour that spans modules (shared coding, refusals, integrity, ...). Subfolders per package
+# would add nothing a name does not say: the modules' last names are unique but for the commands
+# of harness/commands/ named as the module they drive, and conformance and fitted (two packages each).
+def _test_files() -> dict[str, Path]:
+    return {path.stem: path for path in sorted((ROOT / "tests").glob("test_*.py"))}
+
+
+def _misnamed(files: dict[str, Path], modules: dict[str, Path]) -> list[str]:
+    """'test file -> expected name' for each test file that imports exactly one project module (the
+    module it tests) and is not named after it."""
+    out = []
+    for stem, path in files.items():
+        tested = _imports(f"tests.{stem}", path, modules, anywhere=True)
+        if len(tested) == 1:
+            expected = f"test_{next(iter(tested)).rsplit('.', 1)[-1]}"
+            if stem != expected:
+                out.append(f"{stem}.py -> {expected}.py")
+    return out
+
+
+def test_a_test_file_of_one_module_is_named_after_it():
+    """Each test file that imports one project module only is tests/test_<that module>.py."""
+    assert _misnamed(_test_files(), _modules()) == []
+
+
+def test_the_naming_rule_sees_a_misnamed_file(tmp_path):
+    """A file testing stats/energy.py alone under another name is reported; under its module's
+    name, or importing two modules (a topic), it is not."""
+    modules = _modules()
+    for stem, text in (("test_stats_energy", "from stats.energy import energy_distance\n"),
+                       ("test_energy", "def test_x():\n    from stats import energy\n"),
+                       ("test_paired", "from stats.energy import energy_distance\nfrom stats import inference\n")):
+        (tmp_path / f"{stem}.py").write_text(text)
+    files = {path.stem: path for path in sorted(tmp_path.glob("test_*.py"))}
+    assert _misnamed(files, modules) == ["test_stats_energy.py -> test_energy.py"]
