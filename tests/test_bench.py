@@ -8,7 +8,8 @@ from harness.cli import main
 
 def test_bench_json_has_every_figure(capsys):
     code = main(["bench", "--json", "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "4",
-                 "--repeats", "1", "--schemes", "tq-kv,plain-kv", "--budgets", "2,4", "--reference"])
+                 "--repeats", "1", "--schemes", "tq-kv,plain-kv", "--budgets", "2,4", "--reference",
+                 "--triad-mib", "1"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     r = result["runner"]
@@ -147,7 +148,7 @@ def test_bench_times_a_sweep_serially_and_with_workers_in_one_run(capsys):
     compared, and the load average (which sways both times) recorded with them."""
     pytest.importorskip("distributed")
     argv = ["bench", "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "4", "--repeats", "1",
-            "--schemes", "tq-kv", "--workers", "2"]
+            "--schemes", "tq-kv", "--workers", "2", "--triad-mib", "1"]
     assert main([*argv, "--json"]) == 0
     w = json.loads(capsys.readouterr().out)["workers"]
     assert w["cells"] == 12 and w["workers"] == 2 and w["rows_identical"] is True

@@ -37,6 +37,9 @@ def add_arguments(p):
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="also time a 12-cell sweep serially and with --workers N, in this run (the ratio, and the "
                         "load average, which sways both)")
+    p.add_argument("--triad-mib", type=int, default=None, metavar="MIB",
+                   help="size of each of the bandwidth triad's three float64 arrays (default: 4x the last-level "
+                        "cache, at least 64 MiB, at most an eighth of the available memory)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -70,7 +73,17 @@ def run(args) -> int:
                          f"Nq = {shape.queries} in one batch need about {need / 2 ** 30:.1f} GiB, more than the "
                          f"{available / 2 ** 30:.1f} GiB available on {device.type}; lower --trials, --seq-len, --dim "
                          f"or --queries")
-    result = run_bench(shape, device, list(args.schemes) if args.schemes else None, args.budgets, impls)
+    triad_bytes = None
+    if args.triad_mib is not None:
+        if args.triad_mib < 1:
+            raise UsageError("harness bench: --triad-mib must be a positive integer (MiB per array)")
+        triad_bytes = args.triad_mib << 20
+        if 3 * triad_bytes > available:
+            raise UsageError(f"harness bench: --triad-mib {args.triad_mib} needs three arrays of "
+                             f"{args.triad_mib} MiB, more than the {available / 2 ** 20:.0f} MiB available on "
+                             f"{device.type}; lower --triad-mib")
+    result = run_bench(shape, device, list(args.schemes) if args.schemes else None, args.budgets, impls,
+                       triad_bytes)
     if args.workers:
         result["workers"] = workers_speedup(shape, device, args.workers)
     if args.json:
@@ -84,11 +97,27 @@ def run(args) -> int:
     if r.get("reference_trials_per_s"):
         print(f"  reference (NumPy){r['reference_trials_per_s']:10.1f} trials/s   "
               f"(batched = {r['batched_over_reference']:.1f}x)")
+    bw = result["bandwidth"]
+    llc = (f" = {bw['array_over_llc']:.1f}x the {bw['llc_bytes'] / 2 ** 20:.0f} MiB last-level cache"
+           if bw["llc_bytes"] else ", last-level cache unknown")
+    print(f"  memory bandwidth {bw['gb_per_s']:.1f} GB/s: STREAM triad a = b + s·c, float64, "
+          f"{bw['bytes_per_element']} bytes per element (read b, c; write a), arrays of "
+          f"{bw['array_bytes'] / 2 ** 20:.0f} MiB{llc}, {bw['threads']} threads, best of {bw['repeats']}")
+    if bw.get("peak_gb_per_s"):
+        print(f"  device peak {bw['peak_gb_per_s']:.0f} GB/s ({bw['peak_source']}): triad = "
+              f"{bw['fraction_of_peak']:.0%} of it")
     print("  encode+decode vectors/s (scheme, implementation, budget):")
     for name, by_impl in result["schemes_vectors_per_s"].items():
         for impl, by_budget in by_impl.items():
             rates = "  ".join(f"b={b}: {rate:,.0f}" for b, rate in by_budget.items())
             print(f"    {name:<18} {impl:<9} {rates}")
+    print("  least bytes an encode+decode moves per vector (read K/V, write the codes as the ledger counts "
+          "them; read the codes, write K̂/V̂) and the fraction of the bandwidth reached:")
+    for name, by_impl in result["schemes_bytes_per_vector"].items():
+        for impl, by_budget in by_impl.items():
+            cells = "  ".join(f"b={b}: {n:,.1f} B {result['schemes_fraction_of_bandwidth'][name][impl][b]:.1%}"
+                              for b, n in by_budget.items())
+            print(f"    {name:<18} {impl:<9} {cells}")
     a = result["attention"]
     print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
           f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
