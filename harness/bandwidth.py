@@ -150,3 +150,30 @@ def codec_traffic(k: torch.Tensor, enc, ledger, decoded: tuple[torch.Tensor, tor
 
 def fraction_of_bandwidth(vectors_per_s: float, bytes_per_vector: float, gb_per_s: float) -> float:
     return vectors_per_s * bytes_per_vector / (gb_per_s * 1e9)
+
+
+def bandwidth_lines(result: dict) -> list[str]:
+    """The bench result's bandwidth figures as text (harness bench, scripts/gpu_check.sh): the
+    triad, the device's peak where known, and per codec, implementation and budget the least
+    bytes per vector with the fraction of the triad reached (and of the peak, where known)."""
+    bw = result["bandwidth"]
+    llc = (f" = {bw['array_over_llc']:.1f}x the {bw['llc_bytes'] / 2 ** 20:.0f} MiB last-level cache"
+           if bw["llc_bytes"] else ", last-level cache unknown")
+    lines = [f"memory bandwidth {bw['gb_per_s']:.1f} GB/s on {bw['device']}: STREAM triad a = b + s·c, float64, "
+             f"{bw['bytes_per_element']} bytes per element (read b, c; write a), arrays of "
+             f"{bw['array_bytes'] / 2 ** 20:.0f} MiB{llc}, {bw['threads']} threads, best of {bw['repeats']}"]
+    peak = bw.get("peak_gb_per_s")
+    if peak:
+        lines.append(f"device peak {peak:.0f} GB/s ({bw['peak_source']}): the triad reaches "
+                     f"{bw['fraction_of_peak']:.0%} of it")
+    lines.append("least bytes an encode+decode moves per vector (read K/V, write the codes as the codec's ledger "
+                 "counts them; read the codes, write K̂/V̂) and the fraction of the triad's bandwidth reached"
+                 + (" (of the device's peak)" if peak else "") + ":")
+    for name, by_impl in result["schemes_bytes_per_vector"].items():
+        for impl, by_budget in by_impl.items():
+            cells = []
+            for b, n in by_budget.items():
+                f = result["schemes_fraction_of_bandwidth"][name][impl][b]
+                cells.append(f"b={b}: {n:,.1f} B {f:.1%}" + (f" ({f * bw['gb_per_s'] / peak:.1%})" if peak else ""))
+            lines.append(f"  {name:<18} {impl:<9} " + "  ".join(cells))
+    return lines

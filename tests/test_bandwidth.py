@@ -139,3 +139,35 @@ def test_bad_triad_size(capsys):
     assert main(["bench", "--triad-mib", str(1 << 40)]) == 2
     err = capsys.readouterr().err
     assert "lower --triad-mib" in err and len(err.strip().splitlines()) == 1
+
+
+def test_lines_with_a_device_peak_give_each_codecs_share_of_it(bench_json):
+    """Where the device states its peak (a GPU), each codec's fraction of the peak is its fraction
+    of the triad times the triad's share of the peak."""
+    result = json.loads(json.dumps(bench_json))
+    bw = result["bandwidth"]
+    bw.update(peak_gb_per_s=4 * bw["gb_per_s"], peak_source="test", fraction_of_peak=0.25)
+    lines = bandwidth.bandwidth_lines(result)
+    assert lines[1].startswith("device peak") and "reaches 25% of it" in lines[1]
+    f = result["schemes_fraction_of_bandwidth"]["int4"]["torch"]["2"]
+    row = next(line for line in lines if line.strip().startswith("int4"))
+    assert f"{f:.1%} ({f / 4:.1%})" in row
+    assert not any(line.startswith("device peak") for line in bandwidth.bandwidth_lines(bench_json))
+
+
+def test_gpu_check_says_so_and_exits_0_without_a_gpu(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the script would run the whole check")
+    run = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                                                     "PYTHON": sys.executable},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "no GPU figures: torch.cuda.is_available() is False" in run.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["device.txt"]
+    run = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                                                     "PYTHON": str(tmp_path / "no-python")},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "cannot import torch" in run.stderr

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from ..bandwidth import bandwidth_lines
 from ..bench import BenchShape, grid_time, memory_needed, run_bench, workers_speedup
 from ..devices import DEVICES, available_memory_bytes, resolve_device
 from ..errors import UsageError
@@ -97,27 +98,13 @@ def run(args) -> int:
     if r.get("reference_trials_per_s"):
         print(f"  reference (NumPy){r['reference_trials_per_s']:10.1f} trials/s   "
               f"(batched = {r['batched_over_reference']:.1f}x)")
-    bw = result["bandwidth"]
-    llc = (f" = {bw['array_over_llc']:.1f}x the {bw['llc_bytes'] / 2 ** 20:.0f} MiB last-level cache"
-           if bw["llc_bytes"] else ", last-level cache unknown")
-    print(f"  memory bandwidth {bw['gb_per_s']:.1f} GB/s: STREAM triad a = b + s·c, float64, "
-          f"{bw['bytes_per_element']} bytes per element (read b, c; write a), arrays of "
-          f"{bw['array_bytes'] / 2 ** 20:.0f} MiB{llc}, {bw['threads']} threads, best of {bw['repeats']}")
-    if bw.get("peak_gb_per_s"):
-        print(f"  device peak {bw['peak_gb_per_s']:.0f} GB/s ({bw['peak_source']}): triad = "
-              f"{bw['fraction_of_peak']:.0%} of it")
     print("  encode+decode vectors/s (scheme, implementation, budget):")
     for name, by_impl in result["schemes_vectors_per_s"].items():
         for impl, by_budget in by_impl.items():
             rates = "  ".join(f"b={b}: {rate:,.0f}" for b, rate in by_budget.items())
             print(f"    {name:<18} {impl:<9} {rates}")
-    print("  least bytes an encode+decode moves per vector (read K/V, write the codes as the ledger counts "
-          "them; read the codes, write K̂/V̂) and the fraction of the bandwidth reached:")
-    for name, by_impl in result["schemes_bytes_per_vector"].items():
-        for impl, by_budget in by_impl.items():
-            cells = "  ".join(f"b={b}: {n:,.1f} B {result['schemes_fraction_of_bandwidth'][name][impl][b]:.1%}"
-                              for b, n in by_budget.items())
-            print(f"    {name:<18} {impl:<9} {cells}")
+    for line in bandwidth_lines(result):
+        print(f"  {line}")
     a = result["attention"]
     print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
           f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
