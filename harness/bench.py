@@ -54,15 +54,26 @@ class BenchShape:
     repeats: int = 3
 
 
+def _sync() -> None:
+    """Wait for the GPU's queued work, where torch has started CUDA: a CUDA call returns before its
+    kernels finish, so a timing without it measures the launches, not the work."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _timed(fn) -> float:
+    """Wall time (s) of one call, the GPU's work included."""
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
 def _samples(fn, repeats: int) -> list[float]:
     """Wall times (s) of `repeats` calls after one warm-up call."""
     fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+    return [_timed(fn) for _ in range(repeats)]
 
 
 def _unremembered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -86,9 +97,7 @@ def _alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
     out = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            out[name].append(time.perf_counter() - t0)
+            out[name].append(_timed(fn))
     return out
 
 
