@@ -2,7 +2,9 @@
 
 - runner: trials/s of the batched cell runner vs a per-trial loop (same cells, same data)
   vs the independent reference implementation;
-- schemes: encode+decode vectors/s per scheme;
+- schemes: encode+decode vectors/s per scheme, the least bytes each encode+decode moves per
+  vector and the fraction of the machine's memory bandwidth (a STREAM triad in the same run)
+  it reaches (harness/bandwidth.py);
 - attention: achieved fraction of the machine's measured matmul throughput in the metrics'
   attention step (q kᵀ and softmax · v as batched matmuls);
 - rotation: tq-kv's encode+decode with its randomized Hadamard transform vs the same codec
@@ -34,6 +36,7 @@ import schemes
 from kvcommon import threads
 from schemes import turboquant
 
+from .bandwidth import codec_traffic, fraction_of_bandwidth, memory_bandwidth
 from .cell import (CellFailure, bytes_per_trial, create_scheme, draw_trials, run_cell_chunk, run_serial,
                    trial_memory_bytes)
 from .sweep import Cell, SweepConfig, grid
@@ -51,15 +54,26 @@ class BenchShape:
     repeats: int = 3
 
 
+def _sync() -> None:
+    """Wait for the GPU's queued work, where torch has started CUDA: a CUDA call returns before its
+    kernels finish, so a timing without it measures the launches, not the work."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _timed(fn) -> float:
+    """Wall time (s) of one call, the GPU's work included."""
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
 def _samples(fn, repeats: int) -> list[float]:
     """Wall times (s) of `repeats` calls after one warm-up call."""
     fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+    return [_timed(fn) for _ in range(repeats)]
 
 
 def _unremembered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -83,9 +97,7 @@ def _alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
     out = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            out[name].append(time.perf_counter() - t0)
+            out[name].append(_timed(fn))
     return out
 
 
@@ -140,10 +152,11 @@ def _gaussian_caches(shape: BenchShape, device: torch.device) -> tuple[torch.Ten
 
 def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] | None = None,
                       budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",),
-                      samples: dict | None = None) -> dict:
+                      samples: dict | None = None, traffic: dict | None = None) -> dict:
     """Encode+decode vectors/s on (8, 1, S, d) Gaussian K and V (a vector is one token of K or V):
     {scheme: {impl: {budget: vectors/s}}}; schemes an implementation lacks are left out. The raw
-    samples (s) go to `samples` in the same layout."""
+    samples (s) go to `samples` in the same layout, and the least bytes each encode+decode moves
+    (bandwidth.codec_traffic, from the codec's own ledger of its coding) to `traffic`."""
     k, v = _gaussian_caches(shape, device)
     result: dict = {}
     for name in names or schemes.registry.all_schemes():
@@ -154,10 +167,20 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
                 except ValueError:
                     continue  # not in this implementation, or this shape breaks its constraints
                 s.fit(k, v)
-                times = _samples(lambda s=s: s.decode(s.encode(k, v)), 1 if impl == "reference" else shape.repeats)
+                first: dict = {}
+
+                def code(s=s, first=first):
+                    enc = s.encode(k, v)
+                    out = s.decode(enc)
+                    first.setdefault("enc", enc)
+                    first.setdefault("out", out)
+                times = _samples(code, 1 if impl == "reference" else shape.repeats)
                 result.setdefault(name, {}).setdefault(impl, {})[budget] = 2 * k.shape[0] * shape.seq_len / min(times)
                 if samples is not None:
                     samples.setdefault(name, {}).setdefault(impl, {})[budget] = times
+                if traffic is not None:   # from the untimed warm-up call's coding
+                    traffic.setdefault(name, {}).setdefault(impl, {})[budget] = codec_traffic(
+                        k, first["enc"], s.bits(first["enc"]), first["out"])
     return result
 
 
@@ -244,16 +267,35 @@ def threads_comparison(shape: BenchShape, device: torch.device, n_trials: int = 
 
 
 def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] | None = None,
-              budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",)) -> dict:
+              budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",),
+              triad_bytes: int | None = None) -> dict:
+    """Every figure of `harness bench` but the grid's and the workers'; triad_bytes: each array of
+    the bandwidth triad (None: bandwidth.triad_array_bytes)."""
     load_before = os.getloadavg()
     samples: dict = {}
+    traffic: dict = {}
     result = {"device": str(device), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
               "shape": shape.__dict__, "runner": runner_throughput(shape, device),
-              "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names, budgets, impls, samples),
-              "schemes_samples_s": samples, "attention": attention_efficiency(shape, device),
-              "rotation": rotation_comparison(shape, device), "threads_comparison": threads_comparison(shape, device)}
+              "bandwidth": memory_bandwidth(device, triad_bytes, max(5, shape.repeats)),
+              "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names, budgets, impls, samples,
+                                                         traffic),
+              "schemes_samples_s": samples}
+    gb_per_s = result["bandwidth"]["gb_per_s"]
+    result["schemes_bytes_per_vector"] = _per_codec(traffic, lambda t, _: t["bytes_per_vector"])
+    result["schemes_code_bytes_per_vector"] = _per_codec(traffic, lambda t, _: t["code_bytes_per_vector"])
+    result["schemes_fraction_of_bandwidth"] = _per_codec(
+        traffic, lambda t, rate: fraction_of_bandwidth(rate, t["bytes_per_vector"], gb_per_s),
+        result["schemes_vectors_per_s"])
+    result.update(attention=attention_efficiency(shape, device), rotation=rotation_comparison(shape, device),
+                  threads_comparison=threads_comparison(shape, device))
     result["load_average"] = {"before": list(load_before), "after": list(os.getloadavg())}
     return result
+
+
+def _per_codec(traffic: dict, figure, rates: dict | None = None) -> dict:
+    """{scheme: {impl: {budget: figure(traffic entry, its vectors/s)}}}."""
+    return {name: {impl: {b: figure(t, rates[name][impl][b] if rates else None) for b, t in by_b.items()}
+                   for impl, by_b in by_impl.items()} for name, by_impl in traffic.items()}
 
 
 def _time_cells(config: SweepConfig, device: torch.device, chunk_trials: int | None = None

@@ -8,7 +8,8 @@ from harness.cli import main
 
 def test_bench_json_has_every_figure(capsys):
     code = main(["bench", "--json", "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "4",
-                 "--repeats", "1", "--schemes", "tq-kv,plain-kv", "--budgets", "2,4", "--reference"])
+                 "--repeats", "1", "--schemes", "tq-kv,plain-kv", "--budgets", "2,4", "--reference",
+                 "--triad-mib", "1"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     r = result["runner"]
@@ -147,10 +148,27 @@ def test_bench_times_a_sweep_serially_and_with_workers_in_one_run(capsys):
     compared, and the load average (which sways both times) recorded with them."""
     pytest.importorskip("distributed")
     argv = ["bench", "--dim", "16", "--seq-len", "32", "--queries", "4", "--trials", "4", "--repeats", "1",
-            "--schemes", "tq-kv", "--workers", "2"]
+            "--schemes", "tq-kv", "--workers", "2", "--triad-mib", "1"]
     assert main([*argv, "--json"]) == 0
     w = json.loads(capsys.readouterr().out)["workers"]
     assert w["cells"] == 12 and w["workers"] == 2 and w["rows_identical"] is True
     assert w["serial_over_workers"] == pytest.approx(w["serial_s"] / w["workers_s"])
     assert all(len(w["loadavg"][k]) == 3 for k in ("before", "between", "after"))
     assert main(["bench", "--workers", "0"]) == 2
+
+
+def test_timings_wait_for_the_gpu_where_cuda_is_started(monkeypatch):
+    """A CUDA call returns before its kernels finish: every timed call is fenced by a synchronize
+    on each side (the warm-up needs none), in _samples and _alternate alike."""
+    import torch
+
+    from harness import bench
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+    assert len(bench._samples(lambda: events.append("call"), 2)) == 2
+    assert events == ["call"] + ["sync", "call", "sync"] * 2
+    events.clear()
+    bench._alternate({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, 1)
+    assert events == ["a", "b", "sync", "a", "sync", "sync", "b", "sync"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from ..bandwidth import bandwidth_lines
 from ..bench import BenchShape, grid_time, memory_needed, run_bench, workers_speedup
 from ..devices import DEVICES, available_memory_bytes, resolve_device
 from ..errors import UsageError
@@ -37,6 +38,9 @@ def add_arguments(p):
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="also time a 12-cell sweep serially and with --workers N, in this run (the ratio, and the "
                         "load average, which sways both)")
+    p.add_argument("--triad-mib", type=int, default=None, metavar="MIB",
+                   help="size of each of the bandwidth triad's three float64 arrays (default: 4x the last-level "
+                        "cache, at least 64 MiB, at most an eighth of the available memory)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -70,7 +74,17 @@ def run(args) -> int:
                          f"Nq = {shape.queries} in one batch need about {need / 2 ** 30:.1f} GiB, more than the "
                          f"{available / 2 ** 30:.1f} GiB available on {device.type}; lower --trials, --seq-len, --dim "
                          f"or --queries")
-    result = run_bench(shape, device, list(args.schemes) if args.schemes else None, args.budgets, impls)
+    triad_bytes = None
+    if args.triad_mib is not None:
+        if args.triad_mib < 1:
+            raise UsageError("harness bench: --triad-mib must be a positive integer (MiB per array)")
+        triad_bytes = args.triad_mib << 20
+        if 3 * triad_bytes > available:
+            raise UsageError(f"harness bench: --triad-mib {args.triad_mib} needs three arrays of "
+                             f"{args.triad_mib} MiB, more than the {available / 2 ** 20:.0f} MiB available on "
+                             f"{device.type}; lower --triad-mib")
+    result = run_bench(shape, device, list(args.schemes) if args.schemes else None, args.budgets, impls,
+                       triad_bytes)
     if args.workers:
         result["workers"] = workers_speedup(shape, device, args.workers)
     if args.json:
@@ -89,6 +103,8 @@ def run(args) -> int:
         for impl, by_budget in by_impl.items():
             rates = "  ".join(f"b={b}: {rate:,.0f}" for b, rate in by_budget.items())
             print(f"    {name:<18} {impl:<9} {rates}")
+    for line in bandwidth_lines(result):
+        print(f"  {line}")
     a = result["attention"]
     print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
           f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
