@@ -848,14 +848,18 @@ def table_markdown(payload: dict) -> str:
                  f"{len(s['compare_schemes'])} codecs × b = {', '.join(map(str, s['compare_budgets']))}, "
                  f"{s['compare_trials']} trials; {payload['repetitions']} repetition(s) (root seeds "
                  f"{payload['seeds'][0]}, {payload['seeds'][0] + 10}, ...); {payload['wall_s']:.0f} s on "
-                 f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores ({_load(m)}).")
+                 f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores ({_load(payload)}).")
     return "\n".join(lines)
 
 
-def _load(machine: dict) -> str:
-    """'load average a, b, c' from the recorded uptime line."""
-    text = machine.get("uptime", "")
-    return "load average " + text.split("load average:", 1)[1].strip() if "load average:" in text else text
+def _load(payload: dict) -> str:
+    """'load average a, b, c' from the uptime line recorded at the start, and at the end where the
+    run recorded one (a long run on a shared machine may see both)."""
+    def averages(machine: dict) -> str:
+        text = machine.get("uptime", "")
+        return text.split("load average:", 1)[1].strip() if "load average:" in text else text
+    start, end = averages(payload.get("machine", {})), averages(payload.get("machine_after", {}))
+    return f"load average {start} at the start, {end} at the end" if end else f"load average {start}"
 
 
 def summary_markdown(payload: dict) -> str:
@@ -874,6 +878,6 @@ def summary_markdown(payload: dict) -> str:
     m = payload.get("machine", {})
     lines.append("")
     lines.append(f"From `harness selftest --repetitions {payload['repetitions']}` ({payload['wall_s'] / 60:.0f} min on "
-                 f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {_load(m)}); every case: "
+                 f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {_load(payload)}); every case: "
                  f"[docs/statistics.md](docs/statistics.md#known-answers).")
     return "\n".join(lines)
