@@ -114,3 +114,19 @@ def test_the_naming_rule_sees_a_misnamed_file(tmp_path):
         (tmp_path / f"{stem}.py").write_text(text)
     files = {path.stem: path for path in sorted(tmp_path.glob("test_*.py"))}
     assert _misnamed(files, modules) == ["test_stats_energy.py -> test_energy.py"]
+
+
+def test_numba_loads_only_where_a_computation_takes_the_compiled_loops():
+    """Importing the codecs and the CLI leaves numba (most of a second) unloaded, so a run on CUDA
+    never pays it; a float32 TurboQuant encode on the CPU loads it (the fused pass takes it)."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import sys, torch, schemes, harness.cli\n"
+             "before = 'numba' in sys.modules\n"
+             "s = schemes.create('tq-kv', budget=2, dim=64)\n"
+             "s.decode(s.encode(torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64)))\n"
+             "print(before, 'numba' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.split() == ["False", "True"], out.stderr
