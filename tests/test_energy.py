@@ -5,7 +5,6 @@ import itertools
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
@@ -16,14 +15,7 @@ from uniformity import assert_uniform_pvalues
 
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Many tiny problems: on the shared, oversubscribed 2-core test machine, torch's intra-op
-    thread hand-offs cost tens of ms per call; one thread makes them microseconds."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 finite = st.floats(-100, 100, allow_nan=False, width=64)

@@ -20,13 +20,7 @@ from scenarios.base import TrialShape
 from scenarios.replay import CAPTURE_FORMAT, load_capture
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 def write_capture(path, k, v, q, *, k_rope=None, q_rope=None, segment_len=None):

@@ -17,13 +17,7 @@ from test_fit import write_capture
 SCHEMES = ("plain-kv", "tq-kv", "sq-kv")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 def two_layer_capture(path, seed=5, n=1200, d=32):

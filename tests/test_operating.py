@@ -16,12 +16,6 @@ def pairs():
     return load_pairs()
 
 
-@pytest.fixture
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # small energy tests: thread hand-offs cost more than the work
-    yield
-    torch.set_num_threads(before)
 
 
 # --- the stored rows ------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from scipy import stats
 
 from stats.energy import energy_distance_squared, paired_energy_test
@@ -14,14 +13,7 @@ from stats.inference import wilcoxon_signed_rank
 from uniformity import assert_uniform_pvalues
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Many tiny problems: on the shared 2-core test machine torch's intra-op thread hand-offs
-    cost more than the work; one thread keeps them fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 def brute_force(x, y, signs, statistic):

@@ -37,14 +37,7 @@ from stats.validation import validate_samples
 NAMES = ("plain-kv", "tq-kv", "tq-qkv", "tq-fkv", "tq-kqv", "tq-qkqv", "tq-kfv", "tq-fkfv")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The torch side of these tests multiplies tiny matrices; on the shared 2-core machine the
-    intra-op thread pool's spinning costs 50x the work itself, so use one thread here only."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 def gaussian(shape, seed, dtype=torch.float64):

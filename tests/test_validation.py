@@ -28,14 +28,7 @@ SMALL = ["--scenario", "gaussian", "--budget", "2", "--dim", "16", "--seq-len", 
          "--trials", "40", "--permutations", "499"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Small tensors: on the shared, oversubscribed 2-core machine torch's intra-op thread
-    hand-offs cost tens of ms per call; one thread keeps the module fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 # --- constructed samples -------------------------------------------------------------------
