@@ -232,21 +232,28 @@ def test_known_construction_is_classified_to_its_family(family, params, tmp_path
 
 # ---------------------------------------------------------------- RoPE: a random-weight Llama (decoder, GQA)
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("transformers") is None, reason="transformers not installed")
-def test_llama_capture_rope_frequencies_and_fitted_draws_carry_its_rope(tmp_path):
+def llama_capture(path, segment_len: int):
+    """(model, path): a random-weight Llama (2 layers, RoPE, 4 query heads over 2 key/value heads)
+    and its capture of two random segments of segment_len tokens, written to path."""
     import torch
     import transformers
     from harness.capture import capture_segments
-    from kvcommon.rope import apply_rope_numpy as apply_rope
     config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                       intermediate_size=128, num_hidden_layers=2, vocab_size=500,
                                       max_position_embeddings=512, rope_theta=500.0)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.random.fork_rng():   # the global torch stream stays untouched
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).eval()
     gen = np.random.default_rng(0)
-    tensors = capture_segments(model, [gen.integers(0, 500, 300) for _ in range(2)])
-    path = write_capture(tmp_path / "llama.npz", tensors["k"], tensors["v"], tensors["q"], k_rope=tensors["k_rope"],
-                         q_rope=tensors["q_rope"], segment_len=300)
+    tensors = capture_segments(model, [gen.integers(0, 500, segment_len) for _ in range(2)])
+    return model, write_capture(path, tensors["k"], tensors["v"], tensors["q"], k_rope=tensors["k_rope"],
+                                q_rope=tensors["q_rope"], segment_len=segment_len)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("transformers") is None, reason="transformers not installed")
+def test_llama_capture_rope_frequencies_and_fitted_draws_carry_its_rope(tmp_path):
+    from kvcommon.rope import apply_rope_numpy as apply_rope
+    model, path = llama_capture(tmp_path / "llama.npz", 300)
     cap = load_capture(path)
     inv_freq, scaling = rope_from_capture(cap)
     expected = model.model.rotary_emb.inv_freq.double().numpy()       # the model's own frequencies

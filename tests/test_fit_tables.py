@@ -12,7 +12,7 @@ import pytest
 
 from harness.cli import main
 from harness.store import RunStore
-from test_fit import write_capture
+from test_fit import llama_capture, write_capture
 
 SCHEMES = ("plain-kv", "tq-kv", "sq-kv")
 
@@ -178,21 +178,9 @@ def test_decoder_path_capture_fit_predictivity_recommend(tmp_path, capsys):
     heads): capture -> fit -> predictivity -> recommend, their tables and report --json. The fitted
     spec carries the model's own rotary frequencies, the fitted scenario draws (and replay replays)
     post-RoPE keys, and τ is Kendall's τ of the stored rows."""
-    import torch
-    import transformers
     from scipy.stats import kendalltau
 
-    from harness.capture import capture_segments
-    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=128, num_hidden_layers=2, vocab_size=500,
-                                      max_position_embeddings=512, rope_theta=500.0)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(config).eval()
-    gen = np.random.default_rng(0)
-    tensors = capture_segments(model, [gen.integers(0, 500, 400) for _ in range(2)])
-    cap = write_capture(tmp_path / "llama.npz", tensors["k"], tensors["v"], tensors["q"], k_rope=tensors["k_rope"],
-                        q_rope=tensors["q_rope"], segment_len=400)
+    model, cap = llama_capture(tmp_path / "llama.npz", 400)
     spec = tmp_path / "llama.json"
     assert main(["fit", str(cap), "--out", str(spec)]) == 0
     fitted_spec = json.loads(spec.read_text())
