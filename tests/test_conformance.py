@@ -11,6 +11,7 @@ from schemes import conformance, reference
 from schemes.base import Encoded
 from schemes.baselines import GroupQuant
 from schemes.conformance import CHECKS, ConformanceError, check_scheme
+from test_plugins import example_module
 
 # options a codec takes in this suite where its defaults do not fit the small caches (S = 48)
 SMALL_CACHE_OPTIONS = {
@@ -137,21 +138,9 @@ def test_a_codec_that_raises_is_reported_per_check():
 
 
 # --- passing the checks means running in a sweep ---------------------------------------------
-def _example_codec():
-    """examples/absmax-codec's AbsMax, loaded from its file as its pyproject publishes it."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "examples" / "absmax-codec" / "absmax_codec.py"
-    spec = importlib.util.spec_from_file_location("absmax_codec", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.AbsMax
-
-
 def minimal_factory(*, budget, dim, seed):
     """A factory written to the documented signature, make(budget=, dim=, seed=), and no more."""
-    return _example_codec()(budget=budget, dim=dim, seed=seed)
+    return example_module().AbsMax(budget=budget, dim=dim, seed=seed)
 
 
 def test_a_factory_of_the_documented_signature_passes_the_checks():

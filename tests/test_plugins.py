@@ -1,7 +1,10 @@
 """Third-party codecs arrive through the entry-point group kvharness.schemes and pass the
 conformance suite with no test code of their own."""
+import functools
+import importlib.util
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -224,18 +227,22 @@ def test_a_diagnostic_that_would_overwrite_a_metric_or_is_not_per_trial_is_refus
     assert torch.equal(_diagnostics(codec, 3)["d_eff_k"], torch.full((3,), 2.0, dtype=torch.float64))
 
 
+@functools.cache
+def example_module():
+    """examples/absmax-codec's module, loaded once from its file as its pyproject publishes it."""
+    path = Path(__file__).resolve().parents[1] / "examples" / "absmax-codec" / "absmax_codec.py"
+    spec = importlib.util.spec_from_file_location("absmax_codec", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture
 def example_codec(monkeypatch):
     """examples/absmax-codec, installed as its pyproject.toml declares it: its module's AbsMax as
     the entry point `absmax` of kvharness.schemes (CI installs the package itself into a clean
     venv and runs it)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "examples" / "absmax-codec" / "absmax_codec.py"
-    spec = importlib.util.spec_from_file_location("absmax_codec", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = example_module()
 
     class ExampleEntryPoint(FakeEntryPoint):
         name = "absmax"
@@ -244,11 +251,9 @@ def example_codec(monkeypatch):
         def load(self):
             return module.AbsMax
     monkeypatch.setenv(plugins.ENV, "1")
-    real = plugins.metadata.entry_points
-    monkeypatch.setattr(plugins.metadata, "entry_points", lambda **kw: [ExampleEntryPoint()]
-                        if kw.get("group") == registry.ENTRY_POINT_GROUP else real(**kw))
+    monkeypatch.setattr(plugins.metadata, "entry_points", _codec_entry_points([ExampleEntryPoint()]))
     monkeypatch.setattr(registry, "_plugins", None)
-    yield path
+    yield Path(module.__file__)
     registry._plugins = None
 
 

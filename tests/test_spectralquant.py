@@ -23,6 +23,7 @@ from kvcommon.rng import generator
 from schemes.packing import pack_variable, unpack_variable
 from schemes.spectralquant import BASIS_BITS, N_PROJECTIONS, SpectralQuant
 from schemes.waterfill import distortion, waterfill
+from test_turboquant_cpu import _cache, _same
 
 SQ_NAMES = [f"{p}-{k}k{v}v" for p in ("sq", "squ") for k in ("", "q") for v in ("", "q")]
 
@@ -588,15 +589,6 @@ def test_the_fused_passes_store_and_decode_the_torch_passes_bits(name, dtype, mo
             assert a.dtype == dtype and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
 
 
-def _same_bits(a, b) -> bool:
-    """a and b hold the same values bit for bit (any NaN as one NaN; -0 ≠ +0)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    as_int = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
-    nan = torch.tensor(math.nan, dtype=a.dtype)
-    return torch.equal(torch.where(a.isnan(), nan, a).view(as_int), torch.where(b.isnan(), nan, b).view(as_int))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(2, 3, 40, 33), (9, 2, 64, 128), (1, 1, 7, 16)])
 def test_the_fused_unit_rows_equal_the_torch_passes(shape, dtype):
@@ -606,22 +598,11 @@ def test_the_fused_unit_rows_equal_the_torch_passes(shape, dtype):
     large enough to be split across threads."""
     from schemes import spectralquant_cpu
     from schemes.unit_rows import unit_rows
-    gen = torch.Generator().manual_seed(13)
-    x = torch.randn(*shape, generator=gen, dtype=torch.float64)
-    x *= 10.0 ** (torch.rand(*shape[:-1], 1, generator=gen, dtype=torch.float64) * 40 - 20)
-    x = x.to(dtype)
-    rows = x.view(-1, shape[-1])
-    rows[0] = 0
-    rows[1, 1] = math.nan
-    rows[2, 0] = math.inf
-    rows[3] = 0.5
-    rows[4] = 0
-    rows[4, -1] = 3e30 if dtype == torch.float32 else 3e300
-    rows[5] *= 1e-30
+    x = _cache(shape, dtype, 13)
     assert spectralquant_cpu.unit_rows_take(x)
     u, norms = spectralquant_cpu.unit_rows(x)
     want_u, want_norms = unit_rows(x.clone())
-    assert _same_bits(u, want_u) and _same_bits(norms, want_norms)
+    assert _same(u, want_u) and _same(norms, want_norms)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
