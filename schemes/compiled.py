@@ -11,8 +11,8 @@ each row in cache, with the same bits; the torch passes serve the other devices 
 (half precision) and check the loops in the tests.
 
 This module does not import numba (its import costs most of a second, and a run on CUDA never
-needs it): a caller imports its <block>_cpu module only once takes(t) says yes. (schemes/__init__.py
-still imports every module of the package, the <block>_cpu ones included, to register codecs.) numba compiles a
+needs it): a caller imports its <block>_cpu module only once takes(t) says yes. (schemes/__init__.py,
+which imports every other module of the package to register codecs, leaves them out.) numba compiles a
 loop once per dtype on first use (cached on disk beside its module, or in numba's user cache where
 that is not writable).
 """

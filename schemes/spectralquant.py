@@ -317,9 +317,9 @@ class SpectralQuant(PerTensorScheme):
             enc.codes[f"{prefix}.sketch_seed"] = self._sketch_seeds(prefix, x.device)
             enc.model.update((f"{prefix}.d_eff", f"{prefix}.sketch_seed"))
             z_hat = self._dequantise(enc, idx, widths, sigma, x.dtype)
-            from . import spectralquant_cpu
-            if spectralquant_cpu.unit_rows_take(z):        # the selection and the norm in one pass, the same bits
-                residual, enc.codes[f"{prefix}.residual_norm"] = spectralquant_cpu.residual(z, z_hat, cal.d_eff)
+            cpu = memos.fused_passes(z)
+            if cpu is not None and cpu.unit_rows_take(z):  # the selection and the norm in one pass, the same bits
+                residual, enc.codes[f"{prefix}.residual_norm"] = cpu.residual(z, z_hat, cal.d_eff)
             else:
                 mask = _semantic_mask(cal.d_eff.to(x.device), d).unsqueeze(-2)
                 residual = torch.where(mask, z - z_hat, torch.zeros_like(z))
@@ -382,21 +382,20 @@ class SpectralQuant(PerTensorScheme):
         """(ẑ including the QJL correction (B, H, S, d), Q (B, H, d, d))."""
         basis, widths, sigma = self._stored(enc, prefix)
         stream, table = enc.codes[f"{prefix}.codes"], enc.codes[f"{prefix}.widths"]
-        from . import spectralquant_cpu
-        if memos.CODES.get((stream, table)) is None and stream.device.type == "cpu" and \
-                spectralquant_cpu.takes(torch.empty(0, dtype=enc.dtype)):
+        cpu = memos.fused_passes(torch.empty(0, dtype=enc.dtype, device=stream.device))
+        if memos.CODES.get((stream, table)) is None and cpu is not None and cpu.takes(torch.empty(0, dtype=enc.dtype)):
             # a stream not coded here: read back, looked up and scaled in one pass (the same values)
             values, offsets = self._codebook_table(enc, enc.dtype, stream.device)
-            z_hat = spectralquant_cpu.dequantised_stream(stream, widths, enc.shape[2], offsets, values, sigma)
+            z_hat = cpu.dequantised_stream(stream, widths, enc.shape[2], offsets, values, sigma)
         else:
             z_hat = self._dequantise(enc, self._codes(enc, prefix, widths), widths, sigma, enc.dtype)
         if sketched:
             signs = unpack_bits(enc.codes[f"{prefix}.sketch"], 1, self.n_projections).to(enc.dtype) * 2 - 1
             product = signs @ self._sketch_matrix(enc, prefix, enc.dtype)
             d_eff = enc.codes[f"{prefix}.d_eff"].to(torch.int64)
-            from . import spectralquant_cpu
-            if spectralquant_cpu.takes(z_hat):            # product, selection and sum in one pass, the same bits
-                return spectralquant_cpu.corrected(z_hat, product, enc.codes[f"{prefix}.residual_norm"],
+            cpu = memos.fused_passes(z_hat)
+            if cpu is not None and cpu.takes(z_hat):      # product, selection and sum in one pass, the same bits
+                return cpu.corrected(z_hat, product, enc.codes[f"{prefix}.residual_norm"],
                                                    qjl.sketch_scale(self.n_projections), d_eff), basis
             mask = _semantic_mask(d_eff, self.dim).unsqueeze(-2)
             r = enc.codes[f"{prefix}.residual_norm"].to(enc.dtype).unsqueeze(-1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvcommon.memo import IdentityMemo
+from . import compiled
 from .packing import pack_variable
 from .spectralquant_search import nearest_centroids
 from .unit_rows import unit_rows
@@ -41,13 +42,22 @@ def quantised(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tup
     return QUANTISED.get_or_compute((z,), lambda: search_and_pack(z, sigma, widths), tag)
 
 
+def fused_passes(t: torch.Tensor):
+    """schemes.spectralquant_cpu where the compiled loops take t (compiled.takes), else None:
+    numba is imported only where a computation can use it (never on CUDA)."""
+    if not compiled.takes(t):
+        return None
+    from . import spectralquant_cpu
+    return spectralquant_cpu
+
+
 def search_and_pack(z: torch.Tensor, sigma: torch.Tensor, widths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """z / σ, nearest_centroids and pack_variable: in one compiled pass on the CPU in float32 and
     float64 (schemes/spectralquant_cpu.py: the same operations, table, comparisons and stream), by
     torch passes elsewhere."""
-    from . import spectralquant_cpu
-    if spectralquant_cpu.takes(z):
-        return spectralquant_cpu.codes(z, sigma, widths)
+    cpu = fused_passes(z)
+    if cpu is not None and cpu.takes(z):
+        return cpu.codes(z, sigma, widths)
     idx = nearest_centroids(z / sigma.to(z.dtype).unsqueeze(-2), widths.unsqueeze(-2))
     return idx, pack_variable(idx, widths)
 
@@ -56,10 +66,10 @@ def fused_unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """unit_rows(x): by the fused pass on the CPU (spectralquant_cpu.unit_rows, the same bits),
     remembered for the very x (UNIT_ROWS: encode's norms and coordinates, every cell of a chunk);
     by schemes/unit_rows.py's passes elsewhere. Shared: never written in place."""
-    from . import spectralquant_cpu
-    if not spectralquant_cpu.unit_rows_take(x):
+    cpu = fused_passes(x)
+    if cpu is None or not cpu.unit_rows_take(x):
         return unit_rows(x)
-    return UNIT_ROWS.get_or_compute((x,), lambda: spectralquant_cpu.unit_rows(x))
+    return UNIT_ROWS.get_or_compute((x,), lambda: cpu.unit_rows(x))
 
 
 def coordinates(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

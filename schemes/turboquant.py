@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import hadamard, qjl, scalar_quantizer
+from . import compiled, hadamard, qjl, scalar_quantizer
 from .base import Capabilities, Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook
@@ -181,7 +181,7 @@ class TurboQuant(PerTensorScheme):
         the CPU in float32/float64, rotated, no sketch or an RHT one; turboquant_cpu.takes), else
         None. They are this module's rht, quantiser and rht_inverse in one: a caller who swaps
         the rotation here (harness.bench's dense-rotation reference) gets the chain, with its swap."""
-        if device.type != "cpu" or dtype not in (torch.float32, torch.float64) or not self.rotate or \
+        if device.type != "cpu" or dtype not in compiled.DTYPES or not self.rotate or \
                 kind == "full" or rht is not hadamard.rht or rht_inverse is not hadamard.rht_inverse:
             return None
         from . import turboquant_cpu

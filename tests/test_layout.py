@@ -130,3 +130,24 @@ def test_numba_loads_only_where_a_computation_takes_the_compiled_loops():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_codecs_off_the_compiled_loops_never_load_numba():
+    """With the compiled loops switched off (what a CUDA tensor gets: compiled.takes is False),
+    every built-in codec encodes, decodes and scores without importing numba."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import sys, torch, schemes\n"
+             "from schemes import compiled\n"
+             "compiled.DTYPES = ()\n"
+             "k, v, q = (torch.randn(2, 1, 16, 32) for _ in range(3))\n"
+             "for name in ('tq-kv', 'tq-qkv', 'sq-kv', 'sq-qkv', 'shard', 'int4', 'kivi'):\n"
+             "    s = schemes.create(name, budget=3, dim=32)\n"
+             "    s.fit(k, v, trials=torch.arange(2)) if s.capabilities.fit_trials else s.fit(k, v)\n"
+             "    enc = s.encode(k, v)\n"
+             "    s.decode(enc); s.score(q, enc)\n"
+             "print('numba' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr[-2000:]
