@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 import scenarios
-from kvcommon.rows import CLAIMS_TABLE
+from kvcommon.rows import CELL_COLUMNS, CLAIMS_TABLE
 from schemes.base import BitLedger, codec_logits, encode_codec, fit_codec, stored_bits
 from stats import claims as C
 from stats.metrics import exact_logits, relative_mse, weighted_values
@@ -190,8 +190,7 @@ def first_order_rows(config: SweepConfig, temperature: float) -> pd.DataFrame:
         v_err = relative_mse(v, v_hat.double())
         score_var = logits.var(-1).flatten(1).mean(-1)
         for i, trial in enumerate(trials):
-            records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
-                                    cell.key), temperature=float(temperature), trial=trial, seed=config.seed,
+            records.append(dict(zip(CELL_COLUMNS, cell.key), temperature=float(temperature), trial=trial, seed=config.seed,
                                rng=config.rng, t_rel_mse_konly=float(konly[i]),
                                t_rel_mse_first_order=float(first[i]), logit_rel_mse=float(logit_err[i]),
                                t_rel_mse_vonly=float(vonly[i]), v_rel_mse=float(v_err[i]),
@@ -205,7 +204,7 @@ def first_order(configs: dict[float, SweepConfig], store: RunStore, resume: bool
                 for trial in range(c.trials)}
     stored = store.table(FIRST_ORDER_TABLE) if resume else None
     if stored is not None:
-        keys = ("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens")
+        keys = CELL_COLUMNS
         have = {(r.seed, r.rng, r.temperature, tuple(getattr(r, k) for k in keys), r.trial)
                 for r in stored.itertuples(index=False)}
         if have == expected and set(FIRST_ORDER_VALUES) <= set(stored.columns):   # else stored before a column
@@ -239,7 +238,7 @@ def ledger_rows(config: SweepConfig) -> pd.DataFrame:
                     for key in ("k.codes", "v.codes"))
         diagnostics = {k: v.detach().cpu().double() for k, v in scheme.diagnostics().items()}
         for i, trial in enumerate(trials):
-            records.append(dict(zip(("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens"),
+            records.append(dict(zip(CELL_COLUMNS,
                                     cell.key), trial=trial, seed=config.seed, rng=config.rng,
                                code_bits_per_token=float(codes[i]) / (2 * h * s),
                                stored_bits_per_token=float(ledger.bits_per_element[i]) * d,
@@ -253,7 +252,7 @@ def storage_ledger(config: SweepConfig, store: RunStore, resume: bool) -> pd.Dat
     expected = {(config.seed, config.rng, cell.key, t) for cell in config.cells() for t in range(config.trials)}
     stored = store.table(STORAGE_TABLE) if resume else None
     if stored is not None:
-        keys = ("scenario", "scheme", "budget", "dim", "seq_len", "queries", "calib_tokens")
+        keys = CELL_COLUMNS
         if {(r.seed, r.rng, tuple(getattr(r, k) for k in keys), r.trial) for r in stored.itertuples(index=False)} \
                 == expected:
             return stored
