@@ -1,10 +1,10 @@
 """Third-party codecs arrive through the entry-point group kvharness.schemes and pass the
 conformance suite with no test code of their own."""
-import functools
-import importlib.util
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+
+from example_plugins import load_example
 
 import pytest
 import torch
@@ -227,14 +227,9 @@ def test_a_diagnostic_that_would_overwrite_a_metric_or_is_not_per_trial_is_refus
     assert torch.equal(_diagnostics(codec, 3)["d_eff_k"], torch.full((3,), 2.0, dtype=torch.float64))
 
 
-@functools.cache
 def example_module():
-    """examples/absmax-codec's module, loaded once from its file as its pyproject publishes it."""
-    path = Path(__file__).resolve().parents[1] / "examples" / "absmax-codec" / "absmax_codec.py"
-    spec = importlib.util.spec_from_file_location("absmax_codec", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """examples/absmax-codec's module."""
+    return load_example("absmax-codec", "absmax_codec")
 
 
 @pytest.fixture

@@ -2,9 +2,7 @@
 entry-point route of scenario plug-ins (kvharness.scenarios)."""
 import dataclasses
 import functools
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,18 +12,10 @@ from harness.cli import main
 from harness.store import RunStore
 from kvcommon import plugins
 from scenarios.conformance import CHECKS, ConformanceError, check_scenario
+from example_plugins import load_example
 
 
-def _example():
-    """examples/laplace-scenario's module, as its package installs it."""
-    path = Path(__file__).resolve().parents[1] / "examples" / "laplace-scenario" / "laplace_scenario.py"
-    spec = importlib.util.spec_from_file_location("laplace_scenario", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-Laplace = _example().Laplace
+Laplace = load_example("laplace-scenario", "laplace_scenario").Laplace
 
 
 @dataclass(frozen=True)
