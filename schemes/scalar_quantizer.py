@@ -122,14 +122,18 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
 def cpu_grid(thresholds: np.ndarray, dtype: torch.dtype, count_max: int | None = None) -> _Grid | None:
     """The grid the CPU loops code by for these thresholds (ascending) in dtype, or None where
     they count the thresholds instead: at most count_max of them (default
-    scalar_quantizer_cpu.COUNT_MAX_THRESHOLDS: counting is faster), or thresholds no grid holds one to a cell."""
+    scalar_quantizer_cpu.COUNT_MAX_THRESHOLDS: counting is faster), or thresholds no grid holds one to a cell, or whose bounds dtype does not hold exactly (thresholds
+    far from 0 for their spacing; never for a codebook on [-1, 1])."""
     from . import scalar_quantizer_cpu
     if len(thresholds) <= (scalar_quantizer_cpu.COUNT_MAX_THRESHOLDS if count_max is None else count_max):
         return None
     try:
-        return _grid(tuple(float(x) for x in thresholds), dtype, "cpu")
+        g = _grid(tuple(float(x) for x in thresholds), dtype, "cpu")
     except _Unsupported:
         return None
+    kind = torch.empty(0, dtype=dtype).numpy().dtype.type      # the loops compute the cells in dtype:
+    held = all(float(kind(v)) == v for v in (g.lo, g.hi, g.inv_h, g.origin))   # bounds it holds exactly
+    return g if held else None
 
 
 def quantize_pack(y: torch.Tensor, thresholds: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,6 @@ threads (compiled.by_row_blocks).
 """
 from __future__ import annotations
 
-import math
 
 import numba
 import numpy as np
@@ -91,15 +90,16 @@ def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
 @numba.jit(**JIT)
 def _grid_row(y, lo, hi, inv_h, origin, first, cand, q):  # pragma: no cover - compiled
     """The codes of _count_row by scalar_quantizer._Grid: y clamped to [lo, hi] (NaN to hi), its cell
-    floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]. Two passes over the row: the
-    cells (branch-free, vectorised), then the two table lookups; the comparison takes y itself,
+    floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]. lo, hi and inv_h in y's dtype
+    (held exactly: cpu_grid checks), origin an int32. Two passes over the row: the cells
+    (branch-free, vectorised), then the two table lookups; the comparison takes y itself,
     which gives the clamped value's answer (the outermost cells hold no threshold, cand = +inf)."""
     n = y.shape[0]
     for i in range(n):
-        v = np.float64(y[i])
+        v = y[i]
         v = lo if v < lo else v
         v = v if v <= hi else hi                        # NaN to hi, the top cell
-        q[i] = np.int32(math.floor(v * inv_h) - origin)   # exact: a power-of-two scale, integers
+        q[i] = np.int32(np.floor(v * inv_h)) - origin   # exact: a power-of-two scale, integers
     for i in range(n):
         c = q[i]
         q[i] = np.int32(first[c]) + np.int32(cand[c] < y[i])
@@ -151,6 +151,12 @@ def _dequantize_rows(packed, centroids, width, out):  # pragma: no cover - compi
         _dequantize_row(packed[r], centroids, width, out[r])
 
 
+def grid_scalars(dtype: np.dtype, lo: float, hi: float, inv_h: float, origin: float) -> tuple:
+    """A grid's bounds and scale in the rows' dtype, its origin int32, as _grid_row takes them."""
+    kind = np.dtype(dtype).type
+    return kind(lo), kind(hi), kind(inv_h), np.int32(origin)
+
+
 def _outputs(y: torch.Tensor, packed_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.empty(*y.shape[:-1], packed_bytes, dtype=torch.uint8),
             torch.empty(y.shape, dtype=torch.uint8))
@@ -178,6 +184,7 @@ def grid_pack(y: torch.Tensor, lo: float, hi: float, inv_h: float, origin: float
     packed, codes = _outputs(y, packed_bytes)
     if y.numel():
         yr, f, c, cr, pr = row_view(y), first.numpy(), cand.numpy(), row_view(codes), row_view(packed)
+        lo, hi, inv_h, origin = grid_scalars(yr.dtype, lo, hi, inv_h, origin)
         by_row_blocks(yr.shape[0], y.numel(),
                        lambda a, b: _grid_rows(yr[a:b], lo, hi, inv_h, origin, f, c, width, cr[a:b], pr[a:b]))
     return packed, codes

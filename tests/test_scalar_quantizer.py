@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemes import compiled
-from schemes.scalar_quantizer import dequantize_packed, quantize, quantize_pack
+from schemes import scalar_quantizer_cpu
+from schemes.scalar_quantizer import cpu_grid, dequantize_packed, quantize, quantize_pack
 from schemes.lloyd_max import beta_codebook, gaussian_codebook
 from schemes.packing import pack_bits, unpack_bits, unpack_codes
 
@@ -118,6 +119,24 @@ def test_compiled_loops_count_any_sorted_thresholds(thresholds, n, seed):
     packed, codes = quantize_pack(y, t.astype(np.float64), width)
     assert torch.equal(codes, expected)
     assert torch.equal(packed, pack_bits(expected, width))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_grid_bounds_the_dtype_cannot_hold_fall_back_to_counting(dtype):
+    """The loops compute a grid's cells in the rows' dtype: thresholds whose clamp bound float32
+    cannot hold (−2²⁴ − 1 below −2²⁴ at a spacing of 1) are counted there, and float64 keeps the
+    grid; either way the codes are bucketize's."""
+    thresholds = np.array([-16777216.0, -16777215.0, -16777214.0])
+    grid = cpu_grid(thresholds, dtype, count_max=0)
+    assert (grid is None) == (dtype == torch.float32)
+    y = torch.tensor([-16777218.0, -16777216.0, -16777215.5, -16777215.0, -16777214.0, 0.0, float("nan")], dtype=dtype)
+    rows = y.unsqueeze(0).expand(1000, -1).contiguous()
+    expected = torch.bucketize(y, torch.tensor(thresholds, dtype=dtype)).to(torch.uint8).expand(1000, -1)
+    assert torch.equal(quantize_pack(rows, thresholds, 2)[1], expected)
+    if grid is not None:
+        g = grid
+        assert torch.equal(scalar_quantizer_cpu.grid_pack(rows, g.lo, g.hi, g.inv_h, g.origin, g.first, g.cand, 2, 2)[1],
+                           expected)
 
 
 def test_compiled_loops_split_does_not_change_the_result(monkeypatch):
