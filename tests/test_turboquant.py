@@ -181,3 +181,19 @@ def test_per_trial_signs_keep_the_per_cache_bits():
     bits = BitLedger.per_trial(enc)
     assert bits.bits_per_element.tolist() == [3.25] * 3
     assert bits.model_bits.tolist() == [2 * D + 32 * 8] * 3          # K and V signs, the 3-bit codebook
+
+
+@pytest.mark.parametrize("purpose, rows", [("rotation", (2,)), ("sketch-matrix", (2, 16))])
+def test_remembered_signs_are_each_trials_stream(purpose, rows):
+    """draw_signs remembers a trial's signs (schemes.turboquant._trial_signs): each trial's are the
+    bytes of its own stream, drawn fresh, whatever came before, and a caller writing into what it
+    got changes no later draw."""
+    from kvcommon.rng import packed_rademacher
+    s = schemes.create("tq-kv", budget=3, dim=16, seed=7)
+    first = s.draw_signs("k", purpose, [3, 0, 3], 2)
+    first.fill_(0)
+    again = s.draw_signs("k", purpose, [3, 0, 3], 2)
+    fresh = [packed_rademacher(generator(s.rng, 7, "k", purpose, "trial", t), rows, 16) for t in (3, 0, 3)]
+    assert np.array_equal(again.numpy(), np.stack(fresh))
+    other = schemes.create("tq-kv", budget=3, dim=16, seed=8).draw_signs("k", purpose, [3], 2)
+    assert not np.array_equal(other.numpy(), again.numpy()[:1])
