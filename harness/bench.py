@@ -23,6 +23,7 @@ and after: on a shared machine the ratios of figures timed alternately are what 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -221,8 +222,10 @@ def _dense_rotation(dim: int, device: torch.device):
 
 
 def rotation_comparison(shape: BenchShape, device: torch.device) -> dict:
-    """tq-kv encode+decode vectors/s with its randomized Hadamard transform and with a dense
-    matmul rotation, timed alternately; fast_over_dense > 1 when the Hadamard path is faster."""
+    """tq-kv encode+decode vectors/s at shape.budget with its randomized Hadamard transform and
+    with a dense matmul rotation, timed alternately; fast_over_dense > 1 when the Hadamard path is
+    faster. (run_bench times it at the --budget and at each of --budgets: the rotation's share of
+    the coding changes with the width.)"""
     k, v = _gaussian_caches(shape, device)
     s = schemes.create("tq-kv", budget=shape.budget, dim=shape.dim)
 
@@ -286,8 +289,10 @@ def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] |
     result["schemes_fraction_of_bandwidth"] = _per_codec(
         traffic, lambda t, rate: fraction_of_bandwidth(rate, t["bytes_per_vector"], gb_per_s),
         result["schemes_vectors_per_s"])
-    result.update(attention=attention_efficiency(shape, device), rotation=rotation_comparison(shape, device),
-                  threads_comparison=threads_comparison(shape, device))
+    rotations = {b: rotation_comparison(dataclasses.replace(shape, budget=b), device)
+                 for b in dict.fromkeys((shape.budget, *(budgets or ())))}
+    result.update(attention=attention_efficiency(shape, device), rotation=rotations[shape.budget],
+                  rotation_by_budget=rotations, threads_comparison=threads_comparison(shape, device))
     result["load_average"] = {"before": list(load_before), "after": list(os.getloadavg())}
     return result
 

@@ -27,6 +27,10 @@ def test_bench_json_has_every_figure(capsys):
     assert set(result["schemes_samples_s"]["tq-kv"]["torch"]) == {"2", "4"}
     rot = result["rotation"]
     assert rot["fast_over_dense"] == pytest.approx(min(rot["samples_s"]["dense"]) / min(rot["samples_s"]["hadamard"]))
+    # the rotation compared at the --budget and at each of --budgets, the --budget's the same figure
+    by_budget = result["rotation_by_budget"]
+    assert set(by_budget) == {"3", "2", "4"} and by_budget["3"] == rot
+    assert all(by_budget[b]["budget"] == int(b) for b in by_budget)
     th = result["threads_comparison"]
     assert th["one_thread_over_all_threads"] > 0 and th["eigh_over_power"] > 0
     assert set(th["samples_s"]["fit"]) == {"eigh", "power"}

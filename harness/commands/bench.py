@@ -108,9 +108,9 @@ def run(args) -> int:
     a = result["attention"]
     print(f"  attention step {a['attention_gflops']:.1f} GFLOP/s = {a['attention_fraction_of_matmul']:.0%} "
           f"of a 2048² matmul ({a['matmul_gflops']:.1f} GFLOP/s)")
-    rot = result["rotation"]
-    print(f"  tq-kv b={rot['budget']} Hadamard rotation {rot['hadamard_vectors_per_s']:,.0f} vectors/s, dense matmul "
-          f"rotation {rot['dense_vectors_per_s']:,.0f} vectors/s (Hadamard = {rot['fast_over_dense']:.2f}x dense)")
+    for rot in result["rotation_by_budget"].values():
+        print(f"  tq-kv b={rot['budget']} Hadamard rotation {rot['hadamard_vectors_per_s']:,.0f} vectors/s, dense matmul "
+              f"rotation {rot['dense_vectors_per_s']:,.0f} vectors/s (Hadamard = {rot['fast_over_dense']:.2f}x dense)")
     th = result["threads_comparison"]
     print(f"  sq-kv cell ({th['trials']} trials): small linear algebra on one thread = "
           f"{th['one_thread_over_all_threads']:.1f}x all threads; calibration with eigh = "
