@@ -278,6 +278,9 @@ def run_bench(shape: BenchShape, device: torch.device, scheme_names: list[str] |
     samples: dict = {}
     traffic: dict = {}
     result = {"device": str(device), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+              # torch's OpenMP threads spin after each parallel region unless PASSIVE: on a shared
+              # or busy machine that slows whatever runs next (docs/performance.md)
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
               "shape": shape.__dict__, "runner": runner_throughput(shape, device),
               "bandwidth": memory_bandwidth(device, triad_bytes, max(5, shape.repeats)),
               "schemes_vectors_per_s": scheme_throughput(shape, device, scheme_names, budgets, impls, samples,

@@ -50,11 +50,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Idle OpenMP threads sleep instead of spinning (read when torch loads, so only where this
-    # runs first, as in `python -m harness`): with more runnable threads than cores — a loaded
-    # machine, or Dask workers beside each other — spinning cost a serial run up to 4x (95 s
-    # against 20 s for the same rows). A value set by the user is kept.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         parser, handlers = build_parser()
         args = parser.parse_args(argv)

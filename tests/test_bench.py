@@ -1,5 +1,6 @@
 """harness bench reports figures and ratios measured in one run (values are not asserted as times)."""
 import json
+import os
 
 import pytest
 
@@ -35,6 +36,7 @@ def test_bench_json_has_every_figure(capsys):
     assert th["one_thread_over_all_threads"] > 0 and th["eigh_over_power"] > 0
     assert set(th["samples_s"]["fit"]) == {"eigh", "power"}
     assert len(result["load_average"]["before"]) == 3 and result["cpu_count"] >= 1
+    assert result["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY")
 
 
 def test_dense_rotation_is_a_rotation_and_only_while_asked():

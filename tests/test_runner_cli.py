@@ -159,6 +159,28 @@ def test_module_entry_point_help_and_error(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_wait_policy_is_set_before_torch_loads(given, expected):
+    """The harness asks idle OpenMP threads to sleep (OMP_WAIT_POLICY=PASSIVE, read once when torch
+    loads libgomp): set on importing the package, before its modules load torch, as the CLI's
+    entry points (python -m harness, kvharness = harness.cli:main) import it; a value the user
+    set is kept."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    probe = ("import os, sys\n"
+             "import harness\n"
+             "seen = (os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)\n"
+             "import harness.cli\n"
+             "print(*seen, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [expected, "False", "True"]
+
+
 def test_paper_grid_preset_and_explicit_override():
     from harness.cli import build_parser
     from harness.commands.run import config_from_args

@@ -117,7 +117,8 @@ def run(args) -> int:
           f"{th['eigh_over_power']:.1f}x the power iteration")
     load = result["load_average"]
     print(f"  load average {load['before'][0]:.2f} before, {load['after'][0]:.2f} after "
-          f"({result['cpu_count']} CPUs); figures are minima, --json keeps every sample")
+          f"({result['cpu_count']} CPUs, OMP_WAIT_POLICY {result['omp_wait_policy'] or 'unset'}); "
+          f"figures are minima, --json keeps every sample")
     if "workers" in result:
         w = result["workers"]
         print(f"  sweep of {w['cells']} cells x {w['trials']} trials: serial {w['serial_s']:.1f} s, --workers "
