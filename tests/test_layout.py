@@ -139,7 +139,7 @@ def test_codecs_off_the_compiled_loops_never_load_numba():
     import subprocess
     import sys
     probe = ("import sys, torch, schemes\n"
-             "from schemes import compiled\n"
+             "from kvcommon import compiled\n"
              "compiled.DTYPES = ()\n"
              "k, v, q = (torch.randn(2, 1, 16, 32) for _ in range(3))\n"
              "for name in ('tq-kv', 'tq-qkv', 'sq-kv', 'sq-qkv', 'shard', 'int4', 'kivi'):\n"
