@@ -1,0 +1,188 @@
+"""The metrics' per-token terms in one compiled pass per row (stats/metrics_cpu.py) against the
+torch passes of stats/metrics.py (kvcommon.compiled.DTYPES emptied): the same bits, per token and in
+every row of trial_metrics, over shapes, dtypes, widths d that are and are not a multiple of the
+vector (the tail), and rows that are zero, NaN, ±inf, huge or subnormal."""
+import math
+import platform
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from kvcommon import compiled, vector_norm_cpu
+from kvcommon.rows import EVICTION_METRIC_NAMES, METRIC_NAMES
+from stats import metrics, metrics_cpu
+from test_turboquant_cpu import _same
+
+DTYPES = (torch.float32, torch.float64)
+
+
+def _rows(shape, dtype, seed, special):
+    """x (shape) of Gaussian rows of scales 1e-20..1e20 and x̂ = x plus noise of relative size
+    1e-6..1 per row; with `special`, where there is room: x̂ = x exactly, x̂ zero, x zero, both
+    zero, a NaN in x, +inf in x̂, −inf in x, a subnormal row, x̂ = −x."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    x *= 10.0 ** (torch.rand(*shape[:-1], 1, generator=g, dtype=torch.float64) * 40 - 20)
+    noise = torch.randn(*shape, generator=g, dtype=torch.float64)
+    x_hat = x + noise * x.abs().amax(-1, keepdim=True) * 10.0 ** (torch.rand(*shape[:-1], 1, generator=g,
+                                                                              dtype=torch.float64) * 6 - 6)
+    x, x_hat = x.to(dtype), x_hat.to(dtype)
+    if special:
+        xr, hr = x.view(-1, shape[-1]), x_hat.view(-1, shape[-1])
+        tiny = torch.finfo(dtype).tiny
+        for r, (a, b) in enumerate([(None, "same"), (None, 0.0), (0.0, None), (0.0, 0.0), ("nan", None),
+                                    (None, "inf"), ("-inf", None), ("subnormal", "subnormal"), (None, "neg")]):
+            if r >= xr.shape[0]:
+                break
+            if a == 0.0:
+                xr[r] = 0.0
+            elif a == "nan":
+                xr[r, -1] = math.nan
+            elif a == "-inf":
+                xr[r, 0] = -math.inf
+            elif a == "subnormal":
+                xr[r] = tiny * torch.randn(shape[-1], generator=g, dtype=torch.float64).to(dtype) / 4
+            if b == "same":
+                hr[r] = xr[r]
+            elif b == 0.0:
+                hr[r] = 0.0
+            elif b == "inf":
+                hr[r, shape[-1] // 2] = math.inf
+            elif b == "subnormal":
+                hr[r] = xr[r] / 2
+            elif b == "neg":
+                hr[r] = -xr[r]
+    return x, x_hat
+
+
+def _torch_terms(x, x_hat, monkeypatch):
+    """The torch passes' per-token terms (the compiled loops switched off), direction filled in."""
+    with monkeypatch.context() as m:
+        m.setattr(compiled, "DTYPES", ())
+        assert metrics._compiled_terms(x, x_hat) is None
+        xx, hh, ee, direction = metrics._token_terms(x.clone(), x_hat.clone())
+    assert direction is None
+    return xx, hh, ee, metrics._rel_and_direction(xx, hh, ee)[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_trials=st.integers(1, 3), n_heads=st.integers(1, 2), n_tokens=st.integers(1, 40),
+       d=st.one_of(st.integers(1, 40), st.sampled_from([64, 100, 128, 256, 1000, 1024])),
+       dtype=st.sampled_from(DTYPES), special=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_token_terms_are_the_bits_of_the_torch_passes(n_trials, n_heads, n_tokens, d, dtype, special, seed):
+    """‖x_s‖², ‖x̂_s‖², ‖x_s − x̂_s‖² and the token's direction error: the compiled pass gives the
+    torch passes' bits, token by token (NaN where they give NaN)."""
+    x, x_hat = _rows((n_trials, n_heads, n_tokens, d), dtype, seed, special)
+    fused = metrics._compiled_terms(x, x_hat)
+    assert fused is (metrics_cpu if metrics_cpu.takes(dtype, d) else None)
+    if fused is None:                    # no order reproduces vector_norm at this d: the torch passes
+        return
+    got = fused.token_terms(x, x_hat)
+    with pytest.MonkeyPatch.context() as mp:
+        want = _torch_terms(x, x_hat, mp)
+    for name, a, b in zip(("xx", "hh", "ee", "direction"), got, want):
+        assert a.shape == x.shape[:-1] and _same(a, b), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_pass_is_taken_at_the_widths_a_sweep_meets(dtype):
+    """On x86 torch builds an order of norm_order reproduces vector_norm at every head dimension
+    (powers of two) and at cache and query lengths of a sweep (the logits' rows), so the pass is
+    taken and the equality tests are not vacuous. (Some other widths have no order: float32 rows
+    whose tail past the vector is 5-7 entries long; they go to the torch passes.)"""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the vector widths of other CPUs' torch builds are not listed here")
+    assert all(metrics_cpu.takes(dtype, d) for d in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 777))
+
+
+def _trial(b, h, s, nq, d, dtype, seed, special, evict):
+    g = torch.Generator().manual_seed(seed + 1)
+    k, k_hat = _rows((b, h, s, d), dtype, seed, special)
+    v, v_hat = _rows((b, h, s, d), dtype, seed + 2, special)
+    k, k_hat = torch.nan_to_num(k), torch.nan_to_num(k_hat)        # finite logits: T and the KL defined
+    q = torch.randn(b, h, nq, d, generator=g, dtype=torch.float64).to(dtype)
+    kept = None
+    if evict:
+        kept = torch.rand(b, h, s, generator=g) < 0.6
+        kept[..., 0] = True
+        k_hat, v_hat = torch.where(kept[..., None], k_hat, 0.0), torch.where(kept[..., None], v_hat, 0.0)
+    return k, v, q, k_hat, v_hat, metrics.exact_logits(q, k_hat), kept
+
+
+def _metrics(tensors):
+    """trial_metrics on fresh copies (no memo of an earlier call answers)."""
+    return metrics.trial_metrics(*(t.clone() if t is not None else None for t in tensors))
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 3), h=st.integers(1, 2), s=st.integers(1, 48), nq=st.integers(1, 6),
+       d=st.sampled_from([1, 3, 8, 12, 13, 32, 64, 100, 128]), dtype=st.sampled_from(DTYPES), special=st.booleans(),
+       evict=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_trial_metrics_rows_are_the_same_with_and_without_the_compiled_pass(b, h, s, nq, d, dtype, special, evict,
+                                                                          seed):
+    """Every metric of trial_metrics (with an evicting codec's kept mask too) holds the same bits
+    whether the per-token terms come from the compiled pass or from the torch passes."""
+    tensors = _trial(b, h, s, nq, d, dtype, seed, special, evict)
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(metrics_cpu, "token_terms", lambda *a, _f=metrics_cpu.token_terms: calls.append(1) or _f(*a))
+        fused = _metrics(tensors)
+        assert bool(calls) == any(metrics_cpu.takes(dtype, n) for n in (d, s))   # K's, V's, T's rows; the logits'
+        mp.setattr(compiled, "DTYPES", ())
+        calls.clear()
+        plain = _metrics(tensors)
+        assert not calls                                            # the switch routes to torch
+    names = METRIC_NAMES + (EVICTION_METRIC_NAMES if evict else ())
+    assert list(fused) == list(plain) == list(names)
+    for name in names:
+        assert _same(fused[name], plain[name]), name
+
+
+def test_rows_split_across_threads_give_the_same_bits(monkeypatch):
+    """A call of ≥ 64 k elements splits its rows into one block per torch thread: the terms are
+    the one-thread terms."""
+    x, x_hat = _rows((3, 2, 300, 128), torch.float32, 7, True)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one = metrics._token_terms(x, x_hat)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    split = metrics._token_terms(x, x_hat)
+    assert all(_same(a, b) for a, b in zip(one, split))
+
+
+@pytest.mark.parametrize("case", ["half", "transposed", "mixed dtypes", "empty"])
+def test_the_torch_passes_where_the_pass_does_not_take_the_tensors(case):
+    """Other dtypes (float16), a non-contiguous tensor (vector_norm may sum its rows in another
+    order), mixed dtypes and empty tensors go to the torch passes, with their results."""
+    x, x_hat = _rows((2, 1, 16, 32), torch.float32, 3, False)
+    if case == "half":
+        x, x_hat = x.half(), x_hat.half()
+    elif case == "transposed":
+        x, x_hat = x.transpose(-1, -2), x_hat.transpose(-1, -2)
+    elif case == "mixed dtypes":
+        x_hat = x_hat.double()
+    else:
+        x, x_hat = x[:, :, :0], x_hat[:, :, :0]
+    assert metrics._compiled_terms(x, x_hat) is None
+    assert metrics._token_terms(x, x_hat)[3] is None
+
+
+def test_the_torch_passes_where_no_norm_order_reproduces_vector_norm(monkeypatch):
+    """Where no candidate order gives vector_norm's bits, takes() is False and the metrics are the
+    torch passes' (the same rows as ever)."""
+    monkeypatch.setattr(vector_norm_cpu, "_NORM_ORDERS", ((3, False),))
+    vector_norm_cpu.norm_order.cache_clear()
+    try:
+        assert not metrics_cpu.takes(torch.float32, 64)
+        x, x_hat = _rows((2, 1, 16, 64), torch.float32, 4, True)
+        assert metrics._compiled_terms(x, x_hat) is None
+        tensors = _trial(2, 1, 16, 4, 64, torch.float32, 4, False, False)
+        calls = []
+        monkeypatch.setattr(metrics_cpu, "token_terms", lambda *a: calls.append(a))
+        got = _metrics(tensors)
+        assert not calls
+    finally:
+        vector_norm_cpu.norm_order.cache_clear()
+    monkeypatch.setattr(compiled, "DTYPES", ())
+    want = _metrics(tensors)
+    assert all(_same(got[name], want[name]) for name in METRIC_NAMES)
