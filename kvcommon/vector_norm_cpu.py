@@ -82,11 +82,17 @@ def _norm_rows(x, lanes, fma_tail, out):  # pragma: no cover - compiled
 def norm_order(dtype: torch.dtype, d: int) -> tuple[int, bool] | None:
     """(lanes, fused tail) of the order in which torch.linalg.vector_norm sums the squares of a
     row of d entries in dtype on this CPU, or None if no candidate of _NORM_ORDERS reproduces
-    it: the one whose sums give vector_norm's bits on 512 rows of Gaussian entries of scales
+    it: the one whose sums give vector_norm's bits on 2048 rows of Gaussian entries of scales
     1e-3..1e3 (a wrong order changes some bit in about a third of such rows), with and without
-    keepdim (unit_rows takes one, the residual norm the other)."""
+    keepdim (unit_rows takes one, the residual norm the other). In three rows of four the entries
+    before the last d mod 16 are 1e-9..1 times smaller (one factor a row), so that the tail
+    past every candidate's vectors decides the sum's last bits: in a long row of like entries
+    the tail's few terms rarely change them, and a wrong tail (fused or not) would pass the
+    probe and then differ on rows whose tail matters (float64, d = 4099: 1 row in 31 of the
+    metrics' test rows; float32, d = 65: 74 rows in 2000)."""
     rng = np.random.default_rng(20251203)                     # the probe's own rows, not a stream of the harness
-    rows = rng.standard_normal((512, d)) * 10.0 ** rng.uniform(-3, 3, (512, 1))
+    rows = rng.standard_normal((2048, d)) * 10.0 ** rng.uniform(-3, 3, (2048, 1))
+    rows[512:, : d - d % 16] *= 10.0 ** rng.uniform(-9, 0, (1536, 1))
     probe = torch.from_numpy(rows).to(dtype)
     want = torch.linalg.vector_norm(probe, dim=-1).numpy()
     if not np.array_equal(want, torch.linalg.vector_norm(probe, dim=-1, keepdim=True).numpy()[:, 0]):
