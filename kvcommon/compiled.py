@@ -5,8 +5,9 @@ options they are compiled with, and the split of a call's rows across the torch 
 The loops themselves live beside the building block they serve, in a sibling module named
 <block>_cpu.py: schemes/scalar_quantizer_cpu.py (quantise, pack, dequantise), schemes/hadamard_cpu.py
 (the Walsh–Hadamard butterflies), schemes/kmeans_cpu.py (nearest centroids, k-means++ seeding), and
-the fused per-codec passes schemes/turboquant_cpu.py and schemes/spectralquant_cpu.py; the sum of
-squares in torch.linalg.vector_norm's order that several of them take, in kvcommon/vector_norm_cpu.py.
+the fused per-codec passes schemes/turboquant_cpu.py and schemes/spectralquant_cpu.py; the
+metrics' per-token pass stats/metrics_cpu.py; the sum of squares in torch.linalg.vector_norm's
+order that several of them take, in kvcommon/vector_norm_cpu.py, and torch.sum's, in kvcommon/sum_cpu.py.
 They replace chains of whole-tensor torch passes (a dozen reads and writes of every element) with
 one pass over each row in cache, with the same bits; the torch passes serve the other devices
 (CUDA) and dtypes (half precision) and check the loops in the tests.

@@ -112,9 +112,11 @@ def _compiled_terms(x: torch.Tensor, x_hat: torch.Tensor):
     """stats.metrics_cpu where its one pass over each row gives the per-token terms of x and x̂ with
     the bits of the torch passes (contiguous CPU tensors of one shape and a kvcommon.compiled.DTYPES
     dtype, vector_norm's order found: metrics_cpu.takes), else None. Imported only then, so a run on
-    CUDA never loads numba."""
+    CUDA never loads numba. (A single row of 32 k entries or more torch splits across its threads,
+    in an order of its own: the torch passes take it.)"""
     if not (compiled.takes(x) and x_hat.dtype == x.dtype and x_hat.device == x.device and x_hat.shape == x.shape
-            and x.dim() >= 1 and x.numel() and x.is_contiguous() and x_hat.is_contiguous()):
+            and x.dim() >= 1 and x.numel() and x.is_contiguous() and x_hat.is_contiguous()
+            and (x.numel() < 32768 or x.numel() > x.shape[-1])):
         return None
     from . import metrics_cpu
     return metrics_cpu if metrics_cpu.takes(x.dtype, x.shape[-1]) else None
@@ -275,9 +277,20 @@ def score_metrics(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Te
         # the logit metrics over the kept (query, token) pairs: the evicted ones count zero
         pairs = kept[:, :, None, :].expand_as(logits)
         logits, logits_hat = torch.where(pairs, logits, 0.0), torch.where(pairs, logits_hat, 0.0)
-    out["logit_rel_mse"] = relative_mse(logits, logits_hat)
-    out["logit_slope"] = _safe_ratio(_trial_sum(torch.sum(logits_hat * logits, dim=-1)), _exact(_sum_sq, logits), 1.0)
+    out["logit_rel_mse"], out["logit_slope"] = _logit_errors(logits, logits_hat)
     return out, probs_hat
+
+
+def _logit_errors(logits: torch.Tensor, logits_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logit_rel_mse ‖ŝ − s‖²/‖s‖², logit_slope Σ ŝ·s/‖s‖²) per trial: the rows' three sums in one
+    compiled pass on the CPU where it gives torch's bits (metrics_cpu.logit_terms), else torch's passes."""
+    loops = _compiled_terms(logits, logits_hat)
+    if loops is not None and loops.takes_products(logits.dtype, logits.shape[-1]):
+        ss, ee, products = loops.logit_terms(logits, logits_hat)
+        energy = _trial_sum(ss)
+        return _safe_ratio(_trial_sum(ee), energy, 0.0), _safe_ratio(_trial_sum(products), energy, 1.0)
+    return (relative_mse(logits, logits_hat),
+            _safe_ratio(_trial_sum(torch.sum(logits_hat * logits, dim=-1)), _exact(_sum_sq, logits), 1.0))
 
 
 def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor,

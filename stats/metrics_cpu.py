@@ -17,9 +17,13 @@ as metrics._rel_and_direction computes it (float64, each operation rounded once 
 where an energy is NaN), from the roots √xx, √hh that torch's sqrt gives: on this build torch's
 float64 sqrt (MKL's vector sqrt) is not always the correctly rounded root (1 ulp off on about one
 token in a few hundred), so the roots are torch's own, taken on the same tensors as there.
+The logits' rows (a query's S logits s and ŝ) get the same pass for ‖s‖² and ‖s − ŝ‖², and in it
+Σ ŝ_i·s_i, each product rounded in the dtype and summed in torch.sum's order
+(kvcommon/sum_cpu.py's sum_order), as torch.sum(ŝ * s, dim=-1) gives it: logit_rel_mse and
+logit_slope without the product tensor.
 The same bits as torch's passes (tests/test_metrics_cpu.py); the sums over tokens and trials that
-follow stay in torch. Where no order of norm_order reproduces vector_norm (`takes` False), the
-metrics run their torch passes.
+follow stay in torch. Where no order of norm_order reproduces vector_norm (`takes` False), or none
+of sum_order torch.sum (`takes_products` False), the metrics run their torch passes.
 
 A *_cpu module: stats/metrics.py imports it only where kvcommon.compiled.takes says the compiled
 loops take the tensors, so a run on CUDA never loads numba. Rows are split across the torch
@@ -36,6 +40,7 @@ from numba.core.extending import intrinsic
 
 from kvcommon import compiled
 from kvcommon.compiled import JIT, by_row_blocks, row_view
+from kvcommon.sum_cpu import _sum_products, sum_order
 from kvcommon.vector_norm_cpu import _fma, norm_order
 
 # the accumulator counts _token_rows has a vector loop for (norm_order's other candidate, 1, is the
@@ -92,32 +97,47 @@ def _lane_sums(typingctx, x, y, full, lanes):
 
 
 @numba.jit(**JIT)
-def _token_rows(x, x_hat, lanes, fma_tail, xx, hh, ee):  # pragma: no cover - compiled
-    """For each row r of x, x̂ (n, d): xx[r], hh[r], ee[r] = ‖x_r‖², ‖x̂_r‖², ‖x_r − x̂_r‖², float64,
-    as the module docstring says."""
-    n, d = x.shape
+def _row_energies(a, b, lanes, fma_tail, zero):  # pragma: no cover - compiled
+    """(‖a‖², ‖b‖², ‖a − b‖²) of one row pair, float64, as the module docstring says."""
+    d = a.shape[0]
     full = d - d % lanes if lanes > 1 else 0
+    if lanes == 8:
+        sx, sh, se = _lane_sums(a, b, full, 8)
+    elif lanes == 4:
+        sx, sh, se = _lane_sums(a, b, full, 4)
+    elif lanes == 16:
+        sx, sh, se = _lane_sums(a, b, full, 16)
+    else:
+        sx = sh = se = zero
     fused = fma_tail and lanes > 1
-    zero = np.zeros(1, x.dtype)[0]
-    for r in range(n):
-        a, b = x[r], x_hat[r]
-        if lanes == 8:
-            sx, sh, se = _lane_sums(a, b, full, 8)
-        elif lanes == 4:
-            sx, sh, se = _lane_sums(a, b, full, 4)
-        elif lanes == 16:
-            sx, sh, se = _lane_sums(a, b, full, 16)
+    for i in range(full, d):
+        p, q = a[i], b[i]
+        e = p - q
+        if fused:
+            sx, sh, se = _fma(p, p, sx), _fma(q, q, sh), _fma(e, e, se)
         else:
-            sx = sh = se = zero
-        for i in range(full, d):
-            p, q = a[i], b[i]
-            e = p - q
-            if fused:
-                sx, sh, se = _fma(p, p, sx), _fma(q, q, sh), _fma(e, e, se)
-            else:
-                sx, sh, se = sx + p * p, sh + q * q, se + e * e
-        nx, nh, ne = np.sqrt(sx), np.sqrt(sh), np.sqrt(se)
-        xx[r], hh[r], ee[r] = np.float64(nx * nx), np.float64(nh * nh), np.float64(ne * ne)
+            sx, sh, se = sx + p * p, sh + q * q, se + e * e
+    nx, nh, ne = np.sqrt(sx), np.sqrt(sh), np.sqrt(se)
+    return np.float64(nx * nx), np.float64(nh * nh), np.float64(ne * ne)
+
+
+@numba.jit(**JIT)
+def _token_rows(x, x_hat, lanes, fma_tail, xx, hh, ee):  # pragma: no cover - compiled
+    """For each row r of x, x̂ (n, d): xx[r], hh[r], ee[r] = ‖x_r‖², ‖x̂_r‖², ‖x_r − x̂_r‖², float64."""
+    zero = np.zeros(1, x.dtype)[0]
+    for r in range(x.shape[0]):
+        xx[r], hh[r], ee[r] = _row_energies(x[r], x_hat[r], lanes, fma_tail, zero)
+
+
+@numba.jit(**JIT)
+def _logit_rows(s, s_hat, lanes, fma_tail, sum_lanes, ss, ee, products):  # pragma: no cover - compiled
+    """For each row r of the logits s, ŝ (n, S): ss[r], ee[r] = ‖s_r‖², ‖s_r − ŝ_r‖² (float64) and
+    products[r] = Σ ŝ_ri·s_ri in torch.sum's order (s's dtype)."""
+    zero = np.zeros(1, s.dtype)[0]
+    acc = np.empty(16 * max(sum_lanes, 1), s.dtype)
+    for r in range(s.shape[0]):
+        ss[r], _, ee[r] = _row_energies(s[r], s_hat[r], lanes, fma_tail, zero)
+        products[r] = _sum_products(s_hat[r], s[r], sum_lanes, acc)
 
 
 @numba.jit(**JIT)
@@ -149,6 +169,27 @@ def takes(dtype: torch.dtype, d: int) -> bool:
         return False
     order = norm_order(dtype, d)
     return order is not None and (order[0] in _VECTOR_LANES or order[0] == 1)
+
+
+def takes_products(dtype: torch.dtype, n: int) -> bool:
+    """Whether logit_terms gives torch's bits for rows of n entries in dtype: takes(dtype, n) and
+    sum_order found torch.sum's order."""
+    return takes(dtype, n) and sum_order(dtype, n) is not None
+
+
+def logit_terms(s: torch.Tensor, s_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(‖s_q‖², ‖s_q − ŝ_q‖² float64, Σ ŝ_qi·s_qi in s's dtype) of each row (a query's logits) of s,
+    ŝ (..., S), contiguous CPU tensors of one shape and dtype with takes_products(dtype, S)."""
+    shape, n = s.shape[:-1], s.shape[-1]
+    lanes, fma_tail = norm_order(s.dtype, n)
+    sum_lanes = sum_order(s.dtype, n)
+    sr, hr = row_view(s.detach()), row_view(s_hat.detach())
+    ss, ee = (torch.empty(shape, dtype=torch.float64) for _ in range(2))
+    products = torch.empty(shape, dtype=s.dtype)
+    views = [t.reshape(-1).numpy() for t in (ss, ee, products)]
+    by_row_blocks(sr.shape[0], s.numel() * 2, lambda a, b: _logit_rows(
+        sr[a:b], hr[a:b], lanes, fma_tail, sum_lanes, *(v[a:b] for v in views)))
+    return ss, ee, products
 
 
 def token_terms(x: torch.Tensor, x_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

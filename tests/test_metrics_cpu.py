@@ -1,7 +1,8 @@
-"""The metrics' per-token terms in one compiled pass per row (stats/metrics_cpu.py) against the
-torch passes of stats/metrics.py (kvcommon.compiled.DTYPES emptied): the same bits, per token and in
-every row of trial_metrics, over shapes, dtypes, widths d that are and are not a multiple of the
-vector (the tail), and rows that are zero, NaN, ±inf, huge or subnormal."""
+"""The metrics' per-token terms and the logits' sums in one compiled pass per row
+(stats/metrics_cpu.py) against the torch passes of stats/metrics.py (kvcommon.compiled.DTYPES
+emptied): the same bits, per token, per query and in every row of trial_metrics, over shapes,
+dtypes, widths that are and are not a multiple of the vector (the tail) or long enough for torch's
+cascade of partial sums, and rows that are zero, NaN, ±inf, huge or subnormal."""
 import math
 import platform
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from kvcommon import compiled, vector_norm_cpu
+from kvcommon import compiled, sum_cpu, vector_norm_cpu
 from kvcommon.rows import EVICTION_METRIC_NAMES, METRIC_NAMES
 from stats import metrics, metrics_cpu
 from test_turboquant_cpu import _same
@@ -110,6 +111,14 @@ def _trial(b, h, s, nq, d, dtype, seed, special, evict):
     return k, v, q, k_hat, v_hat, metrics.exact_logits(q, k_hat), kept
 
 
+def _spy(function, name, calls):
+    """function, recording its name in calls at each call."""
+    def spied(*args):
+        calls.append(name)
+        return function(*args)
+    return spied
+
+
 def _metrics(tensors):
     """trial_metrics on fresh copies (no memo of an earlier call answers)."""
     return metrics.trial_metrics(*(t.clone() if t is not None else None for t in tensors))
@@ -126,9 +135,12 @@ def test_trial_metrics_rows_are_the_same_with_and_without_the_compiled_pass(b, h
     tensors = _trial(b, h, s, nq, d, dtype, seed, special, evict)
     calls = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(metrics_cpu, "token_terms", lambda *a, _f=metrics_cpu.token_terms: calls.append(1) or _f(*a))
+        for name in ("token_terms", "logit_terms"):
+            mp.setattr(metrics_cpu, name, _spy(getattr(metrics_cpu, name), name, calls))
         fused = _metrics(tensors)
-        assert bool(calls) == any(metrics_cpu.takes(dtype, n) for n in (d, s))   # K's, V's, T's rows; the logits'
+        logits = metrics_cpu.takes_products(dtype, s)
+        assert ("logit_terms" in calls) == logits                   # the logits' rows; K's, V's, T's:
+        assert ("token_terms" in calls) == (metrics_cpu.takes(dtype, d) or (metrics_cpu.takes(dtype, s) and not logits))
         mp.setattr(compiled, "DTYPES", ())
         calls.clear()
         plain = _metrics(tensors)
@@ -139,14 +151,68 @@ def test_trial_metrics_rows_are_the_same_with_and_without_the_compiled_pass(b, h
         assert _same(fused[name], plain[name]), name
 
 
+@settings(max_examples=30, deadline=None)
+@given(n_rows=st.integers(1, 40), n=st.sampled_from([1, 3, 7, 8, 9, 17, 64, 100, 256, 777, 1024, 1031, 4099]),
+       dtype=st.sampled_from(DTYPES), special=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_logit_terms_are_the_bits_of_the_torch_passes(n_rows, n, dtype, special, seed):
+    """‖s_q‖², ‖s_q − ŝ_q‖² and Σ ŝ_qi·s_qi of each query's logits: the compiled pass gives the bits
+    of vector_norm and of torch.sum(ŝ * s, dim=-1), at lengths below one vector, with a tail, and
+    long enough for the cascade's levels (4099)."""
+    s, s_hat = _rows((n_rows, n), dtype, seed, special)
+    if not metrics_cpu.takes_products(dtype, n):
+        return
+    ss, ee, products = metrics_cpu.logit_terms(s, s_hat)
+    assert _same(ss, metrics._per_token_sq(s)) and _same(ee, metrics._per_token_sq(s - s_hat))
+    assert _same(products, torch.sum(s_hat * s, dim=-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_sum_order_is_found_at_the_lengths_a_sweep_meets(dtype):
+    """On x86 torch builds sum_order reproduces torch.sum at every cache length a sweep meets
+    (and lengths with a tail), so the logits' pass is taken and its equality tests are not vacuous."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the vector widths of other CPUs' torch builds are not listed here")
+    assert all(metrics_cpu.takes_products(dtype, n) for n in (64, 128, 256, 512, 777, 1024, 2048, 4096))
+
+
+def test_the_torch_passes_where_no_sum_order_reproduces_torch_sum(monkeypatch):
+    """Where no vector width gives torch.sum's bits, the logits' sums are torch's (the per-token
+    pass is still taken) and the rows are the same."""
+    tensors = _trial(2, 1, 40, 4, 64, torch.float32, 5, False, False)
+    monkeypatch.setattr(sum_cpu, "_SUM_LANES", (3,))
+    sum_cpu.sum_order.cache_clear()
+    try:
+        assert not metrics_cpu.takes_products(torch.float32, 40) and metrics_cpu.takes(torch.float32, 40)
+        calls = []
+        with monkeypatch.context() as m:
+            m.setattr(metrics_cpu, "logit_terms", lambda *a: calls.append(a))
+            got = _metrics(tensors)
+        assert not calls
+    finally:
+        sum_cpu.sum_order.cache_clear()
+    monkeypatch.setattr(compiled, "DTYPES", ())
+    want = _metrics(tensors)
+    assert all(_same(got[name], want[name]) for name in METRIC_NAMES)
+
+
+def test_a_single_long_row_goes_to_torch():
+    """torch splits a single row of 32 k entries or more across its threads (an order of its own):
+    such a row is left to the torch passes; many rows of that length are not."""
+    x, x_hat = _rows((1, 1, 1, 40000), torch.float32, 6, False)
+    assert metrics._compiled_terms(x, x_hat) is None
+    x, x_hat = _rows((1, 1, 2, 40000), torch.float32, 6, False)
+    assert metrics._compiled_terms(x, x_hat) is not None or not metrics_cpu.takes(torch.float32, 40000)
+
+
 def test_rows_split_across_threads_give_the_same_bits(monkeypatch):
     """A call of ≥ 64 k elements splits its rows into one block per torch thread: the terms are
     the one-thread terms."""
     x, x_hat = _rows((3, 2, 300, 128), torch.float32, 7, True)
+    s, s_hat = _rows((3, 2, 100, 1024), torch.float32, 8, True)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    one = metrics._token_terms(x, x_hat)
+    one = metrics._token_terms(x, x_hat) + metrics_cpu.logit_terms(s, s_hat)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    split = metrics._token_terms(x, x_hat)
+    split = metrics._token_terms(x, x_hat) + metrics_cpu.logit_terms(s, s_hat)
     assert all(_same(a, b) for a, b in zip(one, split))
 
 
