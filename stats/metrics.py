@@ -122,13 +122,14 @@ def _compiled_terms(x: torch.Tensor, x_hat: torch.Tensor):
     return metrics_cpu if metrics_cpu.takes(x.dtype, x.shape[-1]) else None
 
 
-def _token_terms(x: torch.Tensor, x_hat: torch.Tensor):
+def _token_terms(x: torch.Tensor, x_hat: torch.Tensor, directions: bool = False):
     """(‖x_s‖², ‖x̂_s‖², ‖x_s − x̂_s‖², dir_err_s) per row (token vector) s of x, x̂ (..., d), float64
-    (...): on the CPU in one compiled pass (metrics_cpu.token_terms); else by torch's passes, x's
-    energies remembered for the very x, and dir_err_s None (per_token_cosine computes it)."""
+    (...): on the CPU in one compiled pass (metrics_cpu.token_terms; dir_err_s with `directions`,
+    else None); else by torch's passes, x's energies remembered for the very x, and dir_err_s None
+    (per_token_cosine computes it)."""
     loops = _compiled_terms(x, x_hat)
     if loops is not None:
-        return loops.token_terms(x, x_hat)
+        return loops.token_terms(x, x_hat, directions)
     return _exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(x - x_hat), None
 
 
@@ -150,7 +151,7 @@ def relative_mse(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     """‖x − x̂‖²/‖x‖² per trial (0/0 → 0: an all-zero tensor reproduced exactly has no error)."""
     loops = _compiled_terms(x, x_hat)
     if loops is not None:
-        xx, _, ee, _ = loops.token_terms(x, x_hat)
+        xx, _, ee, _ = loops.token_terms(x, x_hat, False)
         return _safe_ratio(_trial_sum(ee), _trial_sum(xx), 0.0)
     return _safe_ratio(_sum_sq(x - x_hat), _exact(_sum_sq, x), 0.0)
 
@@ -171,7 +172,7 @@ def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor, terms: tuple | None =
     whatever its norm. A token that is zero and reproduced as zero has cosine 1, one whose
     original or reconstruction alone is zero (e.g. an evicted token) has cosine 0. terms:
     _token_terms(x, x̂) when the caller has them."""
-    *energies, direction = terms or _token_terms(x, x_hat)
+    *energies, direction = terms or _token_terms(x, x_hat, directions=True)
     if direction is None:
         _, direction = _rel_and_direction(*energies)
     return 1 - _flat(direction).mean(dim=1)
@@ -252,14 +253,14 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
 def key_metrics(k: torch.Tensor, k_hat: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics of K and its reconstruction alone: error_point(·, "k") and ptcosine_k (one
     pass of the rows' terms for both)."""
-    terms = _token_terms(k, k_hat)
+    terms = _token_terms(k, k_hat, directions=True)
     return {**error_point(k, k_hat, "k", terms=terms), "ptcosine_k": per_token_cosine(k, k_hat, terms=terms)}
 
 
 def value_metrics(v: torch.Tensor, v_hat: torch.Tensor, probs: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics of V̂ against the exact attention (probs, T): error_point(·, "v"), ptcosine_v and
     t_rel_mse_vonly (T̂ with exact probabilities and V̂); one pass of the rows' terms for V's two."""
-    terms = _token_terms(v, v_hat)
+    terms = _token_terms(v, v_hat, directions=True)
     out = error_point(v, v_hat, "v", terms=terms)
     out["t_rel_mse_vonly"] = relative_mse(t, weighted_values(probs, v_hat))
     out["ptcosine_v"] = per_token_cosine(v, v_hat, terms=terms)

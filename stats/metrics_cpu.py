@@ -192,9 +192,10 @@ def logit_terms(s: torch.Tensor, s_hat: torch.Tensor) -> tuple[torch.Tensor, tor
     return ss, ee, products
 
 
-def token_terms(x: torch.Tensor, x_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def token_terms(x: torch.Tensor, x_hat: torch.Tensor, directions: bool = True) -> tuple:
     """(‖x_s‖², ‖x̂_s‖², ‖x_s − x̂_s‖², 1 − cos(x_s, x̂_s)) of each row (token vector) of x, x̂ (..., d),
-    contiguous CPU tensors of one shape and dtype with takes(dtype, d): four float64 tensors (...)."""
+    contiguous CPU tensors of one shape and dtype with takes(dtype, d): four float64 tensors (...);
+    without `directions` the last is None (not computed)."""
     shape, d = x.shape[:-1], x.shape[-1]
     lanes, fma_tail = norm_order(x.dtype, d)
     xr, hr = row_view(x.detach()), row_view(x_hat.detach())
@@ -202,6 +203,8 @@ def token_terms(x: torch.Tensor, x_hat: torch.Tensor) -> tuple[torch.Tensor, tor
     views = [row.reshape(-1).numpy() for row in (xx, hh, ee)]
     by_row_blocks(xr.shape[0], x.numel() * 2, lambda a, b: _token_rows(
         xr[a:b], hr[a:b], lanes, fma_tail, *(v[a:b] for v in views)))
+    if not directions:
+        return xx, hh, ee, None
     nx, nh = xx.sqrt(), hh.sqrt()            # torch's roots, on tensors laid out as _rel_and_direction's
     direction = torch.empty(shape, dtype=torch.float64)
     _directions(*views, nx.reshape(-1).numpy(), nh.reshape(-1).numpy(), direction.reshape(-1).numpy())

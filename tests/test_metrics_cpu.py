@@ -84,6 +84,8 @@ def test_token_terms_are_the_bits_of_the_torch_passes(n_trials, n_heads, n_token
         want = _torch_terms(x, x_hat, mp)
     for name, a, b in zip(("xx", "hh", "ee", "direction"), got, want):
         assert a.shape == x.shape[:-1] and _same(a, b), name
+    *energies, direction = fused.token_terms(x, x_hat, False)      # the energies alone (error_point, relative_mse)
+    assert direction is None and all(_same(a, b) for a, b in zip(energies, got))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -210,9 +212,9 @@ def test_rows_split_across_threads_give_the_same_bits(monkeypatch):
     x, x_hat = _rows((3, 2, 300, 128), torch.float32, 7, True)
     s, s_hat = _rows((3, 2, 100, 1024), torch.float32, 8, True)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    one = metrics._token_terms(x, x_hat) + metrics_cpu.logit_terms(s, s_hat)
+    one = metrics._token_terms(x, x_hat, directions=True) + metrics_cpu.logit_terms(s, s_hat)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    split = metrics._token_terms(x, x_hat) + metrics_cpu.logit_terms(s, s_hat)
+    split = metrics._token_terms(x, x_hat, directions=True) + metrics_cpu.logit_terms(s, s_hat)
     assert all(_same(a, b) for a, b in zip(one, split))
 
 
