@@ -214,10 +214,14 @@ def kl_attention(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Ten
         log_p = torch.log_softmax(_kept_logits(logits.double(), kept), dim=-1)
         p = log_p.exp()
     log_p_hat = torch.log_softmax(_kept_logits(logits_hat.double(), kept), dim=-1)
-    terms = p * (log_p - log_p_hat)
-    if kept is not None:  # an evicted token contributes 0·(−inf + inf) = NaN; its term is 0
-        terms = torch.where(kept[:, :, None, :], terms, 0.0)
-    kl = torch.sum(terms, dim=-1)
+    loops = _compiled_terms(log_p, log_p_hat)
+    if loops is not None and p.is_contiguous() and loops.takes_products(torch.float64, logits.shape[-1]):
+        kl = loops.kl_terms(p, log_p, log_p_hat, kept)    # the terms and their sums in one pass, the same bits
+    else:
+        terms = p * (log_p - log_p_hat)
+        if kept is not None:  # an evicted token contributes 0·(−inf + inf) = NaN; its term is 0
+            terms = torch.where(kept[:, :, None, :], terms, 0.0)
+        kl = torch.sum(terms, dim=-1)
     return kl.reshape(kl.shape[0], -1).mean(dim=1)
 
 

@@ -20,7 +20,10 @@ token in a few hundred), so the roots are torch's own, taken on the same tensors
 The logits' rows (a query's S logits s and ŝ) get the same pass for ‖s‖² and ‖s − ŝ‖², and in it
 Σ ŝ_i·s_i, each product rounded in the dtype and summed in torch.sum's order
 (kvcommon/sum_cpu.py's sum_order), as torch.sum(ŝ * s, dim=-1) gives it: logit_rel_mse and
-logit_slope without the product tensor.
+logit_slope without the product tensor. And the KL of the attention: each query's terms
+p_i·(log p_i − log p̂_i) (0 on an evicted token) formed in a row buffer and summed in torch.sum's
+order, without the (B, H, Nq, S) differences and terms written out (the log-probabilities
+themselves stay torch's log_softmax: its vector exp and log are not the correctly rounded ones).
 The same bits as torch's passes (tests/test_metrics_cpu.py); the sums over tokens and trials that
 follow stay in torch. Where no order of norm_order reproduces vector_norm (`takes` False), or none
 of sum_order torch.sum (`takes_products` False), the metrics run their torch passes.
@@ -169,6 +172,43 @@ def takes(dtype: torch.dtype, d: int) -> bool:
         return False
     order = norm_order(dtype, d)
     return order is not None and (order[0] in _VECTOR_LANES or order[0] == 1)
+
+
+@numba.jit(**JIT)
+def _kl_rows(p, log_p, log_p_hat, kept, per_mask, first_row, sum_lanes, out):  # pragma: no cover - compiled
+    """out[r] = Σ_i p_ri·(log p_ri − log p̂_ri) over row r (a query's S tokens), the terms as
+    metrics.kl_attention forms them (0 where kept[(first_row + r) // per_mask] is False, when kept
+    has rows) and summed in torch.sum's order."""
+    n, s = p.shape
+    terms = np.empty(s, p.dtype)
+    ones = np.ones(s, p.dtype)                     # Σ terms_i·1: the products are the terms, exactly
+    acc = np.empty(16 * max(sum_lanes, 1), p.dtype)
+    masked = kept.shape[0] > 0
+    for r in range(n):
+        pr, lr, hr = p[r], log_p[r], log_p_hat[r]
+        for i in range(s):
+            terms[i] = pr[i] * (lr[i] - hr[i])
+        if masked:
+            kr = kept[(first_row + r) // per_mask]
+            for i in range(s):
+                if not kr[i]:
+                    terms[i] = 0.0
+        out[r] = _sum_products(terms, ones, sum_lanes, acc)
+
+
+def kl_terms(p: torch.Tensor, log_p: torch.Tensor, log_p_hat: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """Σ_i p_i·(log p_i − log p̂_i) of each query (B, H, Nq) over its S tokens, float64, for
+    contiguous float64 CPU tensors (B, H, Nq, S) with takes_products(float64, S); kept (B, H, S):
+    the terms of evicted tokens are 0, as metrics.kl_attention sets them."""
+    b, h, nq, s = p.shape
+    pr, lr, hr = (row_view(t.detach()) for t in (p, log_p, log_p_hat))
+    masks = np.zeros((0, s), np.bool_) if kept is None else kept.reshape(-1, s).contiguous().numpy()
+    out = torch.empty((b, h, nq), dtype=torch.float64)
+    o = out.reshape(-1).numpy()
+    sum_lanes = sum_order(torch.float64, s)
+    by_row_blocks(pr.shape[0], p.numel() * 3, lambda a, z: _kl_rows(
+        pr[a:z], lr[a:z], hr[a:z], masks, nq, a, sum_lanes, o[a:z]))
+    return out
 
 
 def takes_products(dtype: torch.dtype, n: int) -> bool:

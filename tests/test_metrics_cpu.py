@@ -137,11 +137,12 @@ def test_trial_metrics_rows_are_the_same_with_and_without_the_compiled_pass(b, h
     tensors = _trial(b, h, s, nq, d, dtype, seed, special, evict)
     calls = []
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("token_terms", "logit_terms"):
+        for name in ("token_terms", "logit_terms", "kl_terms"):
             mp.setattr(metrics_cpu, name, _spy(getattr(metrics_cpu, name), name, calls))
         fused = _metrics(tensors)
         logits = metrics_cpu.takes_products(dtype, s)
-        assert ("logit_terms" in calls) == logits                   # the logits' rows; K's, V's, T's:
+        assert ("logit_terms" in calls) == logits                   # the logits' rows; the KL's (float64):
+        assert ("kl_terms" in calls) == metrics_cpu.takes_products(torch.float64, s)   # K's, V's, T's:
         assert ("token_terms" in calls) == (metrics_cpu.takes(dtype, d) or (metrics_cpu.takes(dtype, s) and not logits))
         mp.setattr(compiled, "DTYPES", ())
         calls.clear()
@@ -166,6 +167,35 @@ def test_logit_terms_are_the_bits_of_the_torch_passes(n_rows, n, dtype, special,
     ss, ee, products = metrics_cpu.logit_terms(s, s_hat)
     assert _same(ss, metrics._per_token_sq(s)) and _same(ee, metrics._per_token_sq(s - s_hat))
     assert _same(products, torch.sum(s_hat * s, dim=-1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(b=st.integers(1, 2), h=st.integers(1, 2), nq=st.integers(1, 5),
+       s=st.sampled_from([1, 3, 7, 9, 17, 64, 100, 777, 1024, 1031]), evict=st.booleans(), wild=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_kl_terms_are_the_bits_of_the_torch_passes(b, h, nq, s, evict, wild, seed):
+    """Each query's Σ p·(log p − log p̂) over its tokens (0 for an evicted token, whose log p and
+    log p̂ are −inf): the compiled pass gives torch.sum(where(kept, p * (log p − log p̂), 0))'s
+    bits; with `wild`, logits of scale 1e3 (probabilities that underflow to 0, −inf−(−inf)) and
+    a NaN query."""
+    g = torch.Generator().manual_seed(seed)
+    scale = 1e3 if wild else 3.0
+    logits, logits_hat = (scale * torch.randn(b, h, nq, s, generator=g, dtype=torch.float64) for _ in range(2))
+    if wild:
+        logits_hat[0, 0, 0, 0] = math.nan
+    kept = None
+    if evict:
+        kept = torch.rand(b, h, s, generator=g) < 0.6
+        kept[..., 0] = True
+    log_p = torch.log_softmax(metrics._kept_logits(logits, kept), dim=-1)
+    log_p_hat = torch.log_softmax(metrics._kept_logits(logits_hat, kept), dim=-1)
+    p = log_p.exp()
+    if not metrics_cpu.takes_products(torch.float64, s):
+        return
+    terms = p * (log_p - log_p_hat)
+    if evict:
+        terms = torch.where(kept[:, :, None, :], terms, 0.0)
+    assert _same(metrics_cpu.kl_terms(p, log_p, log_p_hat, kept), torch.sum(terms, dim=-1))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
