@@ -108,15 +108,19 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> 
     return torch.where(_not_a_number(num, den), math.nan, ratio)
 
 
+# torch's reductions split a single output's row across threads from this many elements on
+# (at::internal::GRAIN_SIZE), in an order of their own; many rows are split between threads whole.
+_TORCH_GRAIN = 32768
+
+
 def _compiled_terms(x: torch.Tensor, x_hat: torch.Tensor):
-    """stats.metrics_cpu where its one pass over each row gives the per-token terms of x and x̂ with
-    the bits of the torch passes (contiguous CPU tensors of one shape and a kvcommon.compiled.DTYPES
-    dtype, vector_norm's order found: metrics_cpu.takes), else None. Imported only then, so a run on
-    CUDA never loads numba. (A single row of 32 k entries or more torch splits across its threads,
-    in an order of its own: the torch passes take it.)"""
+    """stats.metrics_cpu where its compiled passes take the rows of x and x̂ with the bits of the
+    torch passes (contiguous CPU tensors of one shape and a kvcommon.compiled.DTYPES dtype,
+    vector_norm's order found: metrics_cpu.takes; not one row of _TORCH_GRAIN entries or more),
+    else None. Imported only then, so a run on CUDA never loads numba."""
     if not (compiled.takes(x) and x_hat.dtype == x.dtype and x_hat.device == x.device and x_hat.shape == x.shape
             and x.dim() >= 1 and x.numel() and x.is_contiguous() and x_hat.is_contiguous()
-            and (x.numel() < 32768 or x.numel() > x.shape[-1])):
+            and (x.numel() < _TORCH_GRAIN or x.numel() > x.shape[-1])):
         return None
     from . import metrics_cpu
     return metrics_cpu if metrics_cpu.takes(x.dtype, x.shape[-1]) else None
