@@ -37,8 +37,9 @@ _SUM_LANES = (8, 4, 16)
 @intrinsic(prefer_literal=True)
 def _add_products(typingctx, acc, at, a, b, start, lanes):
     """acc[at:at + lanes] += a[start:start + lanes] * b[start:start + lanes] as one vector product
-    and one vector sum (each rounded once, no contraction). lanes: a constant (a literal at the call)."""
-    if not isinstance(lanes, types.IntegerLiteral):
+    and one vector sum (each rounded once, no contraction). lanes: a constant (a literal at the
+    call); acc, a and b C-contiguous (typing fails otherwise)."""
+    if not isinstance(lanes, types.IntegerLiteral) or any(t.layout != "C" for t in (acc, a, b)):
         return None
     n_lanes = lanes.literal_value
 

@@ -56,8 +56,8 @@ def _lane_sums(typingctx, x, y, full, lanes):
     """(Σ x_i², Σ y_i², Σ (x_i − y_i)²) over the first `full` entries (a multiple of lanes) of the
     contiguous rows x, y, each summed in `lanes` accumulators (i into accumulator i mod lanes, one
     LLVM vector of them) that are then added in order: vector_norm's order before its tail.
-    lanes: a constant (a literal at the call)."""
-    if not isinstance(lanes, types.IntegerLiteral):
+    lanes: a constant (a literal at the call); x and y C-contiguous (typing fails otherwise)."""
+    if not isinstance(lanes, types.IntegerLiteral) or x.layout != "C" or y.layout != "C":
         return None
     n_lanes, dtype = lanes.literal_value, x.dtype
 
