@@ -3,7 +3,7 @@
 Every module of this package is imported here, so a codec file that calls `register` is
 registered by existing — but the compiled CPU loops (`*_cpu` modules, numba: most of a second to
 import), which register nothing and are imported where a computation takes them
-(schemes/compiled.py), so a run on CUDA never loads numba. The `reference` subpackage
+(kvcommon/compiled.py), so a run on CUDA never loads numba. The `reference` subpackage
 (independent NumPy implementations) is not part of this registry.
 """
 import importlib

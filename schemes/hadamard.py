@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from . import compiled
+from kvcommon import compiled
 
 
 def _vector_signs(signs: torch.Tensor, x: torch.Tensor) -> bool:

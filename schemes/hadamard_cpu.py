@@ -1,4 +1,4 @@
-"""The compiled CPU loops (numba; schemes/compiled.py) of the Walsh–Hadamard transform
+"""The compiled CPU loops (numba; kvcommon/compiled.py) of the Walsh–Hadamard transform
 (schemes/hadamard.py): the O(d log d) butterflies of one vector in cache, with its random signs,
 scale and norm applied in the same pass, in place of a dense d×d matmul and two products. The same
 bits as hadamard.fwht_butterfly. Rows split across the torch threads (compiled.by_row_blocks).
@@ -11,7 +11,7 @@ import numba
 import numpy as np
 import torch
 
-from .compiled import JIT, by_row_blocks, row_view
+from kvcommon.compiled import JIT, by_row_blocks, row_view
 
 @numba.jit(**JIT)
 def _butterflies(buf, d):  # pragma: no cover - compiled

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import compiled
+from kvcommon import compiled
 
 INITS = ("k-means++", "random")
 _CHUNK_ELEMENTS = 1 << 20  # distance-matrix entries per chunk (4 MiB of float32: stays in cache)

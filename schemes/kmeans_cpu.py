@@ -1,18 +1,16 @@
-"""The compiled CPU loops (numba; schemes/compiled.py) of k-means (schemes/kmeans.py): the nearest
+"""The compiled CPU loops (numba; kvcommon/compiled.py) of k-means (schemes/kmeans.py): the nearest
 centroid of each point (from the products, or forming them in cache for a small point dimension)
-and the k-means++ seeding, the same indices and picks as kmeans' torch passes; and `_fma`, the
-fused multiply-add they (and schemes/turboquant_cpu.py) sum with. Rows split across the torch
-threads (compiled.by_row_blocks).
+and the k-means++ seeding, the same indices and picks as kmeans' torch passes (their sums with
+kvcommon.vector_norm_cpu's fused multiply-add `_fma`). Rows split across the torch threads (compiled.by_row_blocks).
 """
 from __future__ import annotations
 
-import llvmlite.ir
 import numba
 import numpy as np
 import torch
-from numba.core.extending import intrinsic
 
-from .compiled import JIT, by_row_blocks
+from kvcommon.compiled import JIT, by_row_blocks
+from kvcommon.vector_norm_cpu import _fma
 
 @numba.jit(nopython=True, nogil=True, cache=True, boundscheck=False, fastmath={"nnan", "nsz"})
 def _smallest(values):  # pragma: no cover - compiled
@@ -54,16 +52,6 @@ def _argmin_rows(xc, c_sq, out):  # pragma: no cover - compiled
     for b in range(n_problems):
         for i in range(n_points):
             out[b, i] = _first_nearest(c_sq[b], xc[b, i], buf)
-
-
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """a·b + c rounded once (LLVM's fma: the CPU's instruction where it has one, else exact in software)."""
-    def codegen(context, builder, signature, args):
-        ty = args[0].type
-        fma = builder.module.declare_intrinsic("llvm.fma", [ty], llvmlite.ir.FunctionType(ty, [ty, ty, ty]))
-        return builder.call(fma, args)
-    return a(a, b, c), codegen
 
 
 @numba.jit(**JIT)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import compiled
+from kvcommon import compiled
 from .packing import pack_bits, packed_size, unpack_codes
 
 

@@ -1,4 +1,4 @@
-"""The compiled CPU loops (numba; schemes/compiled.py) of the scalar quantiser
+"""The compiled CPU loops (numba; kvcommon/compiled.py) of the scalar quantiser
 (schemes/scalar_quantizer.py): one pass over a row that quantises, packs and keeps the uint8 codes,
 by counting the thresholds below each element or by the quantiser's grid, and one that unpacks and
 looks up the centroids. The same bits as the quantiser's torch passes: the same cell arithmetic,
@@ -12,7 +12,7 @@ import numba
 import numpy as np
 import torch
 
-from .compiled import JIT, by_row_blocks, row_view
+from kvcommon.compiled import JIT, by_row_blocks, row_view
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
 # each element, one vectorised compare-and-add pass over the row per threshold; above it by

@@ -66,7 +66,7 @@ from . import qjl
 from .base import Capabilities, Encoded, PerTensorScheme, stored_bits
 from .eigen import covariance, effective_dimension, leading_basis, resolve_eigensolver, spectral_gap
 from .lloyd_max import gaussian_codebook
-from . import compiled
+from kvcommon import compiled
 from . import spectralquant_memos as memos
 from .packing import MAX_BITS, pack_bits, unpack_bits, unpack_variable
 from .registry import register_variant

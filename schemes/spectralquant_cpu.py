@@ -14,7 +14,7 @@ dtype, so the codes and the stream have their bits.
 Before it, unit_rows(x) (the unit rows and norms the projection and the stored norms take) in
 one pass per row in place of six (|x|, its maximum, the division, the norm, the second division):
 the peak as turboquant_cpu finds it, the sum of squares in torch.linalg.vector_norm's order
-(turboquant_cpu.norm_order; where no order reproduces it, schemes/unit_rows.py's passes run).
+(kvcommon/vector_norm_cpu.py's norm_order; where no order reproduces it, schemes/unit_rows.py's passes run).
 
 Decode of a stream this process has not coded (its codes not remembered, spectralquant_memos.CODES):
 the codes read back from the stream, looked up in the stored codebooks and scaled by σ in one
@@ -35,10 +35,12 @@ import numba
 import numpy as np
 import torch
 
-from . import compiled
-from .compiled import JIT, by_row_blocks
+from kvcommon import compiled
+from kvcommon.compiled import JIT, by_row_blocks
+from kvcommon.vector_norm_cpu import _sum_squares, norm_order
+
 from .packing import MAX_BITS
-from .turboquant_cpu import _largest_magnitude, _sum_squares, norm_order
+from .turboquant_cpu import _largest_magnitude
 
 # the dtypes the fused pass reads and writes in place (tests empty it to run the torch passes)
 FUSED_DTYPES = (torch.float32, torch.float64)

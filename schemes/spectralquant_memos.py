@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvcommon.memo import IdentityMemo
-from . import compiled
+from kvcommon import compiled
 from .packing import pack_variable
 from .spectralquant_search import nearest_centroids
 from .unit_rows import unit_rows

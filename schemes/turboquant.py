@@ -35,13 +35,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import compiled, hadamard, qjl, scalar_quantizer
+from . import hadamard, qjl, scalar_quantizer
 from .base import Capabilities, Encoded, PerTensorScheme
 from .hadamard import check_power_of_two, rht, rht_inverse
 from .lloyd_max import beta_codebook
 from .packing import pack_bits, unpack_codes
 from .unit_rows import unit_rows
 from .registry import register_variant
+from kvcommon import compiled
 from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, packed_rademacher
 

@@ -15,29 +15,27 @@ Decode: ŷ = c[code] (0 at 0 MSE bits), plus the QJL correction √(π/2)/d·‖
 (H(2·bit − 1)/√d·√d ⊙ s'); then s ⊙ H(ŷ)/√d · ‖x‖.
 
 The same bits as the chain: every element goes through the same operations in the same order
-and dtype, each rounded once, as there. The one reduction, ‖·‖, is torch.linalg.vector_norm's:
-its CPU kernel sums the squares of a row in a vector of `lanes` accumulators (element i into
-accumulator i mod lanes), adds the accumulators in order, then the tail left over past a
-multiple of `lanes` one by one (on some builds with a fused multiply-add). Which `lanes` and tail
-this torch build uses (32-byte vectors here: 8 float32, 4 float64) is found once per dtype and d
-by probing vector_norm with rows drawn for the purpose (`norm_order`); where no candidate
-reproduces it, the fused passes are not used (`takes`), and the codec runs its chain.
+and dtype, each rounded once, as there. The one reduction, ‖·‖, is torch.linalg.vector_norm's,
+summed in the order of torch's CPU kernel that kvcommon/vector_norm_cpu.py's norm_order finds on
+this build; where no candidate order reproduces it, the fused passes are not used (`takes`), and
+the codec runs its chain.
 
 Rows are split across the torch thread budget like the other loops (compiled.by_row_blocks).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import numba
 import numpy as np
 import torch
 
-from . import compiled, qjl
-from .compiled import JIT, by_row_blocks
+from kvcommon import compiled
+from kvcommon.compiled import JIT, by_row_blocks
+from kvcommon.vector_norm_cpu import _sum_squares, norm_order
+
+from . import qjl
 from .hadamard_cpu import _butterflies
-from .kmeans_cpu import _fma
 from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
@@ -49,40 +47,6 @@ FUSED_DTYPES = (torch.float32, torch.float64)
 # 16 k rows at d = 128: 9.7 against 8.9 ms; 15 thresholds 7.2 against 8.7 ms).
 COUNT_MAX_THRESHOLDS = 15
 
-# (lanes, fused tail) orders of vector_norm's sum of squares tried by norm_order, likeliest first
-_NORM_ORDERS = ((8, False), (4, False), (16, False), (8, True), (4, True), (16, True), (1, False), (1, True))
-
-
-@numba.jit(**JIT)
-def _sum_squares(v, lanes, fma_tail, acc):  # pragma: no cover - compiled
-    """Σ v_i² in v's dtype in vector_norm's order: accumulator j of `lanes` (acc: a scratch
-    array) += v_i² for i ≡ j (mod lanes) over the whole vectors, the accumulators added in order,
-    then the tail one by one (rounded once a term with fma_tail)."""
-    n = v.shape[0]
-    full = n - n % lanes
-    for j in range(lanes):
-        acc[j] = 0
-    if lanes == 8:                      # constant trip counts: LLVM keeps acc in one vector register
-        for k in range(0, full, 8):
-            for j in range(8):
-                acc[j] += v[k + j] * v[k + j]
-    elif lanes == 4:
-        for k in range(0, full, 4):
-            for j in range(4):
-                acc[j] += v[k + j] * v[k + j]
-    else:
-        for k in range(0, full, lanes):
-            for j in range(lanes):
-                acc[j] += v[k + j] * v[k + j]
-    s = acc[0]
-    for j in range(1, lanes):
-        s = s + acc[j]
-    for k in range(full, n):
-        a = v[k]
-        s = _fma(a, a, s) if fma_tail else s + a * a
-    return s
-
-
 @numba.jit(**JIT)
 def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     """max_i (bits_i & mask) for a row's float bits (as signed integers of its width) and mask
@@ -93,14 +57,6 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     for i in range(1, bits.shape[0]):
         m = max(m, bits.dtype.type(bits[i] & mask))   # kept at the bits' width (numba widens &), twice the lanes
     return m
-
-
-@numba.jit(**JIT)
-def _norm_rows(x, lanes, fma_tail, out):  # pragma: no cover - compiled
-    """out[r] = √(_sum_squares(x[r])) (the probe of norm_order)."""
-    acc = np.empty(max(lanes, 1), x.dtype)
-    for r in range(x.shape[0]):
-        out[r] = np.sqrt(_sum_squares(x[r], lanes, fma_tail, acc))
 
 
 @numba.jit(**JIT)
@@ -204,27 +160,6 @@ def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, on
         orow = out[r]
         for i in range(d):
             orow[i] = ((y[i] / div) * sr[i]) * nr
-
-
-@functools.lru_cache(maxsize=None)
-def norm_order(dtype: torch.dtype, d: int) -> tuple[int, bool] | None:
-    """(lanes, fused tail) of the order in which torch.linalg.vector_norm sums the squares of a
-    row of d entries in dtype on this CPU, or None if no candidate of _NORM_ORDERS reproduces
-    it: the one whose sums give vector_norm's bits on 512 rows of Gaussian entries of scales
-    1e-3..1e3 (a wrong order changes some bit in about a third of such rows), with and without
-    keepdim (unit_rows takes one, the residual norm the other)."""
-    rng = np.random.default_rng(20251203)                     # the probe's own rows, not a stream of the harness
-    rows = rng.standard_normal((512, d)) * 10.0 ** rng.uniform(-3, 3, (512, 1))
-    probe = torch.from_numpy(rows).to(dtype)
-    want = torch.linalg.vector_norm(probe, dim=-1).numpy()
-    if not np.array_equal(want, torch.linalg.vector_norm(probe, dim=-1, keepdim=True).numpy()[:, 0]):
-        return None
-    got = np.empty_like(want)
-    for lanes, fma_tail in _NORM_ORDERS:
-        _norm_rows(probe.numpy(), lanes, fma_tail, got)
-        if np.array_equal(got, want):
-            return lanes, fma_tail
-    return None
 
 
 def takes(dim: int, dtype: torch.dtype) -> bool:

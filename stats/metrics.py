@@ -43,6 +43,7 @@ import math
 
 import torch
 
+from kvcommon import compiled
 from kvcommon.memo import IdentityMemo
 from kvcommon.rows import EVICTION_METRIC_NAMES, METRIC_NAMES   # the metrics' names: columns of the row schema
 from kvcommon.threads import torch_threads
@@ -59,7 +60,8 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 # thread and splits only the many rows between threads, so the sums are the same bits whatever
 # the thread count; a single reduction over a whole flattened trial is split across threads
 # and is not (logit_slope changed its last bits between 1 and 2 threads at S = 777, d = 64).
-# The rows' energies are also what the per-token cosines use, so one pass gives both.
+# The rows' energies are also what the per-token cosines use, so one pass gives both; on the CPU
+# that pass is one compiled loop over each row (stats/metrics_cpu.py), with the same bits.
 def _trial_sum(rows: torch.Tensor) -> torch.Tensor:
     """The per-row values (B, ...) summed per trial, float64 (B,)."""
     return _flat(rows.double()).sum(dim=1)
@@ -106,9 +108,33 @@ def _safe_ratio(num: torch.Tensor, den: torch.Tensor, zero_over_zero: float) -> 
     return torch.where(_not_a_number(num, den), math.nan, ratio)
 
 
-def _token_energies(x: torch.Tensor, x_hat: torch.Tensor):
-    """(‖x_s‖², ‖x̂_s‖², ‖x_s − x̂_s‖²) per row, float64 (x's remembered for the very x)."""
-    return _exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(x - x_hat)
+# torch's reductions split a single output's row across threads from this many elements on
+# (at::internal::GRAIN_SIZE), in an order of their own; many rows are split between threads whole.
+_TORCH_GRAIN = 32768
+
+
+def _compiled_terms(x: torch.Tensor, x_hat: torch.Tensor):
+    """stats.metrics_cpu where its compiled passes take the rows of x and x̂ with the bits of the
+    torch passes (contiguous CPU tensors of one shape and a kvcommon.compiled.DTYPES dtype,
+    vector_norm's order found: metrics_cpu.takes; not one row of _TORCH_GRAIN entries or more),
+    else None. Imported only then, so a run on CUDA never loads numba."""
+    if not (compiled.takes(x) and x_hat.dtype == x.dtype and x_hat.device == x.device and x_hat.shape == x.shape
+            and x.dim() >= 1 and x.numel() and x.is_contiguous() and x_hat.is_contiguous()
+            and (x.numel() < _TORCH_GRAIN or x.numel() > x.shape[-1])):
+        return None
+    from . import metrics_cpu
+    return metrics_cpu if metrics_cpu.takes(x.dtype, x.shape[-1]) else None
+
+
+def _token_terms(x: torch.Tensor, x_hat: torch.Tensor, directions: bool = False):
+    """(‖x_s‖², ‖x̂_s‖², ‖x_s − x̂_s‖², dir_err_s) per row (token vector) s of x, x̂ (..., d), float64
+    (...): on the CPU in one compiled pass (metrics_cpu.token_terms; dir_err_s with `directions`,
+    else None); else by torch's passes, x's energies remembered for the very x, and dir_err_s None
+    (per_token_cosine computes it)."""
+    loops = _compiled_terms(x, x_hat)
+    if loops is not None:
+        return loops.token_terms(x, x_hat, directions)
+    return _exact(_per_token_sq, x), _per_token_sq(x_hat), _per_token_sq(x - x_hat), None
 
 
 def _rel_and_direction(xx, hh, ee):
@@ -127,12 +153,16 @@ def _rel_and_direction(xx, hh, ee):
 
 def relative_mse(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     """‖x − x̂‖²/‖x‖² per trial (0/0 → 0: an all-zero tensor reproduced exactly has no error)."""
+    loops = _compiled_terms(x, x_hat)
+    if loops is not None:
+        xx, _, ee, _ = loops.token_terms(x, x_hat, False)
+        return _safe_ratio(_trial_sum(ee), _trial_sum(xx), 0.0)
     return _safe_ratio(_sum_sq(x - x_hat), _exact(_sum_sq, x), 0.0)
 
 
 def direction_error(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     """1 − cos(x, x̂) per trial, accurate for tiny errors (see _rel_and_direction)."""
-    return _rel_and_direction(*map(_trial_sum, _token_energies(x, x_hat)))[1]
+    return _rel_and_direction(*map(_trial_sum, _token_terms(x, x_hat)[:3]))[1]
 
 
 def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
@@ -140,21 +170,23 @@ def cosine(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
     return 1 - direction_error(x, x_hat)
 
 
-def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor, energies: tuple | None = None) -> torch.Tensor:
+def per_token_cosine(x: torch.Tensor, x_hat: torch.Tensor, terms: tuple | None = None) -> torch.Tensor:
     """Mean over the token vectors (B, H, S, d) -> (B,) of each vector's cosine with its
     reconstruction: the paper's ptcosine (§2). Every token of every head weighs the same,
     whatever its norm. A token that is zero and reproduced as zero has cosine 1, one whose
-    original or reconstruction alone is zero (e.g. an evicted token) has cosine 0. energies:
-    _token_energies(x, x̂) when the caller has them."""
-    _, direction = _rel_and_direction(*(energies or _token_energies(x, x_hat)))
+    original or reconstruction alone is zero (e.g. an evicted token) has cosine 0. terms:
+    _token_terms(x, x̂) when the caller has them."""
+    *energies, direction = terms or _token_terms(x, x_hat, directions=True)
+    if direction is None:
+        _, direction = _rel_and_direction(*energies)
     return 1 - _flat(direction).mean(dim=1)
 
 
-def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str, energies: tuple | None = None
+def error_point(x: torch.Tensor, x_hat: torch.Tensor, suffix: str, terms: tuple | None = None
                 ) -> dict[str, torch.Tensor]:
-    """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`; energies:
-    _token_energies(x, x̂) when the caller has them."""
-    rel, direction = _rel_and_direction(*map(_trial_sum, energies or _token_energies(x, x_hat)))
+    """rel_mse, cos, snr_err, dir_err and d2 of one tensor, keyed with `_suffix`; terms:
+    _token_terms(x, x̂) when the caller has them."""
+    rel, direction = _rel_and_direction(*map(_trial_sum, (terms or _token_terms(x, x_hat))[:3]))
     snr = torch.where(torch.isinf(rel), 1.0, rel / (1 + rel))
     return {f"rel_mse_{suffix}": rel, f"cos_{suffix}": 1 - direction, f"snr_err_{suffix}": snr,
             f"dir_err_{suffix}": direction, f"d2_{suffix}": torch.sqrt(direction ** 2 + snr ** 2)}
@@ -186,10 +218,14 @@ def kl_attention(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Ten
         log_p = torch.log_softmax(_kept_logits(logits.double(), kept), dim=-1)
         p = log_p.exp()
     log_p_hat = torch.log_softmax(_kept_logits(logits_hat.double(), kept), dim=-1)
-    terms = p * (log_p - log_p_hat)
-    if kept is not None:  # an evicted token contributes 0·(−inf + inf) = NaN; its term is 0
-        terms = torch.where(kept[:, :, None, :], terms, 0.0)
-    kl = torch.sum(terms, dim=-1)
+    loops = _compiled_terms(log_p, log_p_hat)
+    if loops is not None and p.is_contiguous() and loops.takes_products(torch.float64, logits.shape[-1]):
+        kl = loops.kl_terms(p, log_p, log_p_hat, kept)    # the terms and their sums in one pass, the same bits
+    else:
+        terms = p * (log_p - log_p_hat)
+        if kept is not None:  # an evicted token contributes 0·(−inf + inf) = NaN; its term is 0
+            terms = torch.where(kept[:, :, None, :], terms, 0.0)
+        kl = torch.sum(terms, dim=-1)
     return kl.reshape(kl.shape[0], -1).mean(dim=1)
 
 
@@ -224,18 +260,18 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[
 
 def key_metrics(k: torch.Tensor, k_hat: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics of K and its reconstruction alone: error_point(·, "k") and ptcosine_k (one
-    pass of the rows' energies for both)."""
-    energies = _token_energies(k, k_hat)
-    return {**error_point(k, k_hat, "k", energies=energies), "ptcosine_k": per_token_cosine(k, k_hat, energies=energies)}
+    pass of the rows' terms for both)."""
+    terms = _token_terms(k, k_hat, directions=True)
+    return {**error_point(k, k_hat, "k", terms=terms), "ptcosine_k": per_token_cosine(k, k_hat, terms=terms)}
 
 
 def value_metrics(v: torch.Tensor, v_hat: torch.Tensor, probs: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
     """The metrics of V̂ against the exact attention (probs, T): error_point(·, "v"), ptcosine_v and
-    t_rel_mse_vonly (T̂ with exact probabilities and V̂); one pass of the rows' energies for V's two."""
-    energies = _token_energies(v, v_hat)
-    out = error_point(v, v_hat, "v", energies=energies)
+    t_rel_mse_vonly (T̂ with exact probabilities and V̂); one pass of the rows' terms for V's two."""
+    terms = _token_terms(v, v_hat, directions=True)
+    out = error_point(v, v_hat, "v", terms=terms)
     out["t_rel_mse_vonly"] = relative_mse(t, weighted_values(probs, v_hat))
-    out["ptcosine_v"] = per_token_cosine(v, v_hat, energies=energies)
+    out["ptcosine_v"] = per_token_cosine(v, v_hat, terms=terms)
     return out
 
 
@@ -250,9 +286,20 @@ def score_metrics(logits: torch.Tensor, logits_hat: torch.Tensor, kept: torch.Te
         # the logit metrics over the kept (query, token) pairs: the evicted ones count zero
         pairs = kept[:, :, None, :].expand_as(logits)
         logits, logits_hat = torch.where(pairs, logits, 0.0), torch.where(pairs, logits_hat, 0.0)
-    out["logit_rel_mse"] = relative_mse(logits, logits_hat)
-    out["logit_slope"] = _safe_ratio(_trial_sum(torch.sum(logits_hat * logits, dim=-1)), _exact(_sum_sq, logits), 1.0)
+    out["logit_rel_mse"], out["logit_slope"] = _logit_errors(logits, logits_hat)
     return out, probs_hat
+
+
+def _logit_errors(logits: torch.Tensor, logits_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logit_rel_mse ‖ŝ − s‖²/‖s‖², logit_slope Σ ŝ·s/‖s‖²) per trial: the rows' three sums in one
+    compiled pass on the CPU where it gives torch's bits (metrics_cpu.logit_terms), else torch's passes."""
+    loops = _compiled_terms(logits, logits_hat)
+    if loops is not None and loops.takes_products(logits.dtype, logits.shape[-1]):
+        ss, ee, products = loops.logit_terms(logits, logits_hat)
+        energy = _trial_sum(ss)
+        return _safe_ratio(_trial_sum(ee), energy, 0.0), _safe_ratio(_trial_sum(products), energy, 1.0)
+    return (relative_mse(logits, logits_hat),
+            _safe_ratio(_trial_sum(torch.sum(logits_hat * logits, dim=-1)), _exact(_sum_sq, logits), 1.0))
 
 
 def trial_metrics(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, v_hat: torch.Tensor,

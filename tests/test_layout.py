@@ -139,7 +139,7 @@ def test_codecs_off_the_compiled_loops_never_load_numba():
     import subprocess
     import sys
     probe = ("import sys, torch, schemes\n"
-             "from schemes import compiled\n"
+             "from kvcommon import compiled\n"
              "compiled.DTYPES = ()\n"
              "k, v, q = (torch.randn(2, 1, 16, 32) for _ in range(3))\n"
              "for name in ('tq-kv', 'tq-qkv', 'sq-kv', 'sq-qkv', 'shard', 'int4', 'kivi'):\n"
@@ -151,3 +151,25 @@ def test_codecs_off_the_compiled_loops_never_load_numba():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr[-2000:]
+
+
+def test_the_metrics_load_numba_only_where_their_compiled_pass_takes_the_tensors():
+    """stats.metrics imports its compiled pass (stats/metrics_cpu.py) only where
+    kvcommon.compiled.takes says yes: with the loops switched off (what a CUDA tensor gets)
+    trial_metrics leaves numba unloaded; on the CPU in float32 it loads it."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import sys, torch\n"
+             "from kvcommon import compiled\n"
+             "from stats.metrics import exact_logits, trial_metrics\n"
+             "k, v, q = (torch.randn(2, 1, 16, 32) for _ in range(3))\n"
+             "compiled.DTYPES = ()\n"
+             "trial_metrics(k, v, q, k + 0.1, v - 0.1, exact_logits(q, k + 0.1))\n"
+             "off = 'numba' in sys.modules\n"
+             "compiled.DTYPES = (torch.float32, torch.float64)\n"
+             "trial_metrics(k, v, q, k + 0.2, v - 0.2, exact_logits(q, k + 0.2))\n"
+             "print(off, 'numba' in sys.modules, 'stats.metrics_cpu' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and out.stdout.split() == ["False", "True", "True"], out.stderr[-2000:]

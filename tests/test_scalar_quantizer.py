@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemes import compiled
+from kvcommon import compiled
 from schemes import scalar_quantizer_cpu
 from schemes.scalar_quantizer import cpu_grid, dequantize_packed, quantize, quantize_pack
 from schemes.lloyd_max import beta_codebook, gaussian_codebook

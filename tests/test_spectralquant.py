@@ -547,7 +547,7 @@ def test_the_compiled_dequantise_equals_the_torch_passes(dtype, codes_dtype, mon
     """SpectralQuant's ẑ by spectralquant_cpu.dequantise_variable (the CPU path) equals the gather and
     product of its torch passes, for remembered uint8 and unpacked int64 codes of every width 0–8,
     on a batch large enough to be split across threads."""
-    from schemes import compiled
+    from kvcommon import compiled
     from schemes.lloyd_max import gaussian_codebook
     gen = torch.Generator().manual_seed(12)
     b, h, s_, d = 9, 2, 64, 64

@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 import schemes
 from harness import bench
+from kvcommon import vector_norm_cpu
 from schemes import turboquant_cpu
 from schemes.hadamard import fwht_butterfly
 from schemes.lloyd_max import beta_codebook
@@ -112,7 +113,7 @@ def test_the_norm_order_is_found_where_torch_sums_in_vectors(dim, dtype):
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the vector widths of other CPUs' torch builds are not listed here")
     assert turboquant_cpu.takes(dim, dtype)
-    lanes, _ = turboquant_cpu.norm_order(dtype, dim)
+    lanes, _ = vector_norm_cpu.norm_order(dtype, dim)
     assert lanes * torch.empty(0, dtype=dtype).element_size() in (32, 64)
 
 
@@ -166,20 +167,20 @@ def test_rows_split_across_threads_give_the_same_bits(name, monkeypatch):
 def test_chain_where_no_norm_order_reproduces_torch(monkeypatch):
     """Where no candidate order gives vector_norm's bits, takes() is False and the codec codes by
     its chain of passes (the same entries as ever)."""
-    monkeypatch.setattr(turboquant_cpu, "_NORM_ORDERS", ((3, False),))
-    turboquant_cpu.norm_order.cache_clear()
+    monkeypatch.setattr(vector_norm_cpu, "_NORM_ORDERS", ((3, False),))
+    vector_norm_cpu.norm_order.cache_clear()
     try:
-        assert turboquant_cpu.norm_order(torch.float32, 64) is None and not turboquant_cpu.takes(64, torch.float32)
+        assert vector_norm_cpu.norm_order(torch.float32, 64) is None and not turboquant_cpu.takes(64, torch.float32)
         x = _cache((2, 1, 9, 64), torch.float32, 1)
         _coded("tq-kv", 2, x, False, monkeypatch)
     finally:
-        turboquant_cpu.norm_order.cache_clear()
+        vector_norm_cpu.norm_order.cache_clear()
 
 
 def test_the_torch_passes_when_the_compiled_loops_are_off(monkeypatch):
     """Emptying compiled.DTYPES (the switch to every codec's torch passes) turns the fused
     passes off too."""
-    from schemes import compiled
+    from kvcommon import compiled
     monkeypatch.setattr(compiled, "DTYPES", ())
     assert not turboquant_cpu.takes(64, torch.float32)
     calls = []

@@ -1,14 +1,16 @@
-"""The compiled CPU loops (numba) of the building blocks, and what they share: the switch that
-turns them on (DTYPES), the gate every codec asks before using them (takes), the numba options
-they are compiled with, and the split of a call's rows across the torch threads.
+"""The compiled CPU loops (numba) of the codecs' building blocks, and what they share: the switch
+that turns them on (DTYPES), the gate every caller asks before using them (takes), the numba
+options they are compiled with, and the split of a call's rows across the torch threads.
 
 The loops themselves live beside the building block they serve, in a sibling module named
 <block>_cpu.py: schemes/scalar_quantizer_cpu.py (quantise, pack, dequantise), schemes/hadamard_cpu.py
 (the Walsh–Hadamard butterflies), schemes/kmeans_cpu.py (nearest centroids, k-means++ seeding), and
-the fused per-codec passes schemes/turboquant_cpu.py and schemes/spectralquant_cpu.py. They replace
-chains of whole-tensor torch passes (a dozen reads and writes of every element) with one pass over
-each row in cache, with the same bits; the torch passes serve the other devices (CUDA) and dtypes
-(half precision) and check the loops in the tests.
+the fused per-codec passes schemes/turboquant_cpu.py and schemes/spectralquant_cpu.py; the
+metrics' per-token pass stats/metrics_cpu.py; the sum of squares in torch.linalg.vector_norm's
+order that several of them take, in kvcommon/vector_norm_cpu.py, and torch.sum's, in kvcommon/sum_cpu.py.
+They replace chains of whole-tensor torch passes (a dozen reads and writes of every element) with
+one pass over each row in cache, with the same bits; the torch passes serve the other devices
+(CUDA) and dtypes (half precision) and check the loops in the tests.
 
 This module does not import numba (its import costs most of a second, and a run on CUDA never
 needs it): a caller imports its <block>_cpu module only once takes(t) says yes. (schemes/__init__.py,
