@@ -21,6 +21,7 @@ import llvmlite.ir
 import numba
 import numpy as np
 import torch
+from numba import types
 from numba.core.extending import intrinsic
 
 from .compiled import JIT
@@ -39,30 +40,67 @@ def _fma(typingctx, a, b, c):
     return a(a, b, c), codegen
 
 
+@intrinsic(prefer_literal=True)
+def _lane_squares(typingctx, x, full, lanes):
+    """Σ x_i² over the first `full` entries (a multiple of lanes) of the contiguous row x, in
+    `lanes` accumulators (i into accumulator i mod lanes: one LLVM vector of them, each product
+    and sum rounded once, as torch's vector instructions round them) then added in order:
+    vector_norm's order before its tail. lanes: a constant (a literal at the call)."""
+    if not isinstance(lanes, types.IntegerLiteral) or x.layout != "C":
+        return None
+    n_lanes, dtype = lanes.literal_value, x.dtype
+
+    def codegen(context, builder, signature, args):
+        xa = context.make_array(signature.args[0])(context, builder, args[0])
+        n = args[1]
+        scalar = context.get_value_type(dtype)
+        vector = llvmlite.ir.VectorType(scalar, n_lanes)
+        entry = builder.block
+        loop, body, done = (builder.append_basic_block(f"lane_squares.{name}") for name in ("loop", "body", "done"))
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        i = builder.phi(n.type)
+        acc = builder.phi(vector)
+        i.add_incoming(llvmlite.ir.Constant(n.type, 0), entry)
+        acc.add_incoming(llvmlite.ir.Constant(vector, [llvmlite.ir.Constant(scalar, 0.0)] * n_lanes), entry)
+        builder.cbranch(builder.icmp_unsigned("<", i, n), body, done)
+        builder.position_at_end(body)
+        v = builder.load(builder.bitcast(builder.gep(xa.data, [i]), vector.as_pointer()),
+                         align=context.get_abi_sizeof(scalar))
+        acc.add_incoming(builder.fadd(acc, builder.fmul(v, v)), body)      # no contraction: two roundings
+        i.add_incoming(builder.add(i, llvmlite.ir.Constant(n.type, n_lanes)), body)
+        builder.branch(loop)
+        builder.position_at_end(done)
+        total = builder.extract_element(acc, llvmlite.ir.Constant(llvmlite.ir.IntType(32), 0))
+        for j in range(1, n_lanes):
+            total = builder.fadd(total, builder.extract_element(acc, llvmlite.ir.Constant(llvmlite.ir.IntType(32), j)))
+        return total
+    return dtype(x, full, lanes), codegen
+
+
 @numba.jit(**JIT)
 def _sum_squares(v, lanes, fma_tail, acc):  # pragma: no cover - compiled
-    """Σ v_i² in v's dtype in vector_norm's order: accumulator j of `lanes` (acc: a scratch
-    array) += v_i² for i ≡ j (mod lanes) over the whole vectors, the accumulators added in order,
-    then the tail one by one (rounded once a term with fma_tail)."""
+    """Σ v_i² in v's dtype in vector_norm's order: accumulator j of `lanes` += v_i² for i ≡ j
+    (mod lanes) over the whole vectors, the accumulators added in order, then the tail one by one
+    (rounded once a term with fma_tail). 4, 8 or 16 lanes in one vector register (_lane_squares),
+    others in acc (a scratch array). v contiguous."""
     n = v.shape[0]
     full = n - n % lanes
-    for j in range(lanes):
-        acc[j] = 0
-    if lanes == 8:                      # constant trip counts: LLVM keeps acc in one vector register
-        for k in range(0, full, 8):
-            for j in range(8):
-                acc[j] += v[k + j] * v[k + j]
+    if lanes == 8:
+        s = _lane_squares(v, full, 8)
     elif lanes == 4:
-        for k in range(0, full, 4):
-            for j in range(4):
-                acc[j] += v[k + j] * v[k + j]
+        s = _lane_squares(v, full, 4)
+    elif lanes == 16:
+        s = _lane_squares(v, full, 16)
     else:
+        for j in range(lanes):
+            acc[j] = 0
         for k in range(0, full, lanes):
             for j in range(lanes):
                 acc[j] += v[k + j] * v[k + j]
-    s = acc[0]
-    for j in range(1, lanes):
-        s = s + acc[j]
+        s = acc[0]
+        for j in range(1, lanes):
+            s = s + acc[j]
     for k in range(full, n):
         a = v[k]
         s = _fma(a, a, s) if fma_tail else s + a * a
