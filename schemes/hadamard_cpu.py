@@ -7,31 +7,105 @@ from __future__ import annotations
 
 import math
 
+import llvmlite.ir
 import numba
 import numpy as np
 import torch
+from numba import types
+from numba.core.extending import intrinsic
 
 from kvcommon.compiled import JIT, by_row_blocks, row_view
+
+@intrinsic
+def _first_three_stages(typingctx, buf, n):
+    """The butterflies' stages h = 1, 2, 4 on each block of 8 of the first n entries (a multiple
+    of 8) of the contiguous row buf, a block in one LLVM vector: each stage forms the vector of
+    the pairs' first entries and that of their second ones (shuffles), adds and subtracts them,
+    and keeps the sums where the pair's first entry sits and the differences where its second
+    one does — the same additions, each rounded once, as the scalar butterflies."""
+    if buf.layout != "C":
+        return None
+
+    def codegen(context, builder, signature, args):
+        ba = context.make_array(signature.args[0])(context, builder, args[0])
+        count = args[1]
+        scalar = context.get_value_type(buf.dtype)
+        vector = llvmlite.ir.VectorType(scalar, 8)
+        int32 = llvmlite.ir.IntType(32)
+
+        def shuffle(a, b, mask):
+            return builder.shuffle_vector(a, b, llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 8), mask))
+        entry = builder.block
+        loop, body, done = (builder.append_basic_block(f"first_stages.{name}") for name in ("loop", "body", "done"))
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        i = builder.phi(count.type)
+        i.add_incoming(llvmlite.ir.Constant(count.type, 0), entry)
+        builder.cbranch(builder.icmp_unsigned("<", i, count), body, done)
+        builder.position_at_end(body)
+        at = builder.bitcast(builder.gep(ba.data, [i]), vector.as_pointer())
+        v = builder.load(at, align=context.get_abi_sizeof(scalar))
+        for h in (1, 2, 4):
+            first = [k - (k & h) for k in range(8)]               # the pair's first entry of each lane
+            a, b = shuffle(v, v, first), shuffle(v, v, [k + h for k in first])
+            keep = [k if not k & h else 8 + k for k in range(8)]  # sums on the first, differences on the second
+            v = shuffle(builder.fadd(a, b), builder.fsub(a, b), keep)
+        builder.store(v, at, align=context.get_abi_sizeof(scalar))
+        i.add_incoming(builder.add(i, llvmlite.ir.Constant(count.type, 8)), body)
+        builder.branch(loop)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return types.void(buf, n), codegen
+
+
+@intrinsic
+def _paired_vectors(typingctx, buf, first, second, count):
+    """buf[first + k], buf[second + k] = a + b, a − b for k < count (a multiple of 8), 8 entries a
+    vector: one later stage's pairs of two blocks of buf (contiguous), the blocks not overlapping."""
+    if buf.layout != "C":
+        return None
+
+    def codegen(context, builder, signature, args):
+        ba = context.make_array(signature.args[0])(context, builder, args[0])
+        lo, hi, count = args[1], args[2], args[3]
+        scalar = context.get_value_type(buf.dtype)
+        vector = llvmlite.ir.VectorType(scalar, 8)
+        align = context.get_abi_sizeof(scalar)
+        entry = builder.block
+        loop, body, done = (builder.append_basic_block(f"paired.{name}") for name in ("loop", "body", "done"))
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        k = builder.phi(count.type)
+        k.add_incoming(llvmlite.ir.Constant(count.type, 0), entry)
+        builder.cbranch(builder.icmp_unsigned("<", k, count), body, done)
+        builder.position_at_end(body)
+        at_a = builder.bitcast(builder.gep(ba.data, [builder.add(lo, k)]), vector.as_pointer())
+        at_b = builder.bitcast(builder.gep(ba.data, [builder.add(hi, k)]), vector.as_pointer())
+        a, b = builder.load(at_a, align=align), builder.load(at_b, align=align)
+        builder.store(builder.fadd(a, b), at_a, align=align)
+        builder.store(builder.fsub(a, b), at_b, align=align)
+        k.add_incoming(builder.add(k, llvmlite.ir.Constant(count.type, 8)), body)
+        builder.branch(loop)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return types.void(buf, first, second, count), codegen
+
 
 @numba.jit(**JIT)
 def _butterflies(buf, d):  # pragma: no cover - compiled
     """buf[:] = H buf (unnormalised Walsh–Hadamard, Sylvester ordering) by log2(d) butterfly
     stages h = 1, 2, 4, ..., each pair (i, i + h) of a block of 2h becoming (a + b, a − b): the
     additions hadamard.fwht_butterfly makes, in its order. The stages h = 1, 2, 4 run on each
-    block of 8 in registers, several blocks a vector; each later stage is a loop LLVM vectorises."""
+    block of 8 in one vector (_first_three_stages), each later stage on pairs of vectors of 8
+    (_paired_vectors); d < 8 one pair at a time. buf contiguous."""
     h = 1
     if d >= 8:
-        for block in range(d // 8):          # a unit step: LLVM vectorises the blocks (interleaved loads)
-            j = 8 * block
-            a0, a1, a2, a3 = buf[j], buf[j + 1], buf[j + 2], buf[j + 3]
-            a4, a5, a6, a7 = buf[j + 4], buf[j + 5], buf[j + 6], buf[j + 7]
-            b0, b1, b2, b3 = a0 + a1, a0 - a1, a2 + a3, a2 - a3
-            b4, b5, b6, b7 = a4 + a5, a4 - a5, a6 + a7, a6 - a7
-            c0, c1, c2, c3 = b0 + b2, b1 + b3, b0 - b2, b1 - b3
-            c4, c5, c6, c7 = b4 + b6, b5 + b7, b4 - b6, b5 - b7
-            buf[j], buf[j + 1], buf[j + 2], buf[j + 3] = c0 + c4, c1 + c5, c2 + c6, c3 + c7
-            buf[j + 4], buf[j + 5], buf[j + 6], buf[j + 7] = c0 - c4, c1 - c5, c2 - c6, c3 - c7
+        _first_three_stages(buf, d - d % 8)
         h = 8
+        while h < d:
+            for start in range(0, d, 2 * h):
+                _paired_vectors(buf, start, start + h, h)
+            h *= 2
     while h < d:
         for start in range(0, d, 2 * h):
             lo = buf[start:start + h]
