@@ -42,9 +42,8 @@ from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_
 # instead; emptying compiled.DTYPES turns off every compiled loop)
 FUSED_DTYPES = (torch.float32, torch.float64)
 
-# Up to this many thresholds the fused encode counts them, above it looks them up on the grid: in
-# a pass that also rotates, counting 31 thresholds (b = 5) costs more than the grid (one thread,
-# 16 k rows at d = 128: 9.7 against 8.9 ms; 15 thresholds 7.2 against 8.7 ms).
+# Up to this many thresholds the fused encode counts them, above it looks them up on the grid (one
+# thread, a row of 128 float32: counting 7 / 15 thresholds 60 / 86 ns, the grid 130 at any count).
 COUNT_MAX_THRESHOLDS = 15
 
 @numba.jit(**JIT)
