@@ -13,6 +13,7 @@ import numba
 import numpy as np
 import torch
 from numba import types
+from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import JIT, by_row_blocks, row_view
@@ -26,11 +27,59 @@ from kvcommon.compiled import JIT, by_row_blocks, row_view
 COUNT_MAX_THRESHOLDS = 31
 
 
+@intrinsic
+def _pack_groups(typingctx, q, groups, width, out):
+    """out[g·width : (g + 1)·width] = the 8 codes q[8g : 8g + 8] (int32, `width` bits each, below
+    2^width) packed big-endian, for g < groups: the group's bits gathered in one 64-bit word (the
+    codes shifted in one vector, then or-ed together), its bytes in memory order by a byte swap,
+    and stored as 8 bytes. The store runs past the group's `width` bytes into the next group's,
+    which the next group overwrites: the caller packs its last group itself. q, out contiguous."""
+    if q.layout != "C" or out.layout != "C":
+        return None
+
+    def codegen(context, builder, signature, args):
+        qa, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3))
+        count, w = args[1], args[2]
+        int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
+        codes, words = llvmlite.ir.VectorType(int32, 8), llvmlite.ir.VectorType(int64, 8)
+        module = builder.module
+        reduce_or = cgutils.get_or_insert_function(module, llvmlite.ir.FunctionType(int64, [words]),
+                                                   "llvm.vector.reduce.or.v8i64")
+        bswap = cgutils.get_or_insert_function(module, llvmlite.ir.FunctionType(int64, [int64]), "llvm.bswap.i64")
+        w64 = w
+        spread = builder.insert_element(llvmlite.ir.Constant(words, llvmlite.ir.Undefined), w64,
+                                        llvmlite.ir.Constant(int32, 0))
+        spread = builder.shuffle_vector(spread, spread, llvmlite.ir.Constant(codes, [0] * 8))
+        shifts = builder.mul(spread, llvmlite.ir.Constant(words, [7, 6, 5, 4, 3, 2, 1, 0]))   # code k at w·(7 − k)
+        top = builder.sub(llvmlite.ir.Constant(int64, 64), builder.mul(w64, llvmlite.ir.Constant(int64, 8)))
+        entry = builder.block
+        loop, body, done = (builder.append_basic_block(f"pack.{name}") for name in ("loop", "body", "done"))
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        g = builder.phi(count.type)
+        g.add_incoming(llvmlite.ir.Constant(count.type, 0), entry)
+        builder.cbranch(builder.icmp_signed("<", g, count), body, done)
+        builder.position_at_end(body)
+        at = builder.mul(g, llvmlite.ir.Constant(count.type, 8))
+        v = builder.load(builder.bitcast(builder.gep(qa.data, [at]), codes.as_pointer()), align=4)
+        word = builder.call(reduce_or, [builder.shl(builder.zext(v, words), shifts)])
+        word = builder.call(bswap, [builder.shl(word, top)])                # the first byte lowest in memory
+        dest = builder.gep(oa.data, [builder.mul(g, w)])
+        builder.store(word, builder.bitcast(dest, int64.as_pointer()), align=1)
+        g.add_incoming(builder.add(g, llvmlite.ir.Constant(count.type, 1)), body)
+        builder.branch(loop)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+    return types.void(q, types.int64, types.int64, out), codegen
+
+
 @numba.jit(**JIT)
 def _pack_row(q, width, out):  # pragma: no cover - compiled
     """out[:] = the codes q (zero-padded to whole groups of 8), `width` bits each, big-endian:
     each group of 8 codes is `width` whole bytes; the last group's bytes past len(out) are dropped.
-    A width that divides 8 fills each byte from its 8/width codes (a loop LLVM vectorises)."""
+    A width that divides 8 fills each byte from its 8/width codes (a loop LLVM vectorises); other
+    widths pack whole groups a word at a time (_pack_groups), the groups whose 8-byte store would
+    pass the row's end one byte at a time. q, out contiguous."""
     n_bytes = out.shape[0]
     if q.shape[0] * width == 8 * n_bytes:       # no partial group: the widths dividing 8 byte by byte
         if width == 1:
@@ -55,7 +104,10 @@ def _pack_row(q, width, out):  # pragma: no cover - compiled
             for at in range(n_bytes):
                 out[at] = q[at]
             return
-    for g in range(q.shape[0] // 8):
+    groups = q.shape[0] // 8
+    last = min(groups, (n_bytes - 8) // width + 1) if n_bytes >= 8 else 0    # groups whose 8-byte store stays in out
+    _pack_groups(q, last, width, out)
+    for g in range(last, groups):
         word = np.int64(0)
         for k in range(8):
             word = (word << width) | np.int64(q[8 * g + k])
