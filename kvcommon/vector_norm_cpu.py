@@ -25,6 +25,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from .compiled import JIT
+from .vectors_cpu import counted_loop, lane_total, load_vector
 
 # (lanes, fused tail) orders of vector_norm's sum of squares tried by norm_order, likeliest first
 _NORM_ORDERS = ((8, False), (4, False), (16, False), (8, True), (4, True), (16, True), (1, False), (1, True))
@@ -52,29 +53,11 @@ def _lane_squares(typingctx, x, full, lanes):
 
     def codegen(context, builder, signature, args):
         xa = context.make_array(signature.args[0])(context, builder, args[0])
-        n = args[1]
-        scalar = context.get_value_type(dtype)
-        vector = llvmlite.ir.VectorType(scalar, n_lanes)
-        entry = builder.block
-        loop, body, done = (builder.append_basic_block(f"lane_squares.{name}") for name in ("loop", "body", "done"))
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        i = builder.phi(n.type)
-        acc = builder.phi(vector)
-        i.add_incoming(llvmlite.ir.Constant(n.type, 0), entry)
-        acc.add_incoming(llvmlite.ir.Constant(vector, [llvmlite.ir.Constant(scalar, 0.0)] * n_lanes), entry)
-        builder.cbranch(builder.icmp_unsigned("<", i, n), body, done)
-        builder.position_at_end(body)
-        v = builder.load(builder.bitcast(builder.gep(xa.data, [i]), vector.as_pointer()),
-                         align=context.get_abi_sizeof(scalar))
-        acc.add_incoming(builder.fadd(acc, builder.fmul(v, v)), body)      # no contraction: two roundings
-        i.add_incoming(builder.add(i, llvmlite.ir.Constant(n.type, n_lanes)), body)
-        builder.branch(loop)
-        builder.position_at_end(done)
-        total = builder.extract_element(acc, llvmlite.ir.Constant(llvmlite.ir.IntType(32), 0))
-        for j in range(1, n_lanes):
-            total = builder.fadd(total, builder.extract_element(acc, llvmlite.ir.Constant(llvmlite.ir.IntType(32), j)))
-        return total
+        vector = llvmlite.ir.VectorType(context.get_value_type(dtype), n_lanes)
+        with counted_loop(builder, args[1], n_lanes, [llvmlite.ir.Constant(vector, None)], "lane_squares") as loop:
+            v = load_vector(context, builder, xa, loop.index, vector)
+            loop.next = [builder.fadd(loop.carried[0], builder.fmul(v, v))]     # no contraction: two roundings
+        return lane_total(builder, loop.carried[0], n_lanes)
     return dtype(x, full, lanes), codegen
 
 

@@ -15,45 +15,36 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import JIT, by_row_blocks, row_view
+from kvcommon.vectors_cpu import counted_loop, load_vector, store_vector
+
+def _block_stages(builder, v):
+    """IR: the stages h = 1, 2, 4 of the butterflies on the 8 lanes of v: for each stage the vector
+    of the pairs' first entries and that of their second ones (shuffles), their sums kept where
+    the pair's first entry sits and their differences where its second one does."""
+    lanes = llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
+    for h in (1, 2, 4):
+        first = [k - (k & h) for k in range(8)]
+        a = builder.shuffle_vector(v, v, llvmlite.ir.Constant(lanes, first))
+        b = builder.shuffle_vector(v, v, llvmlite.ir.Constant(lanes, [k + h for k in first]))
+        keep = [k if not k & h else 8 + k for k in range(8)]
+        v = builder.shuffle_vector(builder.fadd(a, b), builder.fsub(a, b), llvmlite.ir.Constant(lanes, keep))
+    return v
+
 
 @intrinsic
 def _first_three_stages(typingctx, buf, n):
     """The butterflies' stages h = 1, 2, 4 on each block of 8 of the first n entries (a multiple
-    of 8) of the contiguous row buf, a block in one LLVM vector: each stage forms the vector of
-    the pairs' first entries and that of their second ones (shuffles), adds and subtracts them,
-    and keeps the sums where the pair's first entry sits and the differences where its second
-    one does — the same additions, each rounded once, as the scalar butterflies."""
+    of 8) of the contiguous row buf, a block in one LLVM vector (_block_stages): the same
+    additions, each rounded once, as the scalar butterflies."""
     if buf.layout != "C":
         return None
 
     def codegen(context, builder, signature, args):
         ba = context.make_array(signature.args[0])(context, builder, args[0])
-        count = args[1]
-        scalar = context.get_value_type(buf.dtype)
-        vector = llvmlite.ir.VectorType(scalar, 8)
-        int32 = llvmlite.ir.IntType(32)
-
-        def shuffle(a, b, mask):
-            return builder.shuffle_vector(a, b, llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 8), mask))
-        entry = builder.block
-        loop, body, done = (builder.append_basic_block(f"first_stages.{name}") for name in ("loop", "body", "done"))
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        i = builder.phi(count.type)
-        i.add_incoming(llvmlite.ir.Constant(count.type, 0), entry)
-        builder.cbranch(builder.icmp_unsigned("<", i, count), body, done)
-        builder.position_at_end(body)
-        at = builder.bitcast(builder.gep(ba.data, [i]), vector.as_pointer())
-        v = builder.load(at, align=context.get_abi_sizeof(scalar))
-        for h in (1, 2, 4):
-            first = [k - (k & h) for k in range(8)]               # the pair's first entry of each lane
-            a, b = shuffle(v, v, first), shuffle(v, v, [k + h for k in first])
-            keep = [k if not k & h else 8 + k for k in range(8)]  # sums on the first, differences on the second
-            v = shuffle(builder.fadd(a, b), builder.fsub(a, b), keep)
-        builder.store(v, at, align=context.get_abi_sizeof(scalar))
-        i.add_incoming(builder.add(i, llvmlite.ir.Constant(count.type, 8)), body)
-        builder.branch(loop)
-        builder.position_at_end(done)
+        vector = llvmlite.ir.VectorType(context.get_value_type(buf.dtype), 8)
+        with counted_loop(builder, args[1], 8, name="first_stages") as loop:
+            store_vector(context, builder, _block_stages(builder, load_vector(context, builder, ba, loop.index, vector)),
+                         ba, loop.index)
         return context.get_dummy_value()
     return types.void(buf, n), codegen
 
@@ -68,25 +59,12 @@ def _paired_vectors(typingctx, buf, first, second, count):
     def codegen(context, builder, signature, args):
         ba = context.make_array(signature.args[0])(context, builder, args[0])
         lo, hi, count = args[1], args[2], args[3]
-        scalar = context.get_value_type(buf.dtype)
-        vector = llvmlite.ir.VectorType(scalar, 8)
-        align = context.get_abi_sizeof(scalar)
-        entry = builder.block
-        loop, body, done = (builder.append_basic_block(f"paired.{name}") for name in ("loop", "body", "done"))
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        k = builder.phi(count.type)
-        k.add_incoming(llvmlite.ir.Constant(count.type, 0), entry)
-        builder.cbranch(builder.icmp_unsigned("<", k, count), body, done)
-        builder.position_at_end(body)
-        at_a = builder.bitcast(builder.gep(ba.data, [builder.add(lo, k)]), vector.as_pointer())
-        at_b = builder.bitcast(builder.gep(ba.data, [builder.add(hi, k)]), vector.as_pointer())
-        a, b = builder.load(at_a, align=align), builder.load(at_b, align=align)
-        builder.store(builder.fadd(a, b), at_a, align=align)
-        builder.store(builder.fsub(a, b), at_b, align=align)
-        k.add_incoming(builder.add(k, llvmlite.ir.Constant(count.type, 8)), body)
-        builder.branch(loop)
-        builder.position_at_end(done)
+        vector = llvmlite.ir.VectorType(context.get_value_type(buf.dtype), 8)
+        with counted_loop(builder, count, 8, name="paired") as loop:
+            at_a, at_b = builder.add(lo, loop.index), builder.add(hi, loop.index)
+            a, b = (load_vector(context, builder, ba, at, vector) for at in (at_a, at_b))
+            store_vector(context, builder, builder.fadd(a, b), ba, at_a)
+            store_vector(context, builder, builder.fsub(a, b), ba, at_b)
         return context.get_dummy_value()
     return types.void(buf, first, second, count), codegen
 

@@ -17,6 +17,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import JIT, by_row_blocks, row_view
+from kvcommon.vectors_cpu import counted_loop, load_vector, splat, store_vector
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
 # each element (_count_blocks: a block of 8 elements against each threshold in turn, the count in
@@ -39,36 +40,20 @@ def _pack_groups(typingctx, q, groups, width, out):
 
     def codegen(context, builder, signature, args):
         qa, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3))
-        count, w = args[1], args[2]
+        w = args[2]
         int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
         codes, words = llvmlite.ir.VectorType(int32, 8), llvmlite.ir.VectorType(int64, 8)
-        module = builder.module
-        reduce_or = cgutils.get_or_insert_function(module, llvmlite.ir.FunctionType(int64, [words]),
+        reduce_or = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(int64, [words]),
                                                    "llvm.vector.reduce.or.v8i64")
-        bswap = cgutils.get_or_insert_function(module, llvmlite.ir.FunctionType(int64, [int64]), "llvm.bswap.i64")
-        w64 = w
-        spread = builder.insert_element(llvmlite.ir.Constant(words, llvmlite.ir.Undefined), w64,
-                                        llvmlite.ir.Constant(int32, 0))
-        spread = builder.shuffle_vector(spread, spread, llvmlite.ir.Constant(codes, [0] * 8))
-        shifts = builder.mul(spread, llvmlite.ir.Constant(words, [7, 6, 5, 4, 3, 2, 1, 0]))   # code k at w·(7 − k)
-        top = builder.sub(llvmlite.ir.Constant(int64, 64), builder.mul(w64, llvmlite.ir.Constant(int64, 8)))
-        entry = builder.block
-        loop, body, done = (builder.append_basic_block(f"pack.{name}") for name in ("loop", "body", "done"))
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        g = builder.phi(count.type)
-        g.add_incoming(llvmlite.ir.Constant(count.type, 0), entry)
-        builder.cbranch(builder.icmp_signed("<", g, count), body, done)
-        builder.position_at_end(body)
-        at = builder.mul(g, llvmlite.ir.Constant(count.type, 8))
-        v = builder.load(builder.bitcast(builder.gep(qa.data, [at]), codes.as_pointer()), align=4)
-        word = builder.call(reduce_or, [builder.shl(builder.zext(v, words), shifts)])
-        word = builder.call(bswap, [builder.shl(word, top)])                # the first byte lowest in memory
-        dest = builder.gep(oa.data, [builder.mul(g, w)])
-        builder.store(word, builder.bitcast(dest, int64.as_pointer()), align=1)
-        g.add_incoming(builder.add(g, llvmlite.ir.Constant(count.type, 1)), body)
-        builder.branch(loop)
-        builder.position_at_end(done)
+        bswap = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(int64, [int64]), "llvm.bswap.i64")
+        shifts = builder.mul(splat(builder, w, 8), llvmlite.ir.Constant(words, [7, 6, 5, 4, 3, 2, 1, 0]))  # code k at w·(7 − k)
+        top = builder.sub(llvmlite.ir.Constant(int64, 64), builder.mul(w, llvmlite.ir.Constant(int64, 8)))
+        with counted_loop(builder, args[1], 1, name="pack") as loop:
+            v = load_vector(context, builder, qa, builder.mul(loop.index, llvmlite.ir.Constant(int64, 8)), codes)
+            word = builder.call(reduce_or, [builder.shl(builder.zext(v, words), shifts)])
+            word = builder.call(bswap, [builder.shl(word, top)])                # the first byte lowest in memory
+            dest = builder.gep(oa.data, [builder.mul(loop.index, w)])
+            builder.store(word, builder.bitcast(dest, int64.as_pointer()), align=1)
         return context.get_dummy_value()
     return types.void(q, types.int64, types.int64, out), codegen
 
@@ -127,46 +112,17 @@ def _count_blocks(typingctx, y, t, n, q):
 
     def codegen(context, builder, signature, args):
         ya, ta, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 1, 3))
-        count = args[2]
-        scalar, int32 = context.get_value_type(y.dtype), llvmlite.ir.IntType(32)
-        vector, counts = llvmlite.ir.VectorType(scalar, 8), llvmlite.ir.VectorType(int32, 8)
+        int32 = llvmlite.ir.IntType(32)
+        vector, counts = llvmlite.ir.VectorType(context.get_value_type(y.dtype), 8), llvmlite.ir.VectorType(int32, 8)
         n_t = builder.extract_value(ta.shape, 0)
-        zero = llvmlite.ir.Constant(counts, [llvmlite.ir.Constant(int32, 0)] * 8)
-        entry = builder.block
-        blocks, block, thresholds, step, stored, done = (
-            builder.append_basic_block(f"count.{name}") for name in ("blocks", "block", "thresholds", "step", "stored", "done"))
-        builder.branch(blocks)
-        builder.position_at_end(blocks)
-        i = builder.phi(count.type)
-        i.add_incoming(llvmlite.ir.Constant(count.type, 0), entry)
-        builder.cbranch(builder.icmp_unsigned("<", i, count), block, done)
-        builder.position_at_end(block)
-        v = builder.load(builder.bitcast(builder.gep(ya.data, [i]), vector.as_pointer()),
-                         align=context.get_abi_sizeof(scalar))
-        builder.branch(thresholds)
-        builder.position_at_end(thresholds)
-        j = builder.phi(n_t.type)
-        acc = builder.phi(counts)
-        j.add_incoming(llvmlite.ir.Constant(n_t.type, 0), block)
-        acc.add_incoming(zero, block)
-        builder.cbranch(builder.icmp_unsigned("<", j, n_t), step, stored)
-        builder.position_at_end(step)
-        tj = builder.load(builder.gep(ta.data, [j]))
-        spread = builder.insert_element(llvmlite.ir.Constant(vector, llvmlite.ir.Undefined), tj,
-                                        llvmlite.ir.Constant(int32, 0))
-        spread = builder.shuffle_vector(spread, spread, llvmlite.ir.Constant(counts, [llvmlite.ir.Constant(int32, 0)] * 8))
-        acc.add_incoming(builder.add(acc, builder.zext(builder.fcmp_ordered("<", spread, v), counts)), step)
-        j.add_incoming(builder.add(j, llvmlite.ir.Constant(n_t.type, 1)), step)
-        builder.branch(thresholds)
-        builder.position_at_end(stored)
-        top = builder.insert_element(llvmlite.ir.Constant(counts, llvmlite.ir.Undefined), builder.trunc(n_t, int32),
-                                     llvmlite.ir.Constant(int32, 0))
-        top = builder.shuffle_vector(top, top, llvmlite.ir.Constant(counts, [llvmlite.ir.Constant(int32, 0)] * 8))
-        codes = builder.select(builder.fcmp_unordered("uno", v, v), top, acc)     # NaN: the top index
-        builder.store(codes, builder.bitcast(builder.gep(qa.data, [i]), counts.as_pointer()), align=4)
-        i.add_incoming(builder.add(i, llvmlite.ir.Constant(count.type, 8)), stored)
-        builder.branch(blocks)
-        builder.position_at_end(done)
+        with counted_loop(builder, args[2], 8, name="count") as block:
+            v = load_vector(context, builder, ya, block.index, vector)
+            with counted_loop(builder, n_t, 1, [llvmlite.ir.Constant(counts, None)], "thresholds") as loop:
+                below = builder.fcmp_ordered("<", splat(builder, builder.load(builder.gep(ta.data, [loop.index])), 8), v)
+                loop.next = [builder.add(loop.carried[0], builder.zext(below, counts))]
+            top = splat(builder, builder.trunc(n_t, int32), 8)
+            codes = builder.select(builder.fcmp_unordered("uno", v, v), top, loop.carried[0])   # NaN: the top index
+            store_vector(context, builder, codes, qa, block.index)
         return context.get_dummy_value()
     return types.void(y, t, n, q), codegen
 

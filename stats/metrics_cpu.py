@@ -45,6 +45,7 @@ from kvcommon import compiled
 from kvcommon.compiled import JIT, by_row_blocks, row_view
 from kvcommon.sum_cpu import _sum_products, sum_order
 from kvcommon.vector_norm_cpu import _fma, norm_order
+from kvcommon.vectors_cpu import counted_loop, lane_total, load_vector
 
 # the accumulator counts _token_rows has a vector loop for (norm_order's other candidate, 1, is the
 # plain sequential sum)
@@ -64,37 +65,13 @@ def _lane_sums(typingctx, x, y, full, lanes):
     def codegen(context, builder, signature, args):
         xa = context.make_array(signature.args[0])(context, builder, args[0])
         ya = context.make_array(signature.args[1])(context, builder, args[1])
-        n = args[2]
-        scalar = context.get_value_type(dtype)
-        vector = ir.VectorType(scalar, n_lanes)
-        zero = ir.Constant(vector, [ir.Constant(scalar, 0.0)] * n_lanes)
-        entry = builder.block
-        loop, body, done = (builder.append_basic_block(f"lane_sums.{name}") for name in ("loop", "body", "done"))
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        i = builder.phi(n.type)
-        sums = [builder.phi(vector) for _ in range(3)]
-        i.add_incoming(ir.Constant(n.type, 0), entry)
-        for s in sums:
-            s.add_incoming(zero, entry)
-        builder.cbranch(builder.icmp_unsigned("<", i, n), body, done)
-        builder.position_at_end(body)
-        align = context.get_abi_sizeof(scalar)
-        vx = builder.load(builder.bitcast(builder.gep(xa.data, [i]), vector.as_pointer()), align=align)
-        vy = builder.load(builder.bitcast(builder.gep(ya.data, [i]), vector.as_pointer()), align=align)
-        ve = builder.fsub(vx, vy)
-        new = [builder.fadd(s, builder.fmul(v, v)) for s, v in zip(sums, (vx, vy, ve))]   # no contraction: two roundings
-        i.add_incoming(builder.add(i, ir.Constant(n.type, n_lanes)), body)
-        builder.branch(loop)
-        for s, v in zip(sums, new):
-            s.add_incoming(v, body)
-        builder.position_at_end(done)
-        out = []
-        for s in sums:
-            total = builder.extract_element(s, ir.Constant(ir.IntType(32), 0))
-            for j in range(1, n_lanes):
-                total = builder.fadd(total, builder.extract_element(s, ir.Constant(ir.IntType(32), j)))
-            out.append(total)
+        vector = ir.VectorType(context.get_value_type(dtype), n_lanes)
+        with counted_loop(builder, args[2], n_lanes, [ir.Constant(vector, None)] * 3, "lane_sums") as loop:
+            vx = load_vector(context, builder, xa, loop.index, vector)
+            vy = load_vector(context, builder, ya, loop.index, vector)
+            ve = builder.fsub(vx, vy)
+            loop.next = [builder.fadd(s, builder.fmul(v, v)) for s, v in zip(loop.carried, (vx, vy, ve))]  # two roundings
+        out = [lane_total(builder, s, n_lanes) for s in loop.carried]
         return context.make_tuple(builder, signature.return_type, out)
     return types.UniTuple(dtype, 3)(x, y, full, lanes), codegen
 

@@ -1,0 +1,87 @@
+"""What the compiled loops' vector intrinsics (numba @intrinsic bodies written in LLVM IR: the
+butterflies, the quantiser's counts and packing, vector_norm's and torch.sum's orders, the
+metrics' energies) build their code from: a counted loop with values carried around it, a scalar
+spread over a vector, and a vector loaded from or stored into an array at an element index.
+
+An intrinsic writes out what LLVM's vectoriser does not find in numba's loops (vectors across a
+row's elements, shuffles, a register carried across a loop) with each operation rounded once, so
+the loops keep the bits of the torch passes they replace. A *_cpu module: imported only by the
+compiled loops (llvmlite comes with numba).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import llvmlite.ir as ir
+
+
+@dataclass
+class Loop:
+    """A counted loop under construction: `index` its counter; `carried` the values carried from
+    one step to the next (their values at the step's start; after the loop, at its end); the body
+    sets `next` to the values the step hands on, in the same order."""
+    index: ir.Value
+    carried: list = field(default_factory=list)
+    next: list = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def counted_loop(builder: ir.IRBuilder, count: ir.Value, step: int, carried=(), name: str = "loop"):
+    """for index in range(0, count, step): the body is what the with-block builds (it gets a Loop);
+    `carried` the initial values of the values carried around it. After the block the builder
+    sits past the loop, where loop.carried hold the final values."""
+    kind = count.type
+    entry = builder.block
+    head, body, done = (builder.append_basic_block(f"{name}.{part}") for part in ("head", "body", "done"))
+    builder.branch(head)
+    builder.position_at_end(head)
+    index = builder.phi(kind)
+    index.add_incoming(ir.Constant(kind, 0), entry)
+    loop = Loop(index)
+    for value in carried:
+        phi = builder.phi(value.type)
+        phi.add_incoming(value, entry)
+        loop.carried.append(phi)
+    builder.cbranch(builder.icmp_signed("<", index, count), body, done)
+    builder.position_at_end(body)
+    yield loop
+    end = builder.block
+    index.add_incoming(builder.add(index, ir.Constant(kind, step)), end)
+    for phi, value in zip(loop.carried, loop.next, strict=True):
+        phi.add_incoming(value, end)
+    builder.branch(head)
+    builder.position_at_end(done)
+
+
+def splat(builder: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
+    """A vector of `lanes` copies of the scalar value."""
+    one = builder.insert_element(ir.Constant(ir.VectorType(value.type, lanes), ir.Undefined), value,
+                                 ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+
+def vector_pointer(context, builder: ir.IRBuilder, array, index: ir.Value, vector: ir.VectorType) -> ir.Value:
+    """A pointer to the vector of `vector`'s lanes starting at element `index` of the numba array
+    struct `array` (contiguous)."""
+    return builder.bitcast(builder.gep(array.data, [index]), vector.as_pointer())
+
+
+def load_vector(context, builder: ir.IRBuilder, array, index: ir.Value, vector: ir.VectorType) -> ir.Value:
+    """The vector of `vector`'s lanes starting at element `index` of `array` (aligned as one element)."""
+    return builder.load(vector_pointer(context, builder, array, index, vector),
+                        align=context.get_abi_sizeof(vector.element))
+
+
+def store_vector(context, builder: ir.IRBuilder, value: ir.Value, array, index: ir.Value) -> None:
+    """Store the vector `value` at element `index` of `array` onwards."""
+    builder.store(value, vector_pointer(context, builder, array, index, value.type),
+                  align=context.get_abi_sizeof(value.type.element))
+
+
+def lane_total(builder: ir.IRBuilder, vector: ir.Value, lanes: int) -> ir.Value:
+    """Lane 0 + lane 1 + ... + the last lane, added in order, each sum rounded once."""
+    total = builder.extract_element(vector, ir.Constant(ir.IntType(32), 0))
+    for j in range(1, lanes):
+        total = builder.fadd(total, builder.extract_element(vector, ir.Constant(ir.IntType(32), j)))
+    return total
