@@ -116,28 +116,32 @@ def test_the_naming_rule_sees_a_misnamed_file(tmp_path):
     assert _misnamed(files, modules) == ["test_stats_energy.py -> test_energy.py"]
 
 
-def test_numba_loads_only_where_a_computation_takes_the_compiled_loops():
-    """Importing the codecs and the CLI leaves numba (most of a second) unloaded, so a run on CUDA
-    never pays it; a float32 TurboQuant encode on the CPU loads it (the fused pass takes it)."""
+def _probe_output(code: str) -> list[str]:
+    """What a fresh interpreter running `code` (with the project on its path) prints, split into
+    words; its standard error in the assertion message when it fails."""
     import os
     import subprocess
     import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def test_numba_loads_only_where_a_computation_takes_the_compiled_loops():
+    """Importing the codecs and the CLI leaves numba (most of a second) unloaded, so a run on CUDA
+    never pays it; a float32 TurboQuant encode on the CPU loads it (the fused pass takes it)."""
     probe = ("import sys, torch, schemes, harness.cli\n"
              "before = 'numba' in sys.modules\n"
              "s = schemes.create('tq-kv', budget=2, dim=64)\n"
              "s.decode(s.encode(torch.randn(1, 1, 8, 64), torch.randn(1, 1, 8, 64)))\n"
              "print(before, 'numba' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.stdout.split() == ["False", "True"], out.stderr
+    assert _probe_output(probe) == ["False", "True"]
 
 
 def test_codecs_off_the_compiled_loops_never_load_numba():
     """With the compiled loops switched off (what a CUDA tensor gets: compiled.takes is False),
     every built-in codec encodes, decodes and scores without importing numba."""
-    import os
-    import subprocess
-    import sys
     probe = ("import sys, torch, schemes\n"
              "from kvcommon import compiled\n"
              "compiled.DTYPES = ()\n"
@@ -148,18 +152,13 @@ def test_codecs_off_the_compiled_loops_never_load_numba():
              "    enc = s.encode(k, v)\n"
              "    s.decode(enc); s.score(q, enc)\n"
              "print('numba' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0 and out.stdout.split() == ["False"], out.stderr[-2000:]
+    assert _probe_output(probe) == ["False"]
 
 
 def test_the_metrics_load_numba_only_where_their_compiled_pass_takes_the_tensors():
     """stats.metrics imports its compiled pass (stats/metrics_cpu.py) only where
     kvcommon.compiled.takes says yes: with the loops switched off (what a CUDA tensor gets)
     trial_metrics leaves numba unloaded; on the CPU in float32 it loads it."""
-    import os
-    import subprocess
-    import sys
     probe = ("import sys, torch\n"
              "from kvcommon import compiled\n"
              "from stats.metrics import exact_logits, trial_metrics\n"
@@ -170,6 +169,4 @@ def test_the_metrics_load_numba_only_where_their_compiled_pass_takes_the_tensors
              "compiled.DTYPES = (torch.float32, torch.float64)\n"
              "trial_metrics(k, v, q, k + 0.2, v - 0.2, exact_logits(q, k + 0.2))\n"
              "print(off, 'numba' in sys.modules, 'stats.metrics_cpu' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert out.returncode == 0 and out.stdout.split() == ["False", "True", "True"], out.stderr[-2000:]
+    assert _probe_output(probe) == ["False", "True", "True"]

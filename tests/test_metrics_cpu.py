@@ -207,24 +207,34 @@ def test_the_sum_order_is_found_at_the_lengths_a_sweep_meets(dtype):
     assert all(metrics_cpu.takes_products(dtype, n) for n in (64, 128, 256, 512, 777, 1024, 2048, 4096))
 
 
+def _rows_without(monkeypatch, tensors, module, candidates, order, unused: str):
+    """The metrics of tensors with module's candidate orders replaced by ones that reproduce no
+    torch reduction (order: the probe's cache, cleared around it): metrics_cpu.`unused` is never
+    called and the rows are the torch passes'."""
+    monkeypatch.setattr(module, candidates[0], candidates[1])
+    order.cache_clear()
+    try:
+        calls = []
+        with monkeypatch.context() as m:
+            m.setattr(metrics_cpu, unused, lambda *a: calls.append(a))
+            got = _metrics(tensors)
+        assert not calls
+    finally:
+        order.cache_clear()
+    monkeypatch.setattr(compiled, "DTYPES", ())
+    want = _metrics(tensors)
+    assert all(_same(got[name], want[name]) for name in METRIC_NAMES)
+
+
 def test_the_torch_passes_where_no_sum_order_reproduces_torch_sum(monkeypatch):
     """Where no vector width gives torch.sum's bits, the logits' sums are torch's (the per-token
     pass is still taken) and the rows are the same."""
     tensors = _trial(2, 1, 40, 4, 64, torch.float32, 5, False, False)
-    monkeypatch.setattr(sum_cpu, "_SUM_LANES", (3,))
-    sum_cpu.sum_order.cache_clear()
-    try:
-        assert not metrics_cpu.takes_products(torch.float32, 40) and metrics_cpu.takes(torch.float32, 40)
-        calls = []
-        with monkeypatch.context() as m:
-            m.setattr(metrics_cpu, "logit_terms", lambda *a: calls.append(a))
-            got = _metrics(tensors)
-        assert not calls
-    finally:
+    with monkeypatch.context() as m:
+        m.setattr(sum_cpu, "_SUM_LANES", (3,))
         sum_cpu.sum_order.cache_clear()
-    monkeypatch.setattr(compiled, "DTYPES", ())
-    want = _metrics(tensors)
-    assert all(_same(got[name], want[name]) for name in METRIC_NAMES)
+        assert not metrics_cpu.takes_products(torch.float32, 40) and metrics_cpu.takes(torch.float32, 40)
+    _rows_without(monkeypatch, tensors, sum_cpu, ("_SUM_LANES", (3,)), sum_cpu.sum_order, "logit_terms")
 
 
 def test_a_single_long_row_goes_to_torch():
@@ -268,19 +278,12 @@ def test_the_torch_passes_where_the_pass_does_not_take_the_tensors(case):
 def test_the_torch_passes_where_no_norm_order_reproduces_vector_norm(monkeypatch):
     """Where no candidate order gives vector_norm's bits, takes() is False and the metrics are the
     torch passes' (the same rows as ever)."""
-    monkeypatch.setattr(vector_norm_cpu, "_NORM_ORDERS", ((3, False),))
-    vector_norm_cpu.norm_order.cache_clear()
-    try:
+    with monkeypatch.context() as m:
+        m.setattr(vector_norm_cpu, "_NORM_ORDERS", ((3, False),))
+        vector_norm_cpu.norm_order.cache_clear()
         assert not metrics_cpu.takes(torch.float32, 64)
         x, x_hat = _rows((2, 1, 16, 64), torch.float32, 4, True)
         assert metrics._compiled_terms(x, x_hat) is None
-        tensors = _trial(2, 1, 16, 4, 64, torch.float32, 4, False, False)
-        calls = []
-        monkeypatch.setattr(metrics_cpu, "token_terms", lambda *a: calls.append(a))
-        got = _metrics(tensors)
-        assert not calls
-    finally:
-        vector_norm_cpu.norm_order.cache_clear()
-    monkeypatch.setattr(compiled, "DTYPES", ())
-    want = _metrics(tensors)
-    assert all(_same(got[name], want[name]) for name in METRIC_NAMES)
+    tensors = _trial(2, 1, 16, 4, 64, torch.float32, 4, False, False)
+    _rows_without(monkeypatch, tensors, vector_norm_cpu, ("_NORM_ORDERS", ((3, False),)), vector_norm_cpu.norm_order,
+                  "token_terms")
