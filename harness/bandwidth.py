@@ -22,9 +22,10 @@ move at least: the two together say how near a codec runs to the memory limit.
 from __future__ import annotations
 
 import glob
-import time
 
 import torch
+
+from . import timing
 
 TRIAD_BYTES_PER_ELEMENT = 3 * 8     # float64: read b, read c, write a (STREAM's count)
 TRIAD_SCALAR = 3.0
@@ -71,11 +72,6 @@ def triad_array_bytes(llc_bytes: int | None, available_bytes: int) -> int:
     return max(min(want, available_bytes // 8), 1 << 20)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def triad(array_bytes: int, device: torch.device, repeats: int = 5) -> dict:
     """STREAM triad a = b + s·c on three float64 arrays of array_bytes each (rounded down to whole
     elements), timed `repeats` times after a warm-up pass; the figure is from the fastest pass.
@@ -84,20 +80,13 @@ def triad(array_bytes: int, device: torch.device, repeats: int = 5) -> dict:
     b = torch.ones(n, dtype=torch.float64, device=device)
     c = torch.full((n,), 2.0, dtype=torch.float64, device=device)
     a = torch.zeros(n, dtype=torch.float64, device=device)   # every array touched before timing
-    samples = []
-    for i in range(repeats + 1):
-        _sync(device)
-        t0 = time.perf_counter()
-        torch.add(b, c, alpha=TRIAD_SCALAR, out=a)
-        _sync(device)
-        if i:
-            samples.append(time.perf_counter() - t0)
+    passes = timing.samples(lambda: torch.add(b, c, alpha=TRIAD_SCALAR, out=a), repeats, device)
     if not bool((a == 1.0 + TRIAD_SCALAR * 2.0).all()):
         raise RuntimeError("the bandwidth triad computed a wrong result")
     moved = TRIAD_BYTES_PER_ELEMENT * n
     return {"kernel": "a = b + 3·c, float64 (torch.add, one pass)", "elements": n, "array_bytes": 8 * n,
             "bytes_per_element": TRIAD_BYTES_PER_ELEMENT, "bytes_per_pass": moved, "repeats": repeats,
-            "samples_s": samples, "gb_per_s": moved / min(samples) / 1e9}
+            "samples_s": passes, "gb_per_s": moved / min(passes) / 1e9}
 
 
 def memory_bandwidth(device: torch.device, array_bytes: int | None = None, repeats: int = 5) -> dict:

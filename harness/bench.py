@@ -37,6 +37,7 @@ import schemes
 from kvcommon import threads
 from schemes import turboquant
 
+from . import timing
 from .bandwidth import codec_traffic, fraction_of_bandwidth, memory_bandwidth
 from .cell import (CellFailure, bytes_per_trial, create_scheme, draw_trials, run_cell_chunk, run_serial,
                    trial_memory_bytes)
@@ -55,28 +56,6 @@ class BenchShape:
     repeats: int = 3
 
 
-def _sync() -> None:
-    """Wait for the GPU's queued work, where torch has started CUDA: a CUDA call returns before its
-    kernels finish, so a timing without it measures the launches, not the work."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def _timed(fn) -> float:
-    """Wall time (s) of one call, the GPU's work included."""
-    _sync()
-    t0 = time.perf_counter()
-    fn()
-    _sync()
-    return time.perf_counter() - t0
-
-
-def _samples(fn, repeats: int) -> list[float]:
-    """Wall times (s) of `repeats` calls after one warm-up call."""
-    fn()
-    return [_timed(fn) for _ in range(repeats)]
-
-
 def _unremembered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Copies no memo keeps (inference tensors: kvcommon.memo.IdentityMemo skips them), so every
     timed repeat does a codec's whole work (calibration, unit rows, coding, decoding) instead of
@@ -87,7 +66,7 @@ def _unremembered(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _best_time(fn, repeats: int) -> float:
     """Minimum wall time over repeats (after one warm-up): the least disturbed measurement."""
-    return min(_samples(fn, repeats))
+    return min(timing.samples(fn, repeats))
 
 
 def _alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
@@ -98,7 +77,7 @@ def _alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
     out = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            out[name].append(_timed(fn))
+            out[name].append(timing.timed(fn))
     return out
 
 
@@ -125,8 +104,8 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
 
     def one(i):
         return {k: (v[i:i + 1] if k != "positions" else v) for k, v in data.items()}
-    samples = {"batched": _samples(lambda: run_cell_chunk(scheme, data), shape.repeats),
-               "loop": _samples(lambda: [run_cell_chunk(scheme, one(i)) for i in range(shape.trials)], shape.repeats)}
+    samples = {"batched": timing.samples(lambda: run_cell_chunk(scheme, data), shape.repeats),
+               "loop": timing.samples(lambda: [run_cell_chunk(scheme, one(i)) for i in range(shape.trials)], shape.repeats)}
     batched, loop = min(samples["batched"]), min(samples["loop"])
     out = {"cell": cell.key, "trials": shape.trials,
            "batched_trials_per_s": shape.trials / batched, "loop_trials_per_s": shape.trials / loop,
@@ -137,7 +116,7 @@ def runner_throughput(shape: BenchShape, device: torch.device) -> dict:
     except ValueError:
         out["reference_trials_per_s"] = None
         return out
-    samples["reference"] = _samples(lambda: run_cell_chunk(ref_scheme, data), 1)
+    samples["reference"] = timing.samples(lambda: run_cell_chunk(ref_scheme, data), 1)
     ref = min(samples["reference"])
     out["reference_trials_per_s"] = shape.trials / ref
     out["batched_over_reference"] = ref / batched
@@ -175,7 +154,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
                     out = s.decode(enc)
                     first.setdefault("enc", enc)
                     first.setdefault("out", out)
-                times = _samples(code, 1 if impl == "reference" else shape.repeats)
+                times = timing.samples(code, 1 if impl == "reference" else shape.repeats)
                 result.setdefault(name, {}).setdefault(impl, {})[budget] = 2 * k.shape[0] * shape.seq_len / min(times)
                 if samples is not None:
                     samples.setdefault(name, {}).setdefault(impl, {})[budget] = times

@@ -165,15 +165,15 @@ def test_bench_times_a_sweep_serially_and_with_workers_in_one_run(capsys):
 
 def test_timings_wait_for_the_gpu_where_cuda_is_started(monkeypatch):
     """A CUDA call returns before its kernels finish: every timed call is fenced by a synchronize
-    on each side (the warm-up needs none), in _samples and _alternate alike."""
+    on each side (the warm-up needs none), in timing.samples and bench._alternate alike."""
     import torch
 
-    from harness import bench
+    from harness import bench, timing
     events = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
-    assert len(bench._samples(lambda: events.append("call"), 2)) == 2
+    assert len(timing.samples(lambda: events.append("call"), 2)) == 2
     assert events == ["call"] + ["sync", "call", "sync"] * 2
     events.clear()
     bench._alternate({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, 1)
