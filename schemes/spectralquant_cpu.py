@@ -40,7 +40,7 @@ from kvcommon.compiled import JIT, by_row_blocks
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from .packing import MAX_BITS
-from .turboquant_cpu import _largest_magnitude
+from .turboquant_cpu import _scaled_row
 
 # the dtypes the fused pass reads and writes in place (tests empty it to run the torch passes)
 FUSED_DTYPES = (torch.float32, torch.float64)
@@ -120,14 +120,8 @@ def _unit_rows(x, x_bits, mask, held, held_bits, one, lanes, fma_tail, u, norms)
     n_rows, d = x.shape
     acc = np.empty(max(lanes, 1), x.dtype)
     for r in range(n_rows):
-        xr, ur = x[r], u[r]
-        held_bits[0] = _largest_magnitude(x_bits[r], mask)
-        peak = held[0]
-        if not peak > 0:
-            peak = one
-        for i in range(d):
-            ur[i] = xr[i] / peak
-        sigma = np.sqrt(_sum_squares(ur, lanes, fma_tail, acc))
+        ur = u[r]
+        peak, sigma = _scaled_row(x[r], x_bits[r], mask, held, held_bits, one, lanes, fma_tail, acc, ur)
         norms[r] = peak * sigma
         if not sigma > 0:
             sigma = one

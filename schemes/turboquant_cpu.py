@@ -59,6 +59,21 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
 
 
 @numba.jit(**JIT)
+def _scaled_row(xr, bits, mask, held, held_bits, one, lanes, fma_tail, acc, out):  # pragma: no cover - compiled
+    """unit_rows' first steps on one row xr: its peak p = max|xr| (NaN if any, as amax gives it;
+    1 where not > 0), out = xr / p, and σ = ‖out‖ in vector_norm's order: (p, σ). bits is xr as
+    signed integers of its width, mask their sign bit cleared, held and held_bits one scratch
+    element viewed as xr's dtype and as those integers; acc _sum_squares' scratch."""
+    held_bits[0] = _largest_magnitude(bits, mask)
+    peak = held[0]
+    if not peak > 0:
+        peak = one
+    for i in range(xr.shape[0]):
+        out[i] = xr[i] / peak
+    return peak, np.sqrt(_sum_squares(out, lanes, fma_tail, acc))
+
+
+@numba.jit(**JIT)
 def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
                  width, t, use_grid, lo, hi, inv_h, origin, g_first, g_cand, centroids,
                  sketch, sketch_signs, mult,
@@ -81,13 +96,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
         s = (first_row + r) // per_sign
         xr = x[r]
         # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
-        held_bits[0] = _largest_magnitude(x_bits[r], mask)
-        peak = held[0]
-        if not peak > 0:
-            peak = one
-        for i in range(d):
-            y[i] = xr[i] / peak
-        sigma = np.sqrt(_sum_squares(y, lanes, fma_tail, acc))
+        peak, sigma = _scaled_row(xr, x_bits[r], mask, held, held_bits, one, lanes, fma_tail, acc, y)
         norms[r] = np.float32(peak * sigma)
         if not sigma > 0:
             sigma = one
