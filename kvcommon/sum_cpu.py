@@ -29,6 +29,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from .compiled import JIT
+from .vectors_cpu import load_vector, store_vector
 
 # the vector widths (entries) sum_order tries, likeliest first
 _SUM_LANES = (8, 4, 16)
@@ -45,13 +46,10 @@ def _add_products(typingctx, acc, at, a, b, start, lanes):
 
     def codegen(context, builder, signature, args):
         acc_v, a_v, b_v = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3))
-        scalar = context.get_value_type(signature.args[0].dtype)
-        pointer = ir.VectorType(scalar, n_lanes).as_pointer()
-        align = context.get_abi_sizeof(scalar)
-        target = builder.bitcast(builder.gep(acc_v.data, [args[1]]), pointer)
-        va = builder.load(builder.bitcast(builder.gep(a_v.data, [args[4]]), pointer), align=align)
-        vb = builder.load(builder.bitcast(builder.gep(b_v.data, [args[4]]), pointer), align=align)
-        builder.store(builder.fadd(builder.load(target, align=align), builder.fmul(va, vb)), target, align=align)
+        vector = ir.VectorType(context.get_value_type(signature.args[0].dtype), n_lanes)
+        va, vb = (load_vector(context, builder, v, args[4], vector) for v in (a_v, b_v))
+        total = builder.fadd(load_vector(context, builder, acc_v, args[1], vector), builder.fmul(va, vb))
+        store_vector(context, builder, total, acc_v, args[1])
         return context.get_dummy_value()
     return types.none(acc, at, a, b, start, lanes), codegen
 
