@@ -37,23 +37,21 @@ stderr and exit status 2.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # as the CLI sets it, before torch loads
-
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import ModuleType  # noqa: E402
-from typing import Callable  # noqa: E402
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import harness  # noqa: E402,F401  (sets the OpenMP wait policy, as for the CLI, before torch loads)
 import torch  # noqa: E402
 
 import schemes  # noqa: E402
