@@ -32,6 +32,11 @@ DTYPES = (torch.float32, torch.float64)
 
 # the numba options of every loop (numba.jit(**JIT))
 JIT = {"nopython": True, "nogil": True, "cache": True, "boundscheck": False}
+# the options of the loops that allocate nothing (their scratch comes from the caller): without
+# numba's reference counting, which increments and decrements a counter atomically each time a loop
+# takes a view of a row (x[r]) and hands it on — 30 % of TurboQuant's encode and decode in a
+# profile (perf, one thread, d = 128), for views that never outlive the call
+FLAT_JIT = {**JIT, "_nrt": False}
 
 # Rows split across threads (the kernels release the GIL) when a call has at least this many elements.
 _THREADED_MIN_ELEMENTS = 1 << 16

@@ -24,7 +24,7 @@ import torch
 from numba import types
 from numba.core.extending import intrinsic
 
-from .compiled import JIT
+from .compiled import FLAT_JIT, JIT
 from .vectors_cpu import counted_loop, lane_total, load_vector
 
 # (lanes, fused tail) orders of vector_norm's sum of squares tried by norm_order, likeliest first
@@ -61,7 +61,7 @@ def _lane_squares(typingctx, x, full, lanes):
     return dtype(x, full, lanes), codegen
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _sum_squares(v, lanes, fma_tail, acc):  # pragma: no cover - compiled
     """Σ v_i² in v's dtype in vector_norm's order: accumulator j of `lanes` += v_i² for i ≡ j
     (mod lanes) over the whole vectors, the accumulators added in order, then the tail one by one

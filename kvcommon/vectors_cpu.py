@@ -14,6 +14,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
+from numba.core import cgutils
 
 
 @dataclass
@@ -77,6 +78,21 @@ def store_vector(context, builder: ir.IRBuilder, value: ir.Value, array, index: 
     """Store the vector `value` at element `index` of `array` onwards."""
     builder.store(value, vector_pointer(context, builder, array, index, value.type),
                   align=context.get_abi_sizeof(value.type.element))
+
+
+def intrinsic_name(base: str, kind: ir.Type) -> str:
+    """LLVM's name of the overloaded intrinsic `base` for the scalar or vector type kind, e.g.
+    llvm.fma.v8f32 (llvmlite names scalar overloads only)."""
+    element = kind.element if isinstance(kind, ir.VectorType) else kind
+    suffix = {ir.FloatType: "f32", ir.DoubleType: "f64"}.get(type(element)) or f"i{element.width}"
+    return f"{base}.v{kind.count}{suffix}" if isinstance(kind, ir.VectorType) else f"{base}.{suffix}"
+
+
+def fused_multiply_add(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """a·b + c rounded once, lane by lane (LLVM's fma: the CPU's instruction where it has one)."""
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type] * 3),
+                                         intrinsic_name("llvm.fma", a.type))
+    return builder.call(fma, [a, b, c])
 
 
 def lane_total(builder: ir.IRBuilder, vector: ir.Value, lanes: int) -> ir.Value:

@@ -14,20 +14,20 @@ import torch
 from numba import types
 from numba.core.extending import intrinsic
 
-from kvcommon.compiled import JIT, by_row_blocks, row_view
-from kvcommon.vectors_cpu import counted_loop, load_vector, store_vector
+from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
+from kvcommon.quotients_cpu import divide, quotient, reciprocal, scaled
+from kvcommon.vectors_cpu import counted_loop, fused_multiply_add, load_vector, store_vector
 
 def _block_stages(builder, v):
-    """IR: the stages h = 1, 2, 4 of the butterflies on the 8 lanes of v: for each stage the vector
-    of the pairs' first entries and that of their second ones (shuffles), their sums kept where
-    the pair's first entry sits and their differences where its second one does."""
+    """IR: the stages h = 1, 2, 4 of the butterflies on the 8 lanes of v: for each stage v's lanes
+    with each pair's two entries swapped (one shuffle), then fma(v, ±1, swapped): a + b where the
+    pair's first entry sits, −b + a = a − b where its second does, each rounded once (the product
+    by ±1 is exact) as the scalar butterflies' sum and difference are."""
     lanes = llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
     for h in (1, 2, 4):
-        first = [k - (k & h) for k in range(8)]
-        a = builder.shuffle_vector(v, v, llvmlite.ir.Constant(lanes, first))
-        b = builder.shuffle_vector(v, v, llvmlite.ir.Constant(lanes, [k + h for k in first]))
-        keep = [k if not k & h else 8 + k for k in range(8)]
-        v = builder.shuffle_vector(builder.fadd(a, b), builder.fsub(a, b), llvmlite.ir.Constant(lanes, keep))
+        swapped = builder.shuffle_vector(v, v, llvmlite.ir.Constant(lanes, [k ^ h for k in range(8)]))
+        signs = llvmlite.ir.Constant(v.type, [-1.0 if k & h else 1.0 for k in range(8)])
+        v = fused_multiply_add(builder, v, signs, swapped)
     return v
 
 
@@ -69,12 +69,90 @@ def _paired_vectors(typingctx, buf, first, second, count):
     return types.void(buf, first, second, count), codegen
 
 
-@numba.jit(**JIT)
+# rows of up to this many entries run all their stages with the row in registers (_in_registers)
+REGISTER_ROW_MAX = 256
+
+
+@intrinsic(prefer_literal=True)
+def _in_registers(typingctx, buf, d, c, factors, m, dst):
+    """dst[:] = ((H buf) / c ⊙ factors) · m for the row buf of d entries (a literal power of two,
+    8..REGISTER_ROW_MAX): the row loaded once as d/8 vectors, the stages h = 1, 2, 4 in each vector
+    (_block_stages), the later ones between vectors, then the quotient (quotients_cpu.quotient,
+    IEEE division's bits) and the products, each rounded once, and stored once. c, factors or m
+    None: left out. buf, factors, dst contiguous, of one dtype (dst may be buf)."""
+    if not isinstance(d, types.IntegerLiteral) or buf.layout != "C" or dst.layout != "C":
+        return None
+    n = d.literal_value // 8
+    divided, given, multiplied = (t is not types.none for t in (c, factors, m))
+
+    def codegen(context, builder, signature, args):
+        ba, da = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 5))
+        fa = context.make_array(signature.args[3])(context, builder, args[3]) if given else None
+        vector = llvmlite.ir.VectorType(context.get_value_type(buf.dtype), 8)
+        at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(n)]
+        v = [_block_stages(builder, load_vector(context, builder, ba, i, vector)) for i in at]
+        h = 1
+        while h < n:
+            for k in range(n):
+                if not k & h:
+                    v[k], v[k + h] = builder.fadd(v[k], v[k + h]), builder.fsub(v[k], v[k + h])
+            h *= 2
+        r = reciprocal(builder, args[2]) if divided else None
+        for value, i in zip(v, at, strict=True):
+            if divided:
+                value = quotient(builder, value, args[2], r)
+            value = scaled(builder, value, load_vector(context, builder, fa, i, vector) if given else None,
+                           args[4] if multiplied else None)
+            store_vector(context, builder, value, da, i)
+        return context.get_dummy_value()
+    return types.void(buf, d, c, factors, m, dst), codegen
+
+
+@numba.jit(**FLAT_JIT)
+def transform(buf, d, c, factors, m, dst):  # pragma: no cover - compiled
+    """dst[:] = ((H buf) / c ⊙ factors) · m (H unnormalised, as _butterflies), each operation
+    rounded once, the quotient IEEE division's; c, factors or m None: left out. Rows of 8 to
+    REGISTER_ROW_MAX entries in registers (_in_registers), others by _butterflies in buf and
+    then the products. buf, factors, dst contiguous (dst may be buf; buf is overwritten)."""
+    if d == 128:
+        _in_registers(buf, 128, c, factors, m, dst)
+    elif d == 64:
+        _in_registers(buf, 64, c, factors, m, dst)
+    elif d == 256:
+        _in_registers(buf, 256, c, factors, m, dst)
+    elif d == 32:
+        _in_registers(buf, 32, c, factors, m, dst)
+    elif d == 16:
+        _in_registers(buf, 16, c, factors, m, dst)
+    elif d == 8:
+        _in_registers(buf, 8, c, factors, m, dst)
+    else:
+        _stages_in_memory(buf, d)
+        if c is None:
+            for i in range(d):
+                v = buf[i]
+                if factors is not None:
+                    v = v * factors[i]
+                if m is not None:
+                    v = v * m
+                dst[i] = v
+        else:
+            divide(buf, c, factors, m, dst)
+
+
+@numba.jit(**FLAT_JIT)
 def _butterflies(buf, d):  # pragma: no cover - compiled
     """buf[:] = H buf (unnormalised Walsh–Hadamard, Sylvester ordering) by log2(d) butterfly
     stages h = 1, 2, 4, ..., each pair (i, i + h) of a block of 2h becoming (a + b, a − b): the
-    additions hadamard.fwht_butterfly makes, in its order. The stages h = 1, 2, 4 run on each
-    block of 8 in one vector (_first_three_stages), each later stage on pairs of vectors of 8
+    additions hadamard.fwht_butterfly makes, in its order (transform without its products).
+    buf contiguous."""
+    transform(buf, d, None, None, None, buf)
+
+
+@numba.jit(**FLAT_JIT)
+def _stages_in_memory(buf, d):  # pragma: no cover - compiled
+    """_butterflies on a row of any length in memory: the stages h = 1, 2, 4 on each block of 8
+    in one vector (_first_three_stages), each later stage on pairs of vectors of 8
     (_paired_vectors); d < 8 one pair at a time. buf contiguous."""
     h = 1
     if d >= 8:

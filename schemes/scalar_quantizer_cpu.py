@@ -16,7 +16,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from kvcommon.compiled import JIT, by_row_blocks, row_view
+from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
 from kvcommon.vectors_cpu import counted_loop, load_vector, splat, store_vector
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
@@ -58,7 +58,7 @@ def _pack_groups(typingctx, q, groups, width, out):
     return types.void(q, types.int64, types.int64, out), codegen
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _pack_row(q, width, out):  # pragma: no cover - compiled
     """out[:] = the codes q (zero-padded to whole groups of 8), `width` bits each, big-endian:
     each group of 8 codes is `width` whole bytes; the last group's bytes past len(out) are dropped.
@@ -127,7 +127,7 @@ def _count_blocks(typingctx, y, t, n, q):
     return types.void(y, t, n, q), codegen
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _count_row(y, t, q):  # pragma: no cover - compiled
     """q[i] = #{j : t[j] < y[i]} for the n = len(y) elements of a row (NaN: len(t), the top index
     bucketize gives it); q's entries past n are left alone. Whole blocks of 8 by _count_blocks,
@@ -155,7 +155,7 @@ def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
         _pack_row(q, width, packed[r])
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _grid_row(y, lo, hi, inv_h, origin, first, cand, q):  # pragma: no cover - compiled
     """The codes of _count_row by scalar_quantizer._Grid: y clamped to [lo, hi] (NaN to hi), its cell
     floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]. lo, hi and inv_h in y's dtype
@@ -185,7 +185,7 @@ def _grid_rows(y, lo, hi, inv_h, origin, first, cand, width, codes, packed):  # 
         _pack_row(q, width, packed[r])
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compiled
     """out[i] = centroids[code i of packed], the codes `width` bits each, big-endian: each whole
     group of 8 codes read from its `width` bytes as one word (no chain from code to code), the

@@ -31,11 +31,12 @@ import numpy as np
 import torch
 
 from kvcommon import compiled
-from kvcommon.compiled import JIT, by_row_blocks
+from kvcommon.compiled import FLAT_JIT, by_row_blocks
+from kvcommon.quotients_cpu import divide
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl
-from .hadamard_cpu import _butterflies
+from .hadamard_cpu import _butterflies, transform
 from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
@@ -46,7 +47,7 @@ FUSED_DTYPES = (torch.float32, torch.float64)
 # thread, a row of 128 float32: counting 7 / 15 thresholds 60 / 86 ns, the grid 130 at any count).
 COUNT_MAX_THRESHOLDS = 15
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     """max_i (bits_i & mask) for a row's float bits (as signed integers of its width) and mask
     clearing the sign bit: the bits of max|x| — the order of non-negative floats is their bits'
@@ -58,7 +59,7 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     return m
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _scaled_row(xr, bits, mask, held, held_bits, one, lanes, fma_tail, acc, out):  # pragma: no cover - compiled
     """unit_rows' first steps on one row xr: its peak p = max|xr| (NaN if any, as amax gives it;
     1 where not > 0), out = xr / p, and σ = ‖out‖ in vector_norm's order: (p, σ). bits is xr as
@@ -68,16 +69,15 @@ def _scaled_row(xr, bits, mask, held, held_bits, one, lanes, fma_tail, acc, out)
     peak = held[0]
     if not peak > 0:
         peak = one
-    for i in range(xr.shape[0]):
-        out[i] = xr[i] / peak
+    divide(xr, peak, None, None, out)
     return peak, np.sqrt(_sum_squares(out, lanes, fma_tail, acc))
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
                  width, t, use_grid, lo, hi, inv_h, origin, g_first, g_cand, centroids,
                  sketch, sketch_signs, mult,
-                 norms, packed, residual_norms, sketch_bits):  # pragma: no cover - compiled
+                 norms, packed, residual_norms, sketch_bits, y, e, acc, q, bits):  # pragma: no cover - compiled
     """Rows x (n, d) coded as the module docstring says: norms[r] (float32), packed[r] the codes
     of `width` bits (none at width 0) by counting thresholds t or by the grid (use_grid: lo, hi,
     inv_h, origin, g_first, g_cand, scalar_quantizer._Grid's fields); with `sketch` also
@@ -85,13 +85,9 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     Row r uses the sign rows s = (first_row + r) // per_sign of signs and sketch_signs (±1, in
     x's dtype); one, div = √d and mult = √d are scalars of x's dtype; x_bits is x viewed as
     signed integers of its width, mask their sign bit cleared, held and held_bits one scratch
-    element viewed as x's dtype and as those integers."""
+    element viewed as x's dtype and as those integers; y, e (d, x's dtype), acc (lanes), q, bits
+    (d rounded up to 8, int32) the caller's scratch (one set a thread: the loop allocates nothing)."""
     n_rows, d = x.shape
-    y = np.empty(d, x.dtype)
-    e = np.empty(d, x.dtype)
-    acc = np.empty(max(lanes, 1), x.dtype)
-    q = np.zeros(-(-d // 8) * 8, np.int32)
-    bits = np.zeros(-(-d // 8) * 8, np.int32)
     for r in range(n_rows):
         s = (first_row + r) // per_sign
         xr = x[r]
@@ -101,12 +97,8 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
         if not sigma > 0:
             sigma = one
         # 2. rht: the unit row with its signs, the butterflies, the normalisation
-        sr = signs[s]
-        for i in range(d):
-            y[i] = (y[i] / sigma) * sr[i]
-        _butterflies(y, d)
-        for i in range(d):
-            y[i] = y[i] / div
+        divide(y, sigma, signs[s], None, y)
+        transform(y, d, div, None, None, y)
         # 3. the codes, packed
         if width >= 1:
             if use_grid:
@@ -132,17 +124,15 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
             _pack_row(bits, 1, sketch_bits[r])
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, one, div,
-                 sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out):  # pragma: no cover - compiled
+                 sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out, y, c, held):  # pragma: no cover - compiled
     """out[r] (d) = s ⊙ H(ŷ)/√d · norms[r] with ŷ the centroids of packed[r]'s codes (0 at width
     0), plus with `sketch` the correction (scale·residual_norms[r]) · (H(2·bit − 1 of
     sketch_bits[r])/√d · mult ⊙ s') — qjl's and hadamard.rht_inverse's products in their order.
-    Signs as in _encode_rows; one, div = √d, scale = √(π/2)/d and mult = √d in out's dtype."""
+    Signs as in _encode_rows; one, div = √d, scale = √(π/2)/d and mult = √d in out's dtype; y, c
+    (d) and held (2: the float32 norms in out's dtype, as .to(dtype) gives them) the caller's scratch."""
     n_rows, d = out.shape
-    y = np.empty(d, out.dtype)
-    c = np.empty(d, out.dtype)
-    held = np.empty(2, out.dtype)              # float32 norms in out's dtype, as .to(dtype) gives them
     zero, minus_one = one - one, -one
     for r in range(n_rows):
         s = (first_row + r) // per_sign
@@ -161,13 +151,8 @@ def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, on
             factor = scale * held[0]
             for i in range(d):
                 y[i] = y[i] + factor * (((c[i] / div) * mult) * ss[i])
-        _butterflies(y, d)
-        sr = signs[s]
         held[1] = norms[r]
-        nr = held[1]
-        orow = out[r]
-        for i in range(d):
-            orow[i] = ((y[i] / div) * sr[i]) * nr
+        transform(y, d, div, signs[s], held[1], out[r])
 
 
 def takes(dim: int, dtype: torch.dtype) -> bool:
@@ -223,7 +208,8 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
                          start, n, sr, kind(1), root, lanes, fma_tail,
                          width, t, grid is not None, *g, c, sketch, kr, root,
                          nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
-                         br[start:stop] if sketch else br)
+                         br[start:stop] if sketch else br, np.empty(d, xr.dtype), np.empty(d, xr.dtype),
+                         np.empty(max(lanes, 1), xr.dtype), np.zeros(-(-d // 8) * 8, np.int32), np.zeros(-(-d // 8) * 8, np.int32))
         by_row_blocks(xr.shape[0], x.numel(), run)
     out = {"norm": norms.view(b, h, n)}
     if width >= 1:
@@ -265,6 +251,7 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
         def run(start, stop):
             _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, kind(1), root,
                          sketch is not None, br[start:stop] if sketch is not None else br,
-                         rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop])
+                         rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop],
+                         np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype))
         by_row_blocks(o.shape[0], out.numel(), run)
     return out
