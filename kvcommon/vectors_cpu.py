@@ -11,6 +11,7 @@ compiled loops (llvmlite comes with numba).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
@@ -78,6 +79,16 @@ def store_vector(context, builder: ir.IRBuilder, value: ir.Value, array, index: 
     """Store the vector `value` at element `index` of `array` onwards."""
     builder.store(value, vector_pointer(context, builder, array, index, value.type),
                   align=context.get_abi_sizeof(value.type.element))
+
+
+@functools.lru_cache(maxsize=None)
+def has_feature(name: str) -> bool:
+    """Whether the CPU numba compiles for has the instruction-set feature `name` (e.g. "avx2"):
+    NUMBA_CPU_FEATURES where set, else the host's, as numba's own code generation takes them."""
+    from numba.core import config
+    import llvmlite.binding
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else llvmlite.binding.get_host_cpu_features().flatten()
+    return f"+{name}" in features.split(",")
 
 
 def intrinsic_name(base: str, kind: ir.Type) -> str:

@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
-from kvcommon.vectors_cpu import counted_loop, load_vector, splat, store_vector
+from kvcommon.vectors_cpu import counted_loop, has_feature, load_vector, splat, store_vector
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
 # each element (_count_blocks: a block of 8 elements against each threshold in turn, the count in
@@ -185,6 +185,85 @@ def _grid_rows(y, lo, hi, inv_h, origin, first, cand, width, codes, packed):  # 
         _pack_row(q, width, packed[r])
 
 
+def _permuted(builder, table, codes, entries):
+    """IR: the vector of table[code] for the 8 int32 codes, table the first `entries` (8 or 16) of
+    a float32 table held in one or two vectors of 8, by AVX2's vpermps (one permute a vector of 8
+    entries; with 16, the code's bit 3 picks the half)."""
+    vector, lanes = llvmlite.ir.VectorType(llvmlite.ir.FloatType(), 8), llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
+    permute = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector, lanes]),
+                                             "llvm.x86.avx2.permps")
+    low = builder.call(permute, [table[0], codes])
+    if entries == 8:
+        return low
+    upper = builder.icmp_unsigned("!=", builder.and_(codes, llvmlite.ir.Constant(lanes, [8] * 8)), llvmlite.ir.Constant(lanes, None))
+    return builder.select(upper, builder.call(permute, [table[1], codes]), low)
+
+
+@intrinsic(prefer_literal=True)
+def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
+    """out[8g + k] = table[code k of group g] for g < groups, the codes `width` bits each,
+    big-endian: the group's bytes loaded as one 64-bit word (8 bytes from byte g·width on; where
+    fewer than 8 are left in the row, its `width` bytes one at a time), byte-swapped so that its first byte is the highest, the 8
+    codes shifted out of it in one vector, then looked up: with `entries` (a literal) 8 or 16,
+    from the table's first `entries` held in registers (_permuted; the table at least that long),
+    with 0 — and always for float64 or without AVX2 — by a load a code."""
+    if packed.layout != "C" or table.layout != "C" or out.layout != "C" or \
+            not isinstance(entries, types.IntegerLiteral):
+        return None
+    held = entries.literal_value if out.dtype == types.float32 and has_feature("avx2") else 0
+
+    def codegen(context, builder, signature, args):
+        pa, ta, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5))
+        w = args[2]
+        int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
+        element = context.get_value_type(out.dtype)
+        words, values = llvmlite.ir.VectorType(int64, 8), llvmlite.ir.VectorType(element, 8)
+        bswap = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(int64, [int64]), "llvm.bswap.i64")
+        shifts = builder.sub(llvmlite.ir.Constant(words, [64] * 8),
+                             builder.mul(splat(builder, w, 8), llvmlite.ir.Constant(words, list(range(1, 9)))))
+        mask = splat(builder, builder.sub(builder.shl(llvmlite.ir.Constant(int64, 1), w), llvmlite.ir.Constant(int64, 1)), 8)
+        halves = [load_vector(context, builder, ta, llvmlite.ir.Constant(int64, 8 * k), values) for k in range(held // 8)]
+        n_bytes = builder.extract_value(pa.shape, 0)
+        with counted_loop(builder, args[1], 1, name="lookup") as loop:
+            start = builder.mul(loop.index, w)
+            source = builder.gep(pa.data, [start])
+            with builder.if_else(builder.icmp_signed("<=", builder.add(start, llvmlite.ir.Constant(int64, 8)), n_bytes),
+                                 likely=True) as (whole, last):
+                with whole:
+                    loaded = builder.load(builder.bitcast(source, int64.as_pointer()), align=1)
+                    after_load = builder.block
+                with last:                              # the row's last bytes, fewer than 8: one at a time
+                    with counted_loop(builder, w, 1, [llvmlite.ir.Constant(int64, 0)], "tail") as part:
+                        byte = builder.zext(builder.load(builder.gep(source, [part.index])), int64)
+                        part.next = [builder.or_(part.carried[0], builder.shl(byte, builder.mul(part.index, llvmlite.ir.Constant(int64, 8))))]
+                    assembled = part.carried[0]
+                    after_bytes = builder.block
+            word = builder.phi(int64)
+            word.add_incoming(loaded, after_load)
+            word.add_incoming(assembled, after_bytes)
+            word = builder.call(bswap, [word])
+            codes = builder.trunc(builder.and_(builder.lshr(splat(builder, word, 8), shifts), mask),
+                                  llvmlite.ir.VectorType(int32, 8))
+            if held:
+                v = _permuted(builder, halves, codes, held)
+            else:
+                v = llvmlite.ir.Constant(values, None)
+                for k in range(8):
+                    at = builder.extract_element(codes, llvmlite.ir.Constant(int32, k))
+                    v = builder.insert_element(v, builder.load(builder.gep(ta.data, [at])), llvmlite.ir.Constant(int32, k))
+            store_vector(context, builder, v, oa, builder.mul(loop.index, llvmlite.ir.Constant(int64, 8)))
+        return context.get_dummy_value()
+    return types.void(packed, types.int64, types.int64, table, entries, out), codegen
+
+
+def lookup_table(centroids: np.ndarray) -> np.ndarray:
+    """The centroids as _dequantize_row takes them: float32 ones padded with zeros to a multiple of
+    8 entries where AVX2's permutes can pick from them (tables of at most 16), else as they are."""
+    if centroids.dtype != np.float32 or len(centroids) > 16 or not has_feature("avx2"):
+        return centroids
+    return np.concatenate([centroids, np.zeros(-len(centroids) % 8, np.float32)])
+
+
 @numba.jit(**FLAT_JIT)
 def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compiled
     """out[i] = centroids[code i of packed], the codes `width` bits each, big-endian: each whole
@@ -193,12 +272,16 @@ def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compil
     n = out.shape[0]
     mask = (1 << width) - 1
     groups = n // 8
-    for g in range(groups):
-        word = np.int64(0)
-        for b in range(width):
-            word = (word << 8) | np.int64(packed[g * width + b])
-        for k in range(8):
-            out[8 * g + k] = centroids[(word >> (width * (7 - k))) & mask]
+    if width == 8:
+        for i in range(n):
+            out[i] = centroids[packed[i]]
+        return
+    if width <= 3 and centroids.shape[0] == 8:            # lookup_table's padded tables
+        _lookup_groups(packed, groups, width, centroids, 8, out)
+    elif width == 4 and centroids.shape[0] == 16:
+        _lookup_groups(packed, groups, width, centroids, 16, out)
+    else:
+        _lookup_groups(packed, groups, width, centroids, 0, out)
     acc = 0
     held = 0
     j = groups * width
@@ -264,6 +347,6 @@ def dequantize_packed(packed: torch.Tensor, centroids: torch.Tensor, width: int,
     packed = packed.contiguous()
     out = torch.empty(*packed.shape[:-1], n, dtype=centroids.dtype)
     if out.numel():
-        pr, c, o = row_view(packed), centroids.detach().contiguous().numpy(), row_view(out)
+        pr, c, o = row_view(packed), lookup_table(centroids.detach().contiguous().numpy()), row_view(out)
         by_row_blocks(pr.shape[0], out.numel(), lambda a, b: _dequantize_rows(pr[a:b], c, width, o[a:b]))
     return out

@@ -37,7 +37,7 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl
 from .hadamard_cpu import _butterflies, transform
-from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars
+from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, lookup_table
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
 # instead; emptying compiled.DTYPES turns off every compiled loop)
@@ -235,7 +235,7 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
         sr = _sign_rows(signs, dtype, d)
         if width >= 1:
             pr = packed.contiguous().reshape(-1, packed.shape[-1]).numpy()
-            c = centroids.to(dtype).contiguous().numpy()
+            c = lookup_table(centroids.to(dtype).contiguous().numpy())
         else:
             pr, c = np.zeros((0, 1), np.uint8), np.zeros(1, o.dtype)
         if sketch is not None:

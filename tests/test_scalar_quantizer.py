@@ -37,14 +37,17 @@ def test_quantize_equals_bucketize(book, bits, dtype):
     assert torch.equal(codes.to(torch.int64), torch.bucketize(y, thresholds))
 
 
-@given(width=st.integers(1, 8), n=st.integers(1, 70), rows=st.integers(1, 3), seed=st.integers(0, 2 ** 31))
-def test_dequantize_packed_equals_the_unpacked_lookup(width, n, rows, seed):
+@given(width=st.integers(1, 8), n=st.integers(1, 70), rows=st.integers(1, 3), seed=st.integers(0, 2 ** 31),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_dequantize_packed_equals_the_unpacked_lookup(width, n, rows, seed, dtype):
+    """Rows of every length up to 70 (whole groups of 8 codes, a partial last one, rows of fewer
+    than 8 bytes), float32 (codebooks of up to 16 picked by a permute in registers) and float64."""
     gen = np.random.default_rng(seed)
     codes = torch.from_numpy(gen.integers(0, 2 ** width, size=(rows, 2, n)))
     packed = pack_bits(codes, width)
     assert torch.equal(unpack_codes(packed, width, n), codes.to(torch.uint8))
     assert torch.equal(unpack_bits(packed, width, n), codes)
-    centroids = torch.from_numpy(np.sort(gen.standard_normal(2 ** width)))
+    centroids = torch.from_numpy(np.sort(gen.standard_normal(2 ** width))).to(dtype)
     assert torch.equal(dequantize_packed(packed, centroids, width, n), centroids[codes])
 
 
@@ -149,3 +152,15 @@ def test_compiled_loops_split_does_not_change_the_result(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     two = quantize_pack(y, cb.thresholds, 6)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("width", range(1, 9))
+def test_dequantize_packed_at_every_width_and_row_end(width, dtype):
+    """Every width, in both dtypes, at lengths around the groups of 8 codes and the rows' last
+    8 bytes (where the whole-word loads stop): the centroids of the unpacked codes."""
+    gen = np.random.default_rng(width)
+    centroids = torch.from_numpy(np.sort(gen.standard_normal(2 ** width))).to(dtype)
+    for n in (1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 128, 256):
+        codes = torch.from_numpy(gen.integers(0, 2 ** width, size=(5, n)))
+        assert torch.equal(dequantize_packed(pack_bits(codes, width), centroids, width, n), centroids[codes]), n
