@@ -73,6 +73,19 @@ def _paired_vectors(typingctx, buf, first, second, count):
 REGISTER_ROW_MAX = 256
 
 
+def stages_in_registers(builder, vectors: list) -> list:
+    """IR: every butterfly stage of a row held as vectors of 8 (a power-of-two count of them):
+    h = 1, 2, 4 in each vector (_block_stages), the later ones between vectors; the vectors of H row."""
+    v = [_block_stages(builder, x) for x in vectors]
+    h = 1
+    while h < len(v):
+        for k in range(len(v)):
+            if not k & h:
+                v[k], v[k + h] = builder.fadd(v[k], v[k + h]), builder.fsub(v[k], v[k + h])
+        h *= 2
+    return v
+
+
 @intrinsic(prefer_literal=True)
 def _in_registers(typingctx, buf, d, c, factors, m, dst):
     """dst[:] = ((H buf) / c ⊙ factors) · m for the row buf of d entries (a literal power of two,
@@ -90,13 +103,7 @@ def _in_registers(typingctx, buf, d, c, factors, m, dst):
         fa = context.make_array(signature.args[3])(context, builder, args[3]) if given else None
         vector = llvmlite.ir.VectorType(context.get_value_type(buf.dtype), 8)
         at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(n)]
-        v = [_block_stages(builder, load_vector(context, builder, ba, i, vector)) for i in at]
-        h = 1
-        while h < n:
-            for k in range(n):
-                if not k & h:
-                    v[k], v[k + h] = builder.fadd(v[k], v[k + h]), builder.fsub(v[k], v[k + h])
-            h *= 2
+        v = stages_in_registers(builder, [load_vector(context, builder, ba, i, vector) for i in at])
         r = reciprocal(builder, args[2]) if divided else None
         for value, i in zip(v, at, strict=True):
             if divided:

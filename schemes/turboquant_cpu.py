@@ -20,23 +20,31 @@ summed in the order of torch's CPU kernel that kvcommon/vector_norm_cpu.py's nor
 this build; where no candidate order reproduces it, the fused passes are not used (`takes`), and
 the codec runs its chain.
 
-Rows are split across the torch thread budget like the other loops (compiled.by_row_blocks).
+Steps 1 and 2 run with the row in registers (_unit_rotated_row: loaded once, y stored once) for
+float32 rows of 8..256 entries where vector_norm sums in 8 lanes; the divisions are IEEE division's
+bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch
+thread budget like the other loops (compiled.by_row_blocks).
 """
 from __future__ import annotations
 
 import math
 
+import llvmlite.ir
 import numba
 import numpy as np
 import torch
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
 from kvcommon import compiled
 from kvcommon.compiled import FLAT_JIT, by_row_blocks
-from kvcommon.quotients_cpu import divide
+from kvcommon.quotients_cpu import divide, quotient, reciprocal
+from kvcommon.vectors_cpu import intrinsic_name, lane_total, load_vector, store_vector
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl
-from .hadamard_cpu import _butterflies, transform
+from .hadamard_cpu import REGISTER_ROW_MAX, _butterflies, stages_in_registers, transform
 from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, lookup_table
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
@@ -57,6 +65,75 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
     for i in range(1, bits.shape[0]):
         m = max(m, bits.dtype.type(bits[i] & mask))   # kept at the bits' width (numba widens &), twice the lanes
     return m
+
+
+@intrinsic(prefer_literal=True)
+def _unit_rotated_row(typingctx, x, d, signs, div, one, y):
+    """Steps 1 and 2 of the module docstring for one row x of d entries (a literal power of two,
+    8..REGISTER_ROW_MAX) with the row in registers, loaded once as d/8 vectors of 8 and y stored
+    once: the peak (an integer maximum of the bits with the sign cleared: NaN's above +inf, as
+    amax gives it; 1 where not > 0), u = x/p (quotients_cpu.quotient), Σu² in vector_norm's order
+    for 8 lanes (the caller checks norm_order), σ = √Σ, then y = H((u/σ') ⊙ s)/div with σ' = σ
+    (1 where not > 0): every operation that of _scaled_row and the chain. Returns (p, σ). x, signs,
+    y contiguous, of one dtype; div, one scalars of it."""
+    if not isinstance(d, types.IntegerLiteral) or x.layout != "C" or signs.layout != "C" or y.layout != "C":
+        return None
+    n = d.literal_value // 8
+
+    def codegen(context, builder, signature, args):
+        xa, sa, ya = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 5))
+        div, one = args[3], args[4]
+        element = context.get_value_type(x.dtype)
+        vector = llvmlite.ir.VectorType(element, 8)
+        whole = llvmlite.ir.IntType(context.get_abi_sizeof(element) * 8)         # the float's bits as an integer
+        as_int = llvmlite.ir.VectorType(whole, 8)
+        at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(n)]
+        v = [load_vector(context, builder, xa, i, vector) for i in at]
+        # the peak: the integer maximum of the bits with the sign cleared
+        sign_off = llvmlite.ir.Constant(as_int, [(1 << (whole.width - 1)) - 1] * 8)
+        top = builder.and_(builder.bitcast(v[0], as_int), sign_off)
+        for value in v[1:]:
+            bits = builder.and_(builder.bitcast(value, as_int), sign_off)
+            top = builder.select(builder.icmp_signed(">", bits, top), bits, top)
+        reduce_max = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(whole, [as_int]),
+                                                    intrinsic_name("llvm.vector.reduce.smax", as_int))
+        peak = builder.bitcast(builder.call(reduce_max, [top]), element)
+        peak = builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one)
+        # u = x / peak and its sum of squares in 8 accumulators, then added in order
+        r = reciprocal(builder, peak)
+        u = [quotient(builder, value, peak, r) for value in v]
+        acc = llvmlite.ir.Constant(vector, None)
+        for value in u:
+            acc = builder.fadd(acc, builder.fmul(value, value))                 # no contraction: two roundings
+        sqrt = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(element, [element]),
+                                              intrinsic_name("llvm.sqrt", element))
+        sigma = builder.call(sqrt, [lane_total(builder, acc, 8)])
+        held = builder.select(builder.fcmp_ordered(">", sigma, llvmlite.ir.Constant(element, 0.0)), sigma, one)
+        rs = reciprocal(builder, held)
+        w = [builder.fmul(quotient(builder, value, held, rs), load_vector(context, builder, sa, i, vector))
+             for value, i in zip(u, at, strict=True)]
+        rd = reciprocal(builder, div)
+        for value, i in zip(stages_in_registers(builder, w), at, strict=True):
+            store_vector(context, builder, quotient(builder, value, div, rd), ya, i)
+        return context.make_tuple(builder, signature.return_type, [peak, sigma])
+    return types.UniTuple(x.dtype, 2)(x, d, signs, div, one, y), codegen
+
+
+@numba.jit(**FLAT_JIT)
+def _unit_rotated(xr, d, signs, div, one, y):  # pragma: no cover - compiled
+    """_unit_rotated_row for the row lengths it takes (d = 8..REGISTER_ROW_MAX): (p, σ); the caller
+    checks d first (register_rows)."""
+    if d == 128:
+        return _unit_rotated_row(xr, 128, signs, div, one, y)
+    if d == 64:
+        return _unit_rotated_row(xr, 64, signs, div, one, y)
+    if d == 256:
+        return _unit_rotated_row(xr, 256, signs, div, one, y)
+    if d == 32:
+        return _unit_rotated_row(xr, 32, signs, div, one, y)
+    if d == 16:
+        return _unit_rotated_row(xr, 16, signs, div, one, y)
+    return _unit_rotated_row(xr, 8, signs, div, one, y)
 
 
 @numba.jit(**FLAT_JIT)
@@ -88,17 +165,23 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     element viewed as x's dtype and as those integers; y, e (d, x's dtype), acc (lanes), q, bits
     (d rounded up to 8, int32) the caller's scratch (one set a thread: the loop allocates nothing)."""
     n_rows, d = x.shape
+    in_registers = lanes == 8 and not fma_tail and 8 <= d <= REGISTER_ROW_MAX
     for r in range(n_rows):
         s = (first_row + r) // per_sign
         xr = x[r]
-        # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
-        peak, sigma = _scaled_row(xr, x_bits[r], mask, held, held_bits, one, lanes, fma_tail, acc, y)
-        norms[r] = np.float32(peak * sigma)
-        if not sigma > 0:
-            sigma = one
-        # 2. rht: the unit row with its signs, the butterflies, the normalisation
-        divide(y, sigma, signs[s], None, y)
-        transform(y, d, div, None, None, y)
+        if in_registers:
+            # 1 and 2 with the row in registers
+            peak, sigma = _unit_rotated(xr, d, signs[s], div, one, y)
+            norms[r] = np.float32(peak * sigma)
+        else:
+            # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
+            peak, sigma = _scaled_row(xr, x_bits[r], mask, held, held_bits, one, lanes, fma_tail, acc, y)
+            norms[r] = np.float32(peak * sigma)
+            if not sigma > 0:
+                sigma = one
+            # 2. rht: the unit row with its signs, the butterflies, the normalisation
+            divide(y, sigma, signs[s], None, y)
+            transform(y, d, div, None, None, y)
         # 3. the codes, packed
         if width >= 1:
             if use_grid:
