@@ -106,6 +106,20 @@ def fused_multiply_add(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Va
     return builder.call(fma, [a, b, c])
 
 
+def gather(builder: ir.IRBuilder, base: ir.Value, indices: ir.Value, kind: ir.Type, scale: int) -> ir.Value:
+    """IR: the 8 values of type kind (float or i32) at byte offsets base + scale·indices[k] (8
+    int32 indices), by AVX2's gather (callers check has_feature("avx2"))."""
+    lanes = ir.VectorType(ir.IntType(32), 8)
+    values = ir.VectorType(kind, 8)
+    name = "llvm.x86.avx2.gather.d.ps.256" if isinstance(kind, ir.FloatType) else "llvm.x86.avx2.gather.d.d.256"
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+        values, [values, ir.IntType(8).as_pointer(), lanes, values, ir.IntType(8)]), name)
+    every = ir.Constant(lanes, [-1] * 8)
+    mask = builder.bitcast(every, values) if isinstance(kind, ir.FloatType) else every
+    return builder.call(function, [ir.Constant(values, None), builder.bitcast(base, ir.IntType(8).as_pointer()),
+                                   indices, mask, ir.Constant(ir.IntType(8), scale)])
+
+
 def lane_total(builder: ir.IRBuilder, vector: ir.Value, lanes: int) -> ir.Value:
     """Lane 0 + lane 1 + ... + the last lane, added in order, each sum rounded once."""
     total = builder.extract_element(vector, ir.Constant(ir.IntType(32), 0))

@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
-from kvcommon.vectors_cpu import counted_loop, has_feature, load_vector, splat, store_vector
+from kvcommon.vectors_cpu import counted_loop, gather, has_feature, load_vector, splat, store_vector
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
 # each element (_count_blocks: a block of 8 elements against each threshold in turn, the count in
@@ -155,20 +155,53 @@ def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
         _pack_row(q, width, packed[r])
 
 
+@intrinsic
+def _grid_blocks(typingctx, y, n, lo, hi, inv_h, origin, first, cand, q):
+    """_grid_row's codes for the first n entries of y (a multiple of 8), 8 entries a vector: the
+    clamp, the cell floor(v·inv_h) − origin, and first[cell] + [cand[cell] < y] with the two
+    tables read by AVX2's gathers. float32 rows on a CPU with AVX2 only: returns the entries
+    coded, n, or 0 (the caller codes the rest). first int32, cand in y's dtype, q int32; contiguous."""
+    if y.layout != "C" or first.layout != "C" or cand.layout != "C" or q.layout != "C":
+        return None
+    vectorised = y.dtype == types.float32 and first.dtype == types.int32 and has_feature("avx2")
+
+    def codegen(context, builder, signature, args):
+        if not vectorised:
+            return llvmlite.ir.Constant(llvmlite.ir.IntType(64), 0)
+        ya, fa, ca, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 6, 7, 8))
+        lo, hi, inv_h, origin = args[2:6]
+        float32, int32 = llvmlite.ir.FloatType(), llvmlite.ir.IntType(32)
+        vector, cells = llvmlite.ir.VectorType(float32, 8), llvmlite.ir.VectorType(int32, 8)
+        floor = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector]), "llvm.floor.v8f32")
+        low, high, scale, start = splat(builder, lo, 8), splat(builder, hi, 8), splat(builder, inv_h, 8), splat(builder, origin, 8)
+        with counted_loop(builder, args[1], 8, name="grid") as block:
+            v = load_vector(context, builder, ya, block.index, vector)
+            clamped = builder.select(builder.fcmp_ordered("<", v, low), low, v)
+            clamped = builder.select(builder.fcmp_ordered("<=", clamped, high), clamped, high)    # NaN to hi
+            cell = builder.sub(builder.fptosi(builder.call(floor, [builder.fmul(clamped, scale)]), cells), start)
+            below = gather(builder, fa.data, cell, int32, 4)
+            inside = builder.fcmp_ordered("<", gather(builder, ca.data, cell, float32, 4), v)
+            store_vector(context, builder, builder.add(below, builder.zext(inside, cells)), qa, block.index)
+        return args[1]
+    return types.int64(y, n, lo, hi, inv_h, origin, first, cand, q), codegen
+
+
 @numba.jit(**FLAT_JIT)
 def _grid_row(y, lo, hi, inv_h, origin, first, cand, q):  # pragma: no cover - compiled
     """The codes of _count_row by scalar_quantizer._Grid: y clamped to [lo, hi] (NaN to hi), its cell
     floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]. lo, hi and inv_h in y's dtype
-    (held exactly: cpu_grid checks), origin an int32. Two passes over the row: the cells
-    (branch-free, vectorised), then the two table lookups; the comparison takes y itself,
-    which gives the clamped value's answer (the outermost cells hold no threshold, cand = +inf)."""
+    (held exactly: cpu_grid checks), origin an int32, first int32 (grid_tables). Whole blocks of 8
+    by _grid_blocks where it takes them; the rest in two passes: the cells (branch-free,
+    vectorised), then the two table lookups; the comparison takes y itself, which gives the
+    clamped value's answer (the outermost cells hold no threshold, cand = +inf)."""
     n = y.shape[0]
-    for i in range(n):
+    done = _grid_blocks(y, n - n % 8, lo, hi, inv_h, origin, first, cand, q)
+    for i in range(done, n):
         v = y[i]
         v = lo if v < lo else v
         v = v if v <= hi else hi                        # NaN to hi, the top cell
         q[i] = np.int32(np.floor(v * inv_h)) - origin   # exact: a power-of-two scale, integers
-    for i in range(n):
+    for i in range(done, n):
         c = q[i]
         q[i] = np.int32(first[c]) + np.int32(cand[c] < y[i])
 
@@ -206,11 +239,12 @@ def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
     fewer than 8 are left in the row, its `width` bytes one at a time), byte-swapped so that its first byte is the highest, the 8
     codes shifted out of it in one vector, then looked up: with `entries` (a literal) 8 or 16,
     from the table's first `entries` held in registers (_permuted; the table at least that long),
-    with 0 — and always for float64 or without AVX2 — by a load a code."""
+    with 0 by AVX2's gather (float32), or — in float64 or without AVX2 — by a load a code."""
     if packed.layout != "C" or table.layout != "C" or out.layout != "C" or \
             not isinstance(entries, types.IntegerLiteral):
         return None
     held = entries.literal_value if out.dtype == types.float32 and has_feature("avx2") else 0
+    gathered = out.dtype == types.float32 and has_feature("avx2")
 
     def codegen(context, builder, signature, args):
         pa, ta, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5))
@@ -246,6 +280,8 @@ def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
                                   llvmlite.ir.VectorType(int32, 8))
             if held:
                 v = _permuted(builder, halves, codes, held)
+            elif gathered:
+                v = gather(builder, ta.data, codes, element, 4)
             else:
                 v = llvmlite.ir.Constant(values, None)
                 for k in range(8):
@@ -302,6 +338,11 @@ def _dequantize_rows(packed, centroids, width, out):  # pragma: no cover - compi
         _dequantize_row(packed[r], centroids, width, out[r])
 
 
+def grid_tables(first: torch.Tensor, cand: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """A grid's tables as _grid_row takes them: first as int32 (the gathers read 32-bit entries), cand."""
+    return first.numpy().astype(np.int32), cand.numpy()
+
+
 def grid_scalars(dtype: np.dtype, lo: float, hi: float, inv_h: float, origin: float) -> tuple:
     """A grid's bounds and scale in the rows' dtype, its origin int32, as _grid_row takes them."""
     kind = np.dtype(dtype).type
@@ -334,7 +375,8 @@ def grid_pack(y: torch.Tensor, lo: float, hi: float, inv_h: float, origin: float
     y = y.detach().contiguous()
     packed, codes = _outputs(y, packed_bytes)
     if y.numel():
-        yr, f, c, cr, pr = row_view(y), first.numpy(), cand.numpy(), row_view(codes), row_view(packed)
+        yr, cr, pr = row_view(y), row_view(codes), row_view(packed)
+        f, c = grid_tables(first, cand)
         lo, hi, inv_h, origin = grid_scalars(yr.dtype, lo, hi, inv_h, origin)
         by_row_blocks(yr.shape[0], y.numel(),
                        lambda a, b: _grid_rows(yr[a:b], lo, hi, inv_h, origin, f, c, width, cr[a:b], pr[a:b]))

@@ -45,7 +45,7 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl
 from .hadamard_cpu import REGISTER_ROW_MAX, _butterflies, stages_in_registers, transform
-from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, lookup_table
+from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
 # instead; emptying compiled.DTYPES turns off every compiled loop)
@@ -277,9 +277,9 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
         t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(dtype).numpy()
         c = centroids.to(dtype).contiguous().numpy()
         if grid is None:
-            g = (*grid_scalars(c.dtype, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.uint8), np.zeros(1, c.dtype))
+            g = (*grid_scalars(c.dtype, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.int32), np.zeros(1, c.dtype))
         else:
-            g = (*grid_scalars(c.dtype, grid.lo, grid.hi, grid.inv_h, grid.origin), grid.first.numpy(), grid.cand.numpy())
+            g = (*grid_scalars(c.dtype, grid.lo, grid.hi, grid.inv_h, grid.origin), *grid_tables(grid.first, grid.cand))
         root = kind(math.sqrt(d))
 
         as_int = np.int32 if xr.dtype == np.float32 else np.int64
