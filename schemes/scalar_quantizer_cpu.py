@@ -127,12 +127,49 @@ def _count_blocks(typingctx, y, t, n, q):
     return types.void(y, t, n, q), codegen
 
 
+@intrinsic(prefer_literal=True)
+def _count_in_registers(typingctx, y, n, t, q):
+    """_count_blocks for a whole row of n entries (a literal multiple of 8, at most 256) held in
+    registers: the thresholds outer, each broadcast once and compared with every vector of the
+    row, the n/8 counts carried in registers across them. y, t, q contiguous; t in y's dtype."""
+    if not isinstance(n, types.IntegerLiteral) or y.layout != "C" or t.layout != "C" or q.layout != "C":
+        return None
+    blocks = n.literal_value // 8
+
+    def codegen(context, builder, signature, args):
+        ya, ta, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3))
+        int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
+        vector, counts = llvmlite.ir.VectorType(context.get_value_type(y.dtype), 8), llvmlite.ir.VectorType(int32, 8)
+        at = [llvmlite.ir.Constant(int64, 8 * k) for k in range(blocks)]
+        v = [load_vector(context, builder, ya, i, vector) for i in at]
+        n_t = builder.extract_value(ta.shape, 0)
+        with counted_loop(builder, n_t, 1, [llvmlite.ir.Constant(counts, None)] * blocks, "thresholds") as loop:
+            threshold = splat(builder, builder.load(builder.gep(ta.data, [loop.index])), 8)
+            loop.next = [builder.add(c, builder.zext(builder.fcmp_ordered("<", threshold, value), counts))
+                         for c, value in zip(loop.carried, v, strict=True)]
+        top = splat(builder, builder.trunc(n_t, int32), 8)
+        for c, value, i in zip(loop.carried, v, at, strict=True):
+            store_vector(context, builder, builder.select(builder.fcmp_unordered("uno", value, value), top, c), qa, i)
+        return context.get_dummy_value()
+    return types.void(y, n, t, q), codegen
+
+
 @numba.jit(**FLAT_JIT)
 def _count_row(y, t, q):  # pragma: no cover - compiled
     """q[i] = #{j : t[j] < y[i]} for the n = len(y) elements of a row (NaN: len(t), the top index
-    bucketize gives it); q's entries past n are left alone. Whole blocks of 8 by _count_blocks,
-    the rest one by one. y, t, q contiguous."""
+    bucketize gives it); q's entries past n are left alone. Rows of 64, 128 and 256 in registers
+    (_count_in_registers), others in whole blocks of 8 by _count_blocks and the rest one by one.
+    y, t, q contiguous."""
     n = y.shape[0]
+    if n == 128:
+        _count_in_registers(y, 128, t, q)
+        return
+    if n == 64:
+        _count_in_registers(y, 64, t, q)
+        return
+    if n == 256:
+        _count_in_registers(y, 256, t, q)
+        return
     blocks = n - n % 8
     _count_blocks(y, t, blocks, q)
     top = np.int32(t.shape[0])

@@ -86,7 +86,7 @@ def _torch_passes(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("bits", range(1, 9))
-@pytest.mark.parametrize("n", [128, 45])
+@pytest.mark.parametrize("n", [64, 128, 256, 45])
 def test_compiled_loops_quantize_pack_equal_bucketize_and_the_torch_passes(bits, dtype, n, monkeypatch):
     """Both of the loops' methods (counting up to 31 thresholds, the grid above) give bucketize's
     codes and pack_bits' bytes, on rows split across threads (≥ 64 k elements) or not."""
