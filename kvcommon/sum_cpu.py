@@ -28,7 +28,7 @@ import torch
 from numba import types
 from numba.core.extending import intrinsic
 
-from .compiled import JIT
+from .compiled import FLAT_JIT, JIT
 from .vectors_cpu import load_vector, store_vector
 
 # the vector widths (entries) sum_order tries, likeliest first
@@ -54,7 +54,7 @@ def _add_products(typingctx, acc, at, a, b, start, lanes):
     return types.none(acc, at, a, b, start, lanes), codegen
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _ceil_log2(x):  # pragma: no cover - compiled
     """ATen's utils::CeilLog2: 1 up to 2, else ⌈log2 x⌉."""
     if x <= 2:
@@ -66,12 +66,13 @@ def _ceil_log2(x):  # pragma: no cover - compiled
     return p
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _sum_products(a, b, lanes, acc):  # pragma: no cover - compiled
     """Σ a_i·b_i over the row in a's dtype in torch.sum's order (the module docstring); acc: a
-    scratch array of 16·lanes entries."""
+    scratch array of 16·lanes entries in a's dtype."""
     n = a.shape[0]
-    zero = np.zeros(1, a.dtype)[0]
+    acc[0] = 0
+    zero = acc[0]                          # +0 in a's dtype
     width = lanes if n >= lanes else 1
     n_vectors = n // width
     steps = n_vectors // 4

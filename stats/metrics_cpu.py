@@ -42,7 +42,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from kvcommon import compiled
-from kvcommon.compiled import JIT, by_row_blocks, row_view
+from kvcommon.compiled import FLAT_JIT, by_row_blocks, row_view
 from kvcommon.sum_cpu import _sum_products, sum_order
 from kvcommon.vector_norm_cpu import _fma, norm_order
 from kvcommon.vectors_cpu import counted_loop, lane_total, load_vector
@@ -76,7 +76,7 @@ def _lane_sums(typingctx, x, y, full, lanes):
     return types.UniTuple(dtype, 3)(x, y, full, lanes), codegen
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _row_energies(a, b, lanes, fma_tail, zero):  # pragma: no cover - compiled
     """(‖a‖², ‖b‖², ‖a − b‖²) of one row pair, float64, as the module docstring says."""
     d = a.shape[0]
@@ -101,26 +101,25 @@ def _row_energies(a, b, lanes, fma_tail, zero):  # pragma: no cover - compiled
     return np.float64(nx * nx), np.float64(nh * nh), np.float64(ne * ne)
 
 
-@numba.jit(**JIT)
-def _token_rows(x, x_hat, lanes, fma_tail, xx, hh, ee):  # pragma: no cover - compiled
-    """For each row r of x, x̂ (n, d): xx[r], hh[r], ee[r] = ‖x_r‖², ‖x̂_r‖², ‖x_r − x̂_r‖², float64."""
-    zero = np.zeros(1, x.dtype)[0]
+@numba.jit(**FLAT_JIT)
+def _token_rows(x, x_hat, lanes, fma_tail, zero, xx, hh, ee):  # pragma: no cover - compiled
+    """For each row r of x, x̂ (n, d): xx[r], hh[r], ee[r] = ‖x_r‖², ‖x̂_r‖², ‖x_r − x̂_r‖², float64
+    (zero: 0 in x's dtype)."""
     for r in range(x.shape[0]):
         xx[r], hh[r], ee[r] = _row_energies(x[r], x_hat[r], lanes, fma_tail, zero)
 
 
-@numba.jit(**JIT)
-def _logit_rows(s, s_hat, lanes, fma_tail, sum_lanes, ss, ee, products):  # pragma: no cover - compiled
+@numba.jit(**FLAT_JIT)
+def _logit_rows(s, s_hat, lanes, fma_tail, sum_lanes, zero, acc, ss, ee, products):  # pragma: no cover - compiled
     """For each row r of the logits s, ŝ (n, S): ss[r], ee[r] = ‖s_r‖², ‖s_r − ŝ_r‖² (float64) and
-    products[r] = Σ ŝ_ri·s_ri in torch.sum's order (s's dtype)."""
-    zero = np.zeros(1, s.dtype)[0]
-    acc = np.empty(16 * max(sum_lanes, 1), s.dtype)
+    products[r] = Σ ŝ_ri·s_ri in torch.sum's order (s's dtype); zero: 0 in s's dtype, acc: the
+    caller's scratch of 16·sum_lanes in s's dtype."""
     for r in range(s.shape[0]):
         ss[r], _, ee[r] = _row_energies(s[r], s_hat[r], lanes, fma_tail, zero)
         products[r] = _sum_products(s_hat[r], s[r], sum_lanes, acc)
 
 
-@numba.jit(**JIT)
+@numba.jit(**FLAT_JIT)
 def _directions(xx, hh, ee, nx, nh, out):  # pragma: no cover - compiled
     """out[s] = metrics._rel_and_direction's direction error of token s from its energies and
     the roots nx = √xx, nh = √hh (torch's), its operations in its order."""
@@ -151,15 +150,13 @@ def takes(dtype: torch.dtype, d: int) -> bool:
     return order is not None and (order[0] in _VECTOR_LANES or order[0] == 1)
 
 
-@numba.jit(**JIT)
-def _kl_rows(p, log_p, log_p_hat, kept, per_mask, first_row, sum_lanes, out):  # pragma: no cover - compiled
+@numba.jit(**FLAT_JIT)
+def _kl_rows(p, log_p, log_p_hat, kept, per_mask, first_row, sum_lanes, terms, ones, acc, out):  # pragma: no cover - compiled
     """out[r] = Σ_i p_ri·(log p_ri − log p̂_ri) over row r (a query's S tokens), the terms as
     metrics.kl_attention forms them (0 where kept[(first_row + r) // per_mask] is False, when kept
-    has rows) and summed in torch.sum's order."""
+    has rows) and summed in torch.sum's order as Σ terms_i·1 (the products are the terms,
+    exactly). terms (S), ones (S, all 1) and acc (16·sum_lanes), in p's dtype: the caller's scratch."""
     n, s = p.shape
-    terms = np.empty(s, p.dtype)
-    ones = np.ones(s, p.dtype)                     # Σ terms_i·1: the products are the terms, exactly
-    acc = np.empty(16 * max(sum_lanes, 1), p.dtype)
     masked = kept.shape[0] > 0
     for r in range(n):
         pr, lr, hr = p[r], log_p[r], log_p_hat[r]
@@ -184,7 +181,8 @@ def kl_terms(p: torch.Tensor, log_p: torch.Tensor, log_p_hat: torch.Tensor, kept
     o = out.reshape(-1).numpy()
     sum_lanes = sum_order(torch.float64, s)
     by_row_blocks(pr.shape[0], p.numel() * 3, lambda a, z: _kl_rows(
-        pr[a:z], lr[a:z], hr[a:z], masks, nq, a, sum_lanes, o[a:z]))
+        pr[a:z], lr[a:z], hr[a:z], masks, nq, a, sum_lanes, np.empty(s), np.ones(s),
+        np.empty(16 * max(sum_lanes, 1)), o[a:z]))
     return out
 
 
@@ -204,8 +202,10 @@ def logit_terms(s: torch.Tensor, s_hat: torch.Tensor) -> tuple[torch.Tensor, tor
     ss, ee = (torch.empty(shape, dtype=torch.float64) for _ in range(2))
     products = torch.empty(shape, dtype=s.dtype)
     views = [t.reshape(-1).numpy() for t in (ss, ee, products)]
+    kind = sr.dtype.type
     by_row_blocks(sr.shape[0], s.numel() * 2, lambda a, b: _logit_rows(
-        sr[a:b], hr[a:b], lanes, fma_tail, sum_lanes, *(v[a:b] for v in views)))
+        sr[a:b], hr[a:b], lanes, fma_tail, sum_lanes, kind(0), np.empty(16 * max(sum_lanes, 1), sr.dtype),
+        *(v[a:b] for v in views)))
     return ss, ee, products
 
 
@@ -219,7 +219,7 @@ def token_terms(x: torch.Tensor, x_hat: torch.Tensor, directions: bool = True) -
     xx, hh, ee = (torch.empty(shape, dtype=torch.float64) for _ in range(3))
     views = [row.reshape(-1).numpy() for row in (xx, hh, ee)]
     by_row_blocks(xr.shape[0], x.numel() * 2, lambda a, b: _token_rows(
-        xr[a:b], hr[a:b], lanes, fma_tail, *(v[a:b] for v in views)))
+        xr[a:b], hr[a:b], lanes, fma_tail, xr.dtype.type(0), *(v[a:b] for v in views)))
     if not directions:
         return xx, hh, ee, None
     nx, nh = xx.sqrt(), hh.sqrt()            # torch's roots, on tensors laid out as _rel_and_direction's
