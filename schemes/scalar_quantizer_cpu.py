@@ -127,29 +127,37 @@ def _count_blocks(typingctx, y, t, n, q):
     return types.void(y, t, n, q), codegen
 
 
+def counts_in_registers(context, builder, ta, vectors: list) -> list:
+    """IR: the codes #{j : t[j] < v} (NaN: len(t)) of each vector of 8 of `vectors` (a row held in
+    registers), int32: the thresholds outer, each broadcast once and compared with every vector,
+    the counts carried in registers across them. ta: the thresholds' array struct (vectors' dtype)."""
+    int32 = llvmlite.ir.IntType(32)
+    counts = llvmlite.ir.VectorType(int32, 8)
+    n_t = builder.extract_value(ta.shape, 0)
+    with counted_loop(builder, n_t, 1, [llvmlite.ir.Constant(counts, None)] * len(vectors), "thresholds") as loop:
+        threshold = splat(builder, builder.load(builder.gep(ta.data, [loop.index])), 8)
+        loop.next = [builder.add(c, builder.zext(builder.fcmp_ordered("<", threshold, value), counts))
+                     for c, value in zip(loop.carried, vectors, strict=True)]
+    top = splat(builder, builder.trunc(n_t, int32), 8)
+    return [builder.select(builder.fcmp_unordered("uno", value, value), top, c)       # NaN: the top index
+            for c, value in zip(loop.carried, vectors, strict=True)]
+
+
 @intrinsic(prefer_literal=True)
 def _count_in_registers(typingctx, y, n, t, q):
     """_count_blocks for a whole row of n entries (a literal multiple of 8, at most 256) held in
-    registers: the thresholds outer, each broadcast once and compared with every vector of the
-    row, the n/8 counts carried in registers across them. y, t, q contiguous; t in y's dtype."""
+    registers (counts_in_registers). y, t, q contiguous; t in y's dtype."""
     if not isinstance(n, types.IntegerLiteral) or y.layout != "C" or t.layout != "C" or q.layout != "C":
         return None
     blocks = n.literal_value // 8
 
     def codegen(context, builder, signature, args):
         ya, ta, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3))
-        int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
-        vector, counts = llvmlite.ir.VectorType(context.get_value_type(y.dtype), 8), llvmlite.ir.VectorType(int32, 8)
-        at = [llvmlite.ir.Constant(int64, 8 * k) for k in range(blocks)]
-        v = [load_vector(context, builder, ya, i, vector) for i in at]
-        n_t = builder.extract_value(ta.shape, 0)
-        with counted_loop(builder, n_t, 1, [llvmlite.ir.Constant(counts, None)] * blocks, "thresholds") as loop:
-            threshold = splat(builder, builder.load(builder.gep(ta.data, [loop.index])), 8)
-            loop.next = [builder.add(c, builder.zext(builder.fcmp_ordered("<", threshold, value), counts))
-                         for c, value in zip(loop.carried, v, strict=True)]
-        top = splat(builder, builder.trunc(n_t, int32), 8)
-        for c, value, i in zip(loop.carried, v, at, strict=True):
-            store_vector(context, builder, builder.select(builder.fcmp_unordered("uno", value, value), top, c), qa, i)
+        vector = llvmlite.ir.VectorType(context.get_value_type(y.dtype), 8)
+        at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(blocks)]
+        codes = counts_in_registers(context, builder, ta, [load_vector(context, builder, ya, i, vector) for i in at])
+        for c, i in zip(codes, at, strict=True):
+            store_vector(context, builder, c, qa, i)
         return context.get_dummy_value()
     return types.void(y, n, t, q), codegen
 

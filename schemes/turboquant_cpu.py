@@ -45,7 +45,7 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl
 from .hadamard_cpu import REGISTER_ROW_MAX, _butterflies, stages_in_registers, transform
-from .scalar_quantizer_cpu import _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
+from .scalar_quantizer_cpu import counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
 # instead; emptying compiled.DTYPES turns off every compiled loop)
@@ -68,16 +68,19 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
 
 
 @intrinsic(prefer_literal=True)
-def _unit_rotated_row(typingctx, x, d, signs, div, one, y):
+def _unit_rotated_row(typingctx, x, d, signs, div, one, y, t, q):
     """Steps 1 and 2 of the module docstring for one row x of d entries (a literal power of two,
     8..REGISTER_ROW_MAX) with the row in registers, loaded once as d/8 vectors of 8 and y stored
     once: the peak (an integer maximum of the bits with the sign cleared: NaN's above +inf, as
     amax gives it; 1 where not > 0), u = x/p (quotients_cpu.quotient), Σu² in vector_norm's order
     for 8 lanes (the caller checks norm_order), σ = √Σ, then y = H((u/σ') ⊙ s)/div with σ' = σ
-    (1 where not > 0): every operation that of _scaled_row and the chain. Returns (p, σ). x, signs,
-    y contiguous, of one dtype; div, one scalars of it."""
+    (1 where not > 0): every operation that of _scaled_row and the chain; with thresholds t (not
+    None) also step 3's codes q (int32) by counting them (scalar_quantizer_cpu.counts_in_registers)
+    from the row still in registers. Returns (p, σ). x, signs, y, t contiguous, of one dtype; div,
+    one scalars of it."""
     if not isinstance(d, types.IntegerLiteral) or x.layout != "C" or signs.layout != "C" or y.layout != "C":
         return None
+    counted = t is not types.none
     n = d.literal_value // 8
 
     def codegen(context, builder, signature, args):
@@ -113,27 +116,32 @@ def _unit_rotated_row(typingctx, x, d, signs, div, one, y):
         w = [builder.fmul(quotient(builder, value, held, rs), load_vector(context, builder, sa, i, vector))
              for value, i in zip(u, at, strict=True)]
         rd = reciprocal(builder, div)
-        for value, i in zip(stages_in_registers(builder, w), at, strict=True):
-            store_vector(context, builder, quotient(builder, value, div, rd), ya, i)
+        rotated = [quotient(builder, value, div, rd) for value in stages_in_registers(builder, w)]
+        for value, i in zip(rotated, at, strict=True):
+            store_vector(context, builder, value, ya, i)
+        if counted:
+            ta, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (6, 7))
+            for codes, i in zip(counts_in_registers(context, builder, ta, rotated), at, strict=True):
+                store_vector(context, builder, codes, qa, i)
         return context.make_tuple(builder, signature.return_type, [peak, sigma])
-    return types.UniTuple(x.dtype, 2)(x, d, signs, div, one, y), codegen
+    return types.UniTuple(x.dtype, 2)(x, d, signs, div, one, y, t, q), codegen
 
 
 @numba.jit(**FLAT_JIT)
-def _unit_rotated(xr, d, signs, div, one, y):  # pragma: no cover - compiled
+def _unit_rotated(xr, d, signs, div, one, y, t, q):  # pragma: no cover - compiled
     """_unit_rotated_row for the row lengths it takes (d = 8..REGISTER_ROW_MAX): (p, σ); the caller
-    checks d first (register_rows)."""
+    checks d first."""
     if d == 128:
-        return _unit_rotated_row(xr, 128, signs, div, one, y)
+        return _unit_rotated_row(xr, 128, signs, div, one, y, t, q)
     if d == 64:
-        return _unit_rotated_row(xr, 64, signs, div, one, y)
+        return _unit_rotated_row(xr, 64, signs, div, one, y, t, q)
     if d == 256:
-        return _unit_rotated_row(xr, 256, signs, div, one, y)
+        return _unit_rotated_row(xr, 256, signs, div, one, y, t, q)
     if d == 32:
-        return _unit_rotated_row(xr, 32, signs, div, one, y)
+        return _unit_rotated_row(xr, 32, signs, div, one, y, t, q)
     if d == 16:
-        return _unit_rotated_row(xr, 16, signs, div, one, y)
-    return _unit_rotated_row(xr, 8, signs, div, one, y)
+        return _unit_rotated_row(xr, 16, signs, div, one, y, t, q)
+    return _unit_rotated_row(xr, 8, signs, div, one, y, t, q)
 
 
 @numba.jit(**FLAT_JIT)
@@ -170,8 +178,11 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
         s = (first_row + r) // per_sign
         xr = x[r]
         if in_registers:
-            # 1 and 2 with the row in registers
-            peak, sigma = _unit_rotated(xr, d, signs[s], div, one, y)
+            # 1 and 2 with the row in registers, and 3's codes where counted
+            if width >= 1 and not use_grid:
+                peak, sigma = _unit_rotated(xr, d, signs[s], div, one, y, t, q)
+            else:
+                peak, sigma = _unit_rotated(xr, d, signs[s], div, one, y, None, q)
             norms[r] = np.float32(peak * sigma)
         else:
             # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
@@ -186,7 +197,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
         if width >= 1:
             if use_grid:
                 _grid_row(y, lo, hi, inv_h, origin, g_first, g_cand, q)
-            else:
+            elif not in_registers:
                 _count_row(y, t, q)
             _pack_row(q, width, packed[r])
         if sketch:
