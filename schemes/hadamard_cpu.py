@@ -15,7 +15,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
-from kvcommon.quotients_cpu import divide, quotient, reciprocal, scaled
+from kvcommon.quotients_cpu import divide, quotients, reciprocal, scaled
 from kvcommon.vectors_cpu import counted_loop, fused_multiply_add, load_vector, store_vector
 
 def _block_stages(builder, v):
@@ -104,10 +104,9 @@ def _in_registers(typingctx, buf, d, c, factors, m, dst):
         vector = llvmlite.ir.VectorType(context.get_value_type(buf.dtype), 8)
         at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(n)]
         v = stages_in_registers(builder, [load_vector(context, builder, ba, i, vector) for i in at])
-        r = reciprocal(builder, args[2]) if divided else None
+        if divided:
+            v = quotients(builder, v, args[2], reciprocal(builder, args[2]), zeros=True)   # decoded rows: many cancel
         for value, i in zip(v, at, strict=True):
-            if divided:
-                value = quotient(builder, value, args[2], r)
             value = scaled(builder, value, load_vector(context, builder, fa, i, vector) if given else None,
                            args[4] if multiplied else None)
             store_vector(context, builder, value, da, i)

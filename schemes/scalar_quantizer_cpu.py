@@ -280,8 +280,8 @@ def _permuted(builder, table, codes, entries):
 @intrinsic(prefer_literal=True)
 def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
     """out[8g + k] = table[code k of group g] for g < groups, the codes `width` bits each,
-    big-endian: the group's bytes loaded as one 64-bit word (8 bytes from byte g·width on; where
-    fewer than 8 are left in the row, its `width` bytes one at a time), byte-swapped so that its first byte is the highest, the 8
+    big-endian: the group's bytes loaded as one 64-bit word (8 bytes from byte g·width on; near
+    the row's end the 8 ending there, shifted down; in a row of fewer than 8 bytes one byte at a time), byte-swapped so that its first byte is the highest, the 8
     codes shifted out of it in one vector, then looked up: with `entries` (a literal) 8 or 16,
     from the table's first `entries` held in registers (_permuted; the table at least that long),
     with 0 by AVX2's gather (float32), or — in float64 or without AVX2 — by a load a code."""
@@ -306,15 +306,18 @@ def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
         with counted_loop(builder, args[1], 1, name="lookup") as loop:
             start = builder.mul(loop.index, w)
             source = builder.gep(pa.data, [start])
-            with builder.if_else(builder.icmp_signed("<=", builder.add(start, llvmlite.ir.Constant(int64, 8)), n_bytes),
-                                 likely=True) as (whole, last):
-                with whole:
-                    loaded = builder.load(builder.bitcast(source, int64.as_pointer()), align=1)
+            eight = llvmlite.ir.Constant(int64, 8)
+            with builder.if_else(builder.icmp_signed(">=", n_bytes, eight), likely=True) as (wide, short):
+                with wide:                              # the 8 bytes ending at the row's end where fewer are left, shifted down
+                    base = builder.select(builder.icmp_signed("<=", builder.add(start, eight), n_bytes), start,
+                                          builder.sub(n_bytes, eight))
+                    loaded = builder.load(builder.bitcast(builder.gep(pa.data, [base]), int64.as_pointer()), align=1)
+                    loaded = builder.lshr(loaded, builder.mul(builder.sub(start, base), eight))
                     after_load = builder.block
-                with last:                              # the row's last bytes, fewer than 8: one at a time
-                    with counted_loop(builder, w, 1, [llvmlite.ir.Constant(int64, 0)], "tail") as part:
+                with short:                             # a row of fewer than 8 bytes: its group's bytes one at a time
+                    with counted_loop(builder, w, 1, [llvmlite.ir.Constant(int64, 0)], "bytes") as part:
                         byte = builder.zext(builder.load(builder.gep(source, [part.index])), int64)
-                        part.next = [builder.or_(part.carried[0], builder.shl(byte, builder.mul(part.index, llvmlite.ir.Constant(int64, 8))))]
+                        part.next = [builder.or_(part.carried[0], builder.shl(byte, builder.mul(part.index, eight)))]
                     assembled = part.carried[0]
                     after_bytes = builder.block
             word = builder.phi(int64)

@@ -39,7 +39,7 @@ from numba.core.extending import intrinsic
 
 from kvcommon import compiled
 from kvcommon.compiled import FLAT_JIT, by_row_blocks
-from kvcommon.quotients_cpu import divide, quotient, reciprocal
+from kvcommon.quotients_cpu import divide, quotients, reciprocal
 from kvcommon.vectors_cpu import intrinsic_name, lane_total, load_vector, store_vector
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
@@ -103,8 +103,7 @@ def _unit_rotated_row(typingctx, x, d, signs, div, one, y, t, q):
         peak = builder.bitcast(builder.call(reduce_max, [top]), element)
         peak = builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one)
         # u = x / peak and its sum of squares in 8 accumulators, then added in order
-        r = reciprocal(builder, peak)
-        u = [quotient(builder, value, peak, r) for value in v]
+        u = quotients(builder, v, peak, reciprocal(builder, peak))
         acc = llvmlite.ir.Constant(vector, None)
         for value in u:
             acc = builder.fadd(acc, builder.fmul(value, value))                 # no contraction: two roundings
@@ -112,11 +111,9 @@ def _unit_rotated_row(typingctx, x, d, signs, div, one, y, t, q):
                                               intrinsic_name("llvm.sqrt", element))
         sigma = builder.call(sqrt, [lane_total(builder, acc, 8)])
         held = builder.select(builder.fcmp_ordered(">", sigma, llvmlite.ir.Constant(element, 0.0)), sigma, one)
-        rs = reciprocal(builder, held)
-        w = [builder.fmul(quotient(builder, value, held, rs), load_vector(context, builder, sa, i, vector))
-             for value, i in zip(u, at, strict=True)]
-        rd = reciprocal(builder, div)
-        rotated = [quotient(builder, value, div, rd) for value in stages_in_registers(builder, w)]
+        w = [builder.fmul(value, load_vector(context, builder, sa, i, vector))
+             for value, i in zip(quotients(builder, u, held, reciprocal(builder, held)), at, strict=True)]
+        rotated = quotients(builder, stages_in_registers(builder, w), div, reciprocal(builder, div))
         for value, i in zip(rotated, at, strict=True):
             store_vector(context, builder, value, ya, i)
         if counted:

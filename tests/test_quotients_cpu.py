@@ -74,10 +74,15 @@ def test_scaled_quotients_over_the_dtype_range(dtype, scale):
 @pytest.mark.parametrize("d", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512])
 def test_transform_is_the_butterflies_then_the_quotient_and_products(d, dtype):
     """transform(buf, d, c, f, m, out) in registers (8..256) or in memory: the bits of torch's
-    butterflies, then / c, · f, · m one after the other, with any of them left out (None)."""
+    butterflies, then / c, · f, · m one after the other, with any of them left out (None), on
+    rows whose transform holds exact zeros of both signs (the quotient's zero lanes)."""
     gen = torch.Generator().manual_seed(d)
-    for _ in range(20):
+    for trial in range(24):
         x = torch.randn(d, generator=gen, dtype=dtype) * 10.0 ** float(torch.randint(-3, 4, (1,), generator=gen))
+        if trial % 4 == 1:       # two values ±a, as a 1-bit code decodes: the butterflies cancel to exact zeros
+            x = x.sign() * 0.75
+        elif trial % 4 == 2:     # zeros of both signs, where x·(1/c) keeps the quotient's sign
+            x = torch.where(x > 0, torch.zeros_like(x), -torch.zeros_like(x))
         f = (torch.randint(0, 2, (d,), generator=gen) * 2 - 1).to(dtype)
         c, m = (torch.rand((), generator=gen, dtype=dtype) * 20 + 0.1 for _ in range(2))
         h = fwht_butterfly(x, normalize=False)
