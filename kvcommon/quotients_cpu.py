@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import llvmlite.ir as ir
 import numba
+import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
@@ -63,14 +64,18 @@ def _fast_quotient(builder: ir.IRBuilder, x: ir.Value, vc: ir.Value, vr: ir.Valu
     return q, _magnitudes_fit(builder, x, zero_fits=zeros)
 
 
-def quotient(builder: ir.IRBuilder, x: ir.Value, c: ir.Value, reciprocal: ir.Value, zeros: bool = False) -> ir.Value:
+def quotient(builder: ir.IRBuilder, x: ir.Value, c: ir.Value, reciprocal: ir.Value, zeros: bool = False,
+             checked: bool = True) -> ir.Value:
     """IR: the vector x / c, correctly rounded lane by lane (fdiv's bits), for the scalar c and
     reciprocal = RN(1/c) (the module docstring's method; zeros: _fast_quotient's): where a lane of
     x, or c, lies outside the method's range, the vector takes fdiv (a check a vector: one for a
-    whole row, which keeps every quotient live until the end, measured slower)."""
+    whole row, which keeps every quotient live until the end, measured slower). Unchecked: the
+    caller has proved every lane (zero, with `zeros`) and c inside the range."""
     lanes = x.type.count
     vc, vr = splat(builder, c, lanes), splat(builder, reciprocal, lanes)
     q, exact = _fast_quotient(builder, x, vc, vr, zeros)
+    if not checked:
+        return q
     flags = ir.VectorType(ir.IntType(1), lanes)
     every = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(1), [flags]),
                                            f"llvm.vector.reduce.and.v{lanes}i1")
@@ -85,9 +90,26 @@ def quotient(builder: ir.IRBuilder, x: ir.Value, c: ir.Value, reciprocal: ir.Val
     return merged
 
 
-def quotients(builder: ir.IRBuilder, xs: list, c: ir.Value, reciprocal: ir.Value, zeros: bool = False) -> list:
+def quotients(builder: ir.IRBuilder, xs: list, c: ir.Value, reciprocal: ir.Value, zeros: bool = False,
+              checked: bool = True) -> list:
     """IR: `quotient` of each vector of xs."""
-    return [quotient(builder, x, c, reciprocal, zeros) for x in xs]
+    return [quotient(builder, x, c, reciprocal, zeros, checked) for x in xs]
+
+
+def in_range_sums(values: np.ndarray, terms: int) -> bool:
+    """Whether every sum and difference of up to `terms` of these values (finite floats), each
+    rounded, is 0 or within the quotient's range: each is a multiple of the quantum of the
+    smallest nonzero |value| (an ulp of it: exact sums are multiples, and rounding to a coarser
+    grid keeps them so), and at most terms·max|value| — so quotients of them need no check."""
+    kind = values.dtype.type
+    size = np.abs(values[values != 0].astype(np.float64))
+    if not np.all(np.isfinite(values)) or values.dtype not in (np.float32, np.float64):
+        return False
+    if not size.size:
+        return True
+    limit = 2.0 ** (50 if values.dtype == np.float32 else 500)
+    quantum = float(np.spacing(kind(size.min())))
+    return quantum >= 1 / limit and float(size.max()) * terms <= limit / 2
 
 
 def reciprocal(builder: ir.IRBuilder, c: ir.Value) -> ir.Value:

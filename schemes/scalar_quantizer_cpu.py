@@ -277,45 +277,55 @@ def _permuted(builder, table, codes, entries):
     return builder.select(upper, builder.call(permute, [table[1], codes]), low)
 
 
-@intrinsic(prefer_literal=True)
-def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
-    """out[8g + k] = table[code k of group g] for g < groups, the codes `width` bits each,
-    big-endian: the group's bytes loaded as one 64-bit word (8 bytes from byte g·width on; near
-    the row's end the 8 ending there, shifted down; in a row of fewer than 8 bytes one byte at a time), byte-swapped so that its first byte is the highest, the 8
-    codes shifted out of it in one vector, then looked up: with `entries` (a literal) 8 or 16,
-    from the table's first `entries` held in registers (_permuted; the table at least that long),
-    with 0 by AVX2's gather (float32), or — in float64 or without AVX2 — by a load a code."""
-    if packed.layout != "C" or table.layout != "C" or out.layout != "C" or \
-            not isinstance(entries, types.IntegerLiteral):
-        return None
-    held = entries.literal_value if out.dtype == types.float32 and has_feature("avx2") else 0
-    gathered = out.dtype == types.float32 and has_feature("avx2")
+class GroupReader:
+    """IR: the values table[code] of the 8 codes of a group of a packed row (`width` bits each,
+    big-endian): the group's bytes loaded as one 64-bit word (8 bytes from its first on; near the
+    row's end the 8 ending there, shifted down; in a row of fewer than 8 bytes one byte at a time),
+    byte-swapped so that its first byte is the highest, the 8 codes shifted out of it in one
+    vector, then looked up: with `entries` 8 or 16, from the table's first `entries` held in
+    registers (_permuted; the table at least that long), with 0 by AVX2's gather (float32), or —
+    in float64 or without AVX2 — by a load a code. pa, ta: the packed row's and the table's array
+    structs; w the width (i64); element the values' LLVM type."""
 
-    def codegen(context, builder, signature, args):
-        pa, ta, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5))
-        w = args[2]
+    def __init__(self, context, builder, pa, ta, w, element, entries: int, float32: bool):
+        int64 = llvmlite.ir.IntType(64)
+        self.pa, self.ta, self.w, self.element = pa, ta, w, element
+        self.held = entries if float32 and has_feature("avx2") else 0
+        self.gathered = float32 and has_feature("avx2")
+        words, self.vector = llvmlite.ir.VectorType(int64, 8), llvmlite.ir.VectorType(element, 8)
+        self.bswap = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(int64, [int64]), "llvm.bswap.i64")
+        self.shifts = builder.sub(llvmlite.ir.Constant(words, [64] * 8),
+                                  builder.mul(splat(builder, w, 8), llvmlite.ir.Constant(words, list(range(1, 9)))))
+        self.mask = splat(builder, builder.sub(builder.shl(llvmlite.ir.Constant(int64, 1), w), llvmlite.ir.Constant(int64, 1)), 8)
+        self.halves = [load_vector(context, builder, ta, llvmlite.ir.Constant(int64, 8 * k), self.vector)
+                       for k in range(self.held // 8)]
+        self.n_bytes = builder.extract_value(pa.shape, 0)
+
+    def _word(self, builder, start):
+        """The group's bytes from `start` on as the low bytes of an i64 in memory order, from the 8
+        bytes there or, near the row's end, the 8 ending there shifted down (a row of 8 bytes or more)."""
+        int64 = llvmlite.ir.IntType(64)
+        eight = llvmlite.ir.Constant(int64, 8)
+        base = builder.select(builder.icmp_signed("<=", builder.add(start, eight), self.n_bytes), start,
+                              builder.sub(self.n_bytes, eight))
+        loaded = builder.load(builder.bitcast(builder.gep(self.pa.data, [base]), int64.as_pointer()), align=1)
+        return builder.lshr(loaded, builder.mul(builder.sub(start, base), eight))
+
+    def values(self, builder, start, long_row: bool = False):
+        """The group's values, its bytes from `start` (i64) on; long_row: the caller knows the row
+        holds 8 bytes or more."""
         int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
-        element = context.get_value_type(out.dtype)
-        words, values = llvmlite.ir.VectorType(int64, 8), llvmlite.ir.VectorType(element, 8)
-        bswap = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(int64, [int64]), "llvm.bswap.i64")
-        shifts = builder.sub(llvmlite.ir.Constant(words, [64] * 8),
-                             builder.mul(splat(builder, w, 8), llvmlite.ir.Constant(words, list(range(1, 9)))))
-        mask = splat(builder, builder.sub(builder.shl(llvmlite.ir.Constant(int64, 1), w), llvmlite.ir.Constant(int64, 1)), 8)
-        halves = [load_vector(context, builder, ta, llvmlite.ir.Constant(int64, 8 * k), values) for k in range(held // 8)]
-        n_bytes = builder.extract_value(pa.shape, 0)
-        with counted_loop(builder, args[1], 1, name="lookup") as loop:
-            start = builder.mul(loop.index, w)
-            source = builder.gep(pa.data, [start])
-            eight = llvmlite.ir.Constant(int64, 8)
-            with builder.if_else(builder.icmp_signed(">=", n_bytes, eight), likely=True) as (wide, short):
-                with wide:                              # the 8 bytes ending at the row's end where fewer are left, shifted down
-                    base = builder.select(builder.icmp_signed("<=", builder.add(start, eight), n_bytes), start,
-                                          builder.sub(n_bytes, eight))
-                    loaded = builder.load(builder.bitcast(builder.gep(pa.data, [base]), int64.as_pointer()), align=1)
-                    loaded = builder.lshr(loaded, builder.mul(builder.sub(start, base), eight))
+        eight = llvmlite.ir.Constant(int64, 8)
+        if long_row:
+            word = self._word(builder, start)
+        else:
+            with builder.if_else(builder.icmp_signed(">=", self.n_bytes, eight), likely=True) as (wide, short):
+                with wide:
+                    loaded = self._word(builder, start)
                     after_load = builder.block
-                with short:                             # a row of fewer than 8 bytes: its group's bytes one at a time
-                    with counted_loop(builder, w, 1, [llvmlite.ir.Constant(int64, 0)], "bytes") as part:
+                with short:                     # a row of fewer than 8 bytes: its group's bytes one at a time
+                    source = builder.gep(self.pa.data, [start])
+                    with counted_loop(builder, self.w, 1, [llvmlite.ir.Constant(int64, 0)], "bytes") as part:
                         byte = builder.zext(builder.load(builder.gep(source, [part.index])), int64)
                         part.next = [builder.or_(part.carried[0], builder.shl(byte, builder.mul(part.index, eight)))]
                     assembled = part.carried[0]
@@ -323,18 +333,34 @@ def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
             word = builder.phi(int64)
             word.add_incoming(loaded, after_load)
             word.add_incoming(assembled, after_bytes)
-            word = builder.call(bswap, [word])
-            codes = builder.trunc(builder.and_(builder.lshr(splat(builder, word, 8), shifts), mask),
-                                  llvmlite.ir.VectorType(int32, 8))
-            if held:
-                v = _permuted(builder, halves, codes, held)
-            elif gathered:
-                v = gather(builder, ta.data, codes, element, 4)
-            else:
-                v = llvmlite.ir.Constant(values, None)
-                for k in range(8):
-                    at = builder.extract_element(codes, llvmlite.ir.Constant(int32, k))
-                    v = builder.insert_element(v, builder.load(builder.gep(ta.data, [at])), llvmlite.ir.Constant(int32, k))
+        word = builder.call(self.bswap, [word])
+        codes = builder.trunc(builder.and_(builder.lshr(splat(builder, word, 8), self.shifts), self.mask),
+                              llvmlite.ir.VectorType(int32, 8))
+        if self.held:
+            return _permuted(builder, self.halves, codes, self.held)
+        if self.gathered:
+            return gather(builder, self.ta.data, codes, self.element, 4)
+        v = llvmlite.ir.Constant(self.vector, None)
+        for k in range(8):
+            at = builder.extract_element(codes, llvmlite.ir.Constant(int32, k))
+            v = builder.insert_element(v, builder.load(builder.gep(self.ta.data, [at])), llvmlite.ir.Constant(int32, k))
+        return v
+
+
+@intrinsic(prefer_literal=True)
+def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
+    """out[8g + k] = table[code k of group g] for g < groups (GroupReader; `entries` a literal)."""
+    if packed.layout != "C" or table.layout != "C" or out.layout != "C" or \
+            not isinstance(entries, types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        pa, ta, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 5))
+        int64 = llvmlite.ir.IntType(64)
+        reader = GroupReader(context, builder, pa, ta, args[2], context.get_value_type(out.dtype),
+                             entries.literal_value, out.dtype == types.float32)
+        with counted_loop(builder, args[1], 1, name="lookup") as loop:
+            v = reader.values(builder, builder.mul(loop.index, args[2]))
             store_vector(context, builder, v, oa, builder.mul(loop.index, llvmlite.ir.Constant(int64, 8)))
         return context.get_dummy_value()
     return types.void(packed, types.int64, types.int64, table, entries, out), codegen

@@ -39,13 +39,13 @@ from numba.core.extending import intrinsic
 
 from kvcommon import compiled
 from kvcommon.compiled import FLAT_JIT, by_row_blocks
-from kvcommon.quotients_cpu import divide, quotients, reciprocal
+from kvcommon.quotients_cpu import divide, in_range_sums, quotients, reciprocal, scaled
 from kvcommon.vectors_cpu import intrinsic_name, lane_total, load_vector, store_vector
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl
 from .hadamard_cpu import REGISTER_ROW_MAX, _butterflies, stages_in_registers, transform
-from .scalar_quantizer_cpu import counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
+from .scalar_quantizer_cpu import GroupReader, counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
 # instead; emptying compiled.DTYPES turns off every compiled loop)
@@ -141,6 +141,72 @@ def _unit_rotated(xr, d, signs, div, one, y, t, q):  # pragma: no cover - compil
     return _unit_rotated_row(xr, 8, signs, div, one, y, t, q)
 
 
+@intrinsic(prefer_literal=True)
+def _decoded_row(typingctx, packed, d, width, table, entries, div, signs, m, out):
+    """out[:] = ((H ŷ) / div ⊙ signs) · m for ŷ the centroids of the packed row's codes, with the
+    row in registers: the d/8 groups of codes looked up into vectors (scalar_quantizer_cpu's
+    GroupReader; entries a literal as there), the butterflies (hadamard_cpu.stages_in_registers),
+    the quotient (zero lanes kept: a few centroids' butterflies cancel to exact zeros; unchecked:
+    the caller has checked the table with quotients_cpu.in_range_sums, and div = √d is in range)
+    and the products, each rounded once, stored once — _dequantize_row then transform in one. d a
+    literal power of two, 8..REGISTER_ROW_MAX; packed, table, signs, out contiguous."""
+    if not isinstance(d, types.IntegerLiteral) or not isinstance(entries, types.IntegerLiteral) or \
+            packed.layout != "C" or table.layout != "C" or signs.layout != "C" or out.layout != "C":
+        return None
+    n = d.literal_value // 8
+
+    def codegen(context, builder, signature, args):
+        pa, ta, sa, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 6, 8))
+        w, div, m = args[2], args[5], args[7]
+        int64 = llvmlite.ir.IntType(64)
+        element = context.get_value_type(out.dtype)
+        vector = llvmlite.ir.VectorType(element, 8)
+        reader = GroupReader(context, builder, pa, ta, w, element, entries.literal_value, out.dtype == types.float32)
+        v = [reader.values(builder, builder.mul(llvmlite.ir.Constant(int64, g), w), long_row=True)   # d·w/8 ≥ 8
+             for g in range(n)]
+        v = quotients(builder, stages_in_registers(builder, v), div, reciprocal(builder, div), zeros=True, checked=False)
+        for g, value in enumerate(v):
+            at = llvmlite.ir.Constant(int64, 8 * g)
+            store_vector(context, builder, scaled(builder, value, load_vector(context, builder, sa, at, vector), m), oa, at)
+        return context.get_dummy_value()
+    return types.void(packed, d, width, table, entries, div, signs, m, out), codegen
+
+
+@numba.jit(**FLAT_JIT)
+def _decoded(packed, d, width, table, div, signs, m, out):  # pragma: no cover - compiled
+    """_decoded_row for the row lengths 64, 128, 256 (the caller checks d), the table's literal
+    entries as _dequantize_row chooses them (lookup_table's padded tables)."""
+    if width <= 3 and table.shape[0] == 8:
+        entries_8 = True
+        entries_16 = False
+    elif width == 4 and table.shape[0] == 16:
+        entries_8 = False
+        entries_16 = True
+    else:
+        entries_8 = entries_16 = False
+    if d == 128:
+        if entries_8:
+            _decoded_row(packed, 128, width, table, 8, div, signs, m, out)
+        elif entries_16:
+            _decoded_row(packed, 128, width, table, 16, div, signs, m, out)
+        else:
+            _decoded_row(packed, 128, width, table, 0, div, signs, m, out)
+    elif d == 64:
+        if entries_8:
+            _decoded_row(packed, 64, width, table, 8, div, signs, m, out)
+        elif entries_16:
+            _decoded_row(packed, 64, width, table, 16, div, signs, m, out)
+        else:
+            _decoded_row(packed, 64, width, table, 0, div, signs, m, out)
+    else:
+        if entries_8:
+            _decoded_row(packed, 256, width, table, 8, div, signs, m, out)
+        elif entries_16:
+            _decoded_row(packed, 256, width, table, 16, div, signs, m, out)
+        else:
+            _decoded_row(packed, 256, width, table, 0, div, signs, m, out)
+
+
 @numba.jit(**FLAT_JIT)
 def _scaled_row(xr, bits, mask, held, held_bits, one, lanes, fma_tail, acc, out):  # pragma: no cover - compiled
     """unit_rows' first steps on one row xr: its peak p = max|xr| (NaN if any, as amax gives it;
@@ -217,16 +283,23 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 
 @numba.jit(**FLAT_JIT)
 def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, one, div,
-                 sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out, y, c, held):  # pragma: no cover - compiled
+                 sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out, y, c, held, fused):  # pragma: no cover - compiled
     """out[r] (d) = s ⊙ H(ŷ)/√d · norms[r] with ŷ the centroids of packed[r]'s codes (0 at width
     0), plus with `sketch` the correction (scale·residual_norms[r]) · (H(2·bit − 1 of
     sketch_bits[r])/√d · mult ⊙ s') — qjl's and hadamard.rht_inverse's products in their order.
     Signs as in _encode_rows; one, div = √d, scale = √(π/2)/d and mult = √d in out's dtype; y, c
-    (d) and held (2: the float32 norms in out's dtype, as .to(dtype) gives them) the caller's scratch."""
+    (d) and held (2: the float32 norms in out's dtype, as .to(dtype) gives them) the caller's
+    scratch; fused: rows of 64..256 without a sketch may take _decoded (the codebook passed
+    quotients_cpu.in_range_sums)."""
     n_rows, d = out.shape
     zero, minus_one = one - one, -one
+    in_registers = fused and width >= 1 and not sketch and (d == 64 or d == 128 or d == 256)
     for r in range(n_rows):
         s = (first_row + r) // per_sign
+        if in_registers:
+            held[1] = norms[r]
+            _decoded(packed[r], d, width, centroids, div, signs[s], held[1], out[r])
+            continue
         if width >= 1:
             _dequantize_row(packed[r], centroids, width, y)
         else:
@@ -338,11 +411,12 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
             br, rr, kr = np.zeros((0, 1), np.uint8), np.zeros(0, np.float32), _sign_rows(None, dtype, d)
         root = kind(math.sqrt(d))
         scale = kind(qjl.sketch_scale(d))     # rounded to dtype as torch's product rounds it
+        fused = width >= 1 and in_range_sums(c, d)            # _decoded_row's unchecked quotients hold
 
         def run(start, stop):
             _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, kind(1), root,
                          sketch is not None, br[start:stop] if sketch is not None else br,
                          rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop],
-                         np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype))
+                         np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype), fused)
         by_row_blocks(o.shape[0], out.numel(), run)
     return out

@@ -92,3 +92,22 @@ def test_transform_is_the_butterflies_then_the_quotient_and_products(d, dtype):
             scalar = [None if a is None else (a.numpy() if a.dim() else a.numpy()[()]) for a in args]
             hadamard_cpu.transform(buf, d, scalar[0], scalar[1], scalar[2], out)
             assert _same(out, want.numpy()), (d, [a is None for a in args])
+
+
+def test_in_range_sums_admits_codebooks_and_refuses_what_could_leave_the_range():
+    """Lloyd–Max codebooks pass; a table whose sums could fall below 2^-50 (a value of 1e-20), pass
+    2^50 (3e38), or is not finite does not. And the claim behind it, brute force: every entry of
+    the butterflies of rows drawn from a passing table is 0 or a multiple of the smallest value's
+    ulp, at most d times the largest value."""
+    from schemes.lloyd_max import beta_codebook
+    for bits in range(1, 9):
+        assert quotients_cpu.in_range_sums(np.asarray(beta_codebook(128, bits).centroids, np.float32), 128)
+    for bad in (1e-20, 3e38, np.inf, np.nan):
+        assert not quotients_cpu.in_range_sums(np.array([0.5, -0.25, bad], np.float32), 128)
+    table = np.asarray(beta_codebook(128, 2).centroids, np.float32)
+    quantum = np.spacing(np.abs(table).min())
+    rows = torch.from_numpy(table[np.random.default_rng(0).integers(0, 4, (4000, 128))])
+    sums = fwht_butterfly(rows, normalize=False).double().numpy()
+    assert np.all((sums == 0) | (np.abs(sums) >= quantum))
+    assert np.all(np.mod(sums, quantum) == 0) and np.abs(sums).max() <= 128 * np.abs(table).max()
+    assert (sums == 0).any()                                 # zeros do occur: the quotient's zero lanes matter
