@@ -20,7 +20,7 @@ summed in the order of torch's CPU kernel that kvcommon/vector_norm_cpu.py's nor
 this build; where no candidate order reproduces it, the fused passes are not used (`takes`), and
 the codec runs its chain.
 
-Steps 1 and 2 run with the row in registers (_unit_rotated_row: loaded once, y stored once) for
+Steps 1 and 2 run with the row in registers (_unit_rotated_rows: loaded once, y stored once) for
 float32 rows of 8..256 entries where vector_norm sums in 8 lanes; the divisions are IEEE division's
 bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch
 thread budget like the other loops (compiled.by_row_blocks).
@@ -68,77 +68,121 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
 
 
 @intrinsic(prefer_literal=True)
-def _unit_rotated_row(typingctx, x, d, signs, div, one, y, t, q):
-    """Steps 1 and 2 of the module docstring for one row x of d entries (a literal power of two,
-    8..REGISTER_ROW_MAX) with the row in registers, loaded once as d/8 vectors of 8 and y stored
-    once: the peak (an integer maximum of the bits with the sign cleared: NaN's above +inf, as
-    amax gives it; 1 where not > 0), u = x/p (quotients_cpu.quotient), Σu² in vector_norm's order
-    for 8 lanes (the caller checks norm_order), σ = √Σ, then y = H((u/σ') ⊙ s)/div with σ' = σ
-    (1 where not > 0): every operation that of _scaled_row and the chain; with thresholds t (not
-    None) also step 3's codes q (int32) by counting them (scalar_quantizer_cpu.counts_in_registers)
-    from the row still in registers. Returns (p, σ). x, signs, y, t contiguous, of one dtype; div,
-    one scalars of it."""
-    if not isinstance(d, types.IntegerLiteral) or x.layout != "C" or signs.layout != "C" or y.layout != "C":
+def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y, t, q):
+    """Steps 1 and 2 of the module docstring for `count` (a literal, 1 or 2) rows first, first + 1
+    of x (n, d: d a literal power of two, 8..REGISTER_ROW_MAX), each held in registers, loaded once
+    as d/8 vectors of 8 and its y stored once into y's row k: the peak (an integer maximum of
+    the bits with the sign cleared: NaN's above +inf, as amax gives it; 1 where not > 0), u = x/p
+    (quotients_cpu.quotient), Σu² in vector_norm's order for 8 lanes (the caller checks
+    norm_order), σ = √Σ, then y = H((u/σ') ⊙ s)/div with σ' = σ (1 where not > 0) and s the row
+    s0 (s1) of signs: every operation that of _scaled_row and the chain; with thresholds t (not
+    None) also step 3's codes into q's row k by counting them (scalar_quantizer_cpu's
+    counts_in_registers) from the row still in registers. Two rows go step by step side by side:
+    a row's chain of dependent steps (its norm's sum is 23 additions in a fixed order) leaves the
+    CPU's units idle that the other row's steps fill. Returns (p, σ) of each row, flattened. x,
+    signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
+    scalars of it."""
+    if not isinstance(d, types.IntegerLiteral) or not isinstance(count, types.IntegerLiteral) or \
+            x.layout != "C" or signs.layout != "C" or y.layout != "C" or q.layout != "C":
         return None
     counted = t is not types.none
-    n = d.literal_value // 8
+    n, rows = d.literal_value // 8, count.literal_value
 
     def codegen(context, builder, signature, args):
-        xa, sa, ya = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 5))
-        div, one = args[3], args[4]
+        xa, sa, ya, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 4, 9, 11))
+        div, one = args[7], args[8]
+        int64 = llvmlite.ir.IntType(64)
         element = context.get_value_type(x.dtype)
         vector = llvmlite.ir.VectorType(element, 8)
         whole = llvmlite.ir.IntType(context.get_abi_sizeof(element) * 8)         # the float's bits as an integer
         as_int = llvmlite.ir.VectorType(whole, 8)
-        at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(n)]
-        v = [load_vector(context, builder, xa, i, vector) for i in at]
-        # the peak: the integer maximum of the bits with the sign cleared
+
+        def places(array, row):
+            """The element indices of row `row`'s vectors of 8 in a C-contiguous 2-d array."""
+            start = builder.mul(row, builder.extract_value(array.shape, 1))
+            return [builder.add(start, llvmlite.ir.Constant(int64, 8 * k)) for k in range(n)]
+        rows_of = [args[1]] + ([builder.add(args[1], llvmlite.ir.Constant(int64, 1))] if rows == 2 else [])
+        x_at = [places(xa, r) for r in rows_of]
+        s_at = [places(sa, r) for r in (args[5], args[6])[:rows]]
+        y_at = [places(ya, llvmlite.ir.Constant(int64, k)) for k in range(rows)]
+        v = [[load_vector(context, builder, xa, i, vector) for i in at] for at in x_at]
+        # the peaks: the integer maximum of the bits with the sign cleared, a tree log2(d/8) deep
         sign_off = llvmlite.ir.Constant(as_int, [(1 << (whole.width - 1)) - 1] * 8)
-        top = builder.and_(builder.bitcast(v[0], as_int), sign_off)
-        for value in v[1:]:
-            bits = builder.and_(builder.bitcast(value, as_int), sign_off)
-            top = builder.select(builder.icmp_signed(">", bits, top), bits, top)
         reduce_max = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(whole, [as_int]),
                                                     intrinsic_name("llvm.vector.reduce.smax", as_int))
-        peak = builder.bitcast(builder.call(reduce_max, [top]), element)
-        peak = builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one)
-        # u = x / peak and its sum of squares in 8 accumulators, then added in order
-        u = quotients(builder, v, peak, reciprocal(builder, peak))
-        acc = llvmlite.ir.Constant(vector, None)
-        for value in u:
-            acc = builder.fadd(acc, builder.fmul(value, value))                 # no contraction: two roundings
+        peaks = []
+        for row in v:
+            level = [builder.and_(builder.bitcast(value, as_int), sign_off) for value in row]
+            while len(level) > 1:
+                level = [builder.select(builder.icmp_signed(">", a, b), a, b) for a, b in zip(level[::2], level[1::2])]
+            peak = builder.bitcast(builder.call(reduce_max, [level[0]]), element)
+            peaks.append(builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one))
+        # u = x / peak and its sum of squares in 8 accumulators, then added in order, row by row side by side
+        inverse = [reciprocal(builder, p) for p in peaks]
+        u = [[None] * n for _ in range(rows)]
+        acc = [llvmlite.ir.Constant(vector, None)] * rows
+        for k in range(n):
+            for r in range(rows):
+                u[r][k] = quotients(builder, [v[r][k]], peaks[r], inverse[r])[0]
+                acc[r] = builder.fadd(acc[r], builder.fmul(u[r][k], u[r][k]))   # no contraction: two roundings
         sqrt = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(element, [element]),
                                               intrinsic_name("llvm.sqrt", element))
-        sigma = builder.call(sqrt, [lane_total(builder, acc, 8)])
-        held = builder.select(builder.fcmp_ordered(">", sigma, llvmlite.ir.Constant(element, 0.0)), sigma, one)
-        w = [builder.fmul(value, load_vector(context, builder, sa, i, vector))
-             for value, i in zip(quotients(builder, u, held, reciprocal(builder, held)), at, strict=True)]
-        rotated = quotients(builder, stages_in_registers(builder, w), div, reciprocal(builder, div))
-        for value, i in zip(rotated, at, strict=True):
-            store_vector(context, builder, value, ya, i)
+        sigmas = [builder.call(sqrt, [lane_total(builder, a, 8)]) for a in acc]
+        held = [builder.select(builder.fcmp_ordered(">", sg, llvmlite.ir.Constant(element, 0.0)), sg, one) for sg in sigmas]
+        inverse = [reciprocal(builder, h) for h in held]
+        w = [[None] * n for _ in range(rows)]
+        for k in range(n):
+            for r in range(rows):
+                w[r][k] = builder.fmul(quotients(builder, [u[r][k]], held[r], inverse[r])[0],
+                                       load_vector(context, builder, sa, s_at[r][k], vector))
+        stages = [stages_in_registers(builder, row) for row in w]
+        rd = reciprocal(builder, div)
+        rotated = [[None] * n for _ in range(rows)]
+        for k in range(n):
+            for r in range(rows):
+                rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
+                store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
         if counted:
-            ta, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (6, 7))
-            for codes, i in zip(counts_in_registers(context, builder, ta, rotated), at, strict=True):
-                store_vector(context, builder, codes, qa, i)
-        return context.make_tuple(builder, signature.return_type, [peak, sigma])
-    return types.UniTuple(x.dtype, 2)(x, d, signs, div, one, y, t, q), codegen
+            ta = context.make_array(signature.args[10])(context, builder, args[10])
+            for r in range(rows):
+                q_at = places(qa, llvmlite.ir.Constant(int64, r))
+                for codes, i in zip(counts_in_registers(context, builder, ta, rotated[r]), q_at, strict=True):
+                    store_vector(context, builder, codes, qa, i)
+        return context.make_tuple(builder, signature.return_type, [value for r in range(rows) for value in (peaks[r], sigmas[r])])
+    return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q), codegen
 
 
 @numba.jit(**FLAT_JIT)
-def _unit_rotated(xr, d, signs, div, one, y, t, q):  # pragma: no cover - compiled
-    """_unit_rotated_row for the row lengths it takes (d = 8..REGISTER_ROW_MAX): (p, σ); the caller
-    checks d first."""
+def _unit_rotated_pair(x, first, d, signs, s0, s1, div, one, y, t, q):  # pragma: no cover - compiled
+    """_unit_rotated_rows of rows first and first + 1, for the row lengths it takes (the caller
+    checks d): (p, σ, p', σ')."""
     if d == 128:
-        return _unit_rotated_row(xr, 128, signs, div, one, y, t, q)
+        return _unit_rotated_rows(x, first, 2, 128, signs, s0, s1, div, one, y, t, q)
     if d == 64:
-        return _unit_rotated_row(xr, 64, signs, div, one, y, t, q)
+        return _unit_rotated_rows(x, first, 2, 64, signs, s0, s1, div, one, y, t, q)
     if d == 256:
-        return _unit_rotated_row(xr, 256, signs, div, one, y, t, q)
+        return _unit_rotated_rows(x, first, 2, 256, signs, s0, s1, div, one, y, t, q)
     if d == 32:
-        return _unit_rotated_row(xr, 32, signs, div, one, y, t, q)
+        return _unit_rotated_rows(x, first, 2, 32, signs, s0, s1, div, one, y, t, q)
     if d == 16:
-        return _unit_rotated_row(xr, 16, signs, div, one, y, t, q)
-    return _unit_rotated_row(xr, 8, signs, div, one, y, t, q)
+        return _unit_rotated_rows(x, first, 2, 16, signs, s0, s1, div, one, y, t, q)
+    return _unit_rotated_rows(x, first, 2, 8, signs, s0, s1, div, one, y, t, q)
+
+
+@numba.jit(**FLAT_JIT)
+def _unit_rotated(x, first, d, signs, s0, div, one, y, t, q):  # pragma: no cover - compiled
+    """_unit_rotated_rows of the one row first: (p, σ)."""
+    if d == 128:
+        return _unit_rotated_rows(x, first, 1, 128, signs, s0, s0, div, one, y, t, q)
+    if d == 64:
+        return _unit_rotated_rows(x, first, 1, 64, signs, s0, s0, div, one, y, t, q)
+    if d == 256:
+        return _unit_rotated_rows(x, first, 1, 256, signs, s0, s0, div, one, y, t, q)
+    if d == 32:
+        return _unit_rotated_rows(x, first, 1, 32, signs, s0, s0, div, one, y, t, q)
+    if d == 16:
+        return _unit_rotated_rows(x, first, 1, 16, signs, s0, s0, div, one, y, t, q)
+    return _unit_rotated_rows(x, first, 1, 8, signs, s0, s0, div, one, y, t, q)
 
 
 @intrinsic(prefer_literal=True)
@@ -233,52 +277,67 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     Row r uses the sign rows s = (first_row + r) // per_sign of signs and sketch_signs (±1, in
     x's dtype); one, div = √d and mult = √d are scalars of x's dtype; x_bits is x viewed as
     signed integers of its width, mask their sign bit cleared, held and held_bits one scratch
-    element viewed as x's dtype and as those integers; y, e (d, x's dtype), acc (lanes), q, bits
-    (d rounded up to 8, int32) the caller's scratch (one set a thread: the loop allocates nothing)."""
+    element viewed as x's dtype and as those integers; y (2, d) and e (d) in x's dtype, acc
+    (lanes), q (2, d rounded up to 8) and bits (d rounded up to 8) int32: the caller's scratch (one
+    set a thread: the loop allocates nothing). Rows in registers go two at a time (_unit_rotated_pair)."""
     n_rows, d = x.shape
     in_registers = lanes == 8 and not fma_tail and 8 <= d <= REGISTER_ROW_MAX
-    for r in range(n_rows):
+    counted = width >= 1 and not use_grid
+    r = 0
+    while r < n_rows:
         s = (first_row + r) // per_sign
-        xr = x[r]
-        if in_registers:
-            # 1 and 2 with the row in registers, and 3's codes where counted
-            if width >= 1 and not use_grid:
-                peak, sigma = _unit_rotated(xr, d, signs[s], div, one, y, t, q)
+        count = 2 if in_registers and r + 1 < n_rows else 1
+        if in_registers and count == 2:
+            # 1 and 2 for two rows side by side in registers, and 3's codes where counted
+            s_next = (first_row + r + 1) // per_sign
+            if counted:
+                peak, sigma, peak_next, sigma_next = _unit_rotated_pair(x, r, d, signs, s, s_next, div, one, y, t, q)
             else:
-                peak, sigma = _unit_rotated(xr, d, signs[s], div, one, y, None, q)
+                peak, sigma, peak_next, sigma_next = _unit_rotated_pair(x, r, d, signs, s, s_next, div, one, y, None, q)
+            norms[r] = np.float32(peak * sigma)
+            norms[r + 1] = np.float32(peak_next * sigma_next)
+        elif in_registers:
+            if counted:
+                peak, sigma = _unit_rotated(x, r, d, signs, s, div, one, y, t, q)
+            else:
+                peak, sigma = _unit_rotated(x, r, d, signs, s, div, one, y, None, q)
             norms[r] = np.float32(peak * sigma)
         else:
             # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
-            peak, sigma = _scaled_row(xr, x_bits[r], mask, held, held_bits, one, lanes, fma_tail, acc, y)
+            yr = y[0]
+            peak, sigma = _scaled_row(x[r], x_bits[r], mask, held, held_bits, one, lanes, fma_tail, acc, yr)
             norms[r] = np.float32(peak * sigma)
             if not sigma > 0:
                 sigma = one
             # 2. rht: the unit row with its signs, the butterflies, the normalisation
-            divide(y, sigma, signs[s], None, y)
-            transform(y, d, div, None, None, y)
-        # 3. the codes, packed
-        if width >= 1:
-            if use_grid:
-                _grid_row(y, lo, hi, inv_h, origin, g_first, g_cand, q)
-            elif not in_registers:
-                _count_row(y, t, q)
-            _pack_row(q, width, packed[r])
-        if sketch:
-            # 4. the residual, its norm, its signs under the sketch's RHT (×√d: the ±1 H)
+            divide(yr, sigma, signs[s], None, yr)
+            transform(yr, d, div, None, None, yr)
+        for k in range(count):
+            row, yr, qr = r + k, y[k], q[k]
+            # 3. the codes, packed
             if width >= 1:
+                if use_grid:
+                    _grid_row(yr, lo, hi, inv_h, origin, g_first, g_cand, qr)
+                elif not in_registers:
+                    _count_row(yr, t, qr)
+                _pack_row(qr, width, packed[row])
+            if sketch:
+                # 4. the residual, its norm, its signs under the sketch's RHT (×√d: the ±1 H)
+                if width >= 1:
+                    for i in range(d):
+                        e[i] = yr[i] - centroids[qr[i]]
+                else:
+                    for i in range(d):
+                        e[i] = yr[i]
+                residual_norms[row] = np.float32(np.sqrt(_sum_squares(e, lanes, fma_tail, acc)))
+                ss = sketch_signs[(first_row + row) // per_sign]
                 for i in range(d):
-                    e[i] = y[i] - centroids[q[i]]
-            else:
+                    e[i] = e[i] * ss[i]
+                _butterflies(e, d)
                 for i in range(d):
-                    e[i] = y[i]
-            residual_norms[r] = np.float32(np.sqrt(_sum_squares(e, lanes, fma_tail, acc)))
-            ss = sketch_signs[s]
-            for i in range(d):
-                e[i] = e[i] * ss[i]
-            _butterflies(e, d)
-            for i in range(d):
-                bits[i] = np.int32((e[i] / div) * mult >= 0)
-            _pack_row(bits, 1, sketch_bits[r])
+                    bits[i] = np.int32((e[i] / div) * mult >= 0)
+                _pack_row(bits, 1, sketch_bits[row])
+        r += count
 
 
 @numba.jit(**FLAT_JIT)
@@ -372,8 +431,9 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
                          start, n, sr, kind(1), root, lanes, fma_tail,
                          width, t, grid is not None, *g, c, sketch, kr, root,
                          nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
-                         br[start:stop] if sketch else br, np.empty(d, xr.dtype), np.empty(d, xr.dtype),
-                         np.empty(max(lanes, 1), xr.dtype), np.zeros(-(-d // 8) * 8, np.int32), np.zeros(-(-d // 8) * 8, np.int32))
+                         br[start:stop] if sketch else br, np.empty((2, d), xr.dtype), np.empty(d, xr.dtype),
+                         np.empty(max(lanes, 1), xr.dtype), np.zeros((2, -(-d // 8) * 8), np.int32),
+                         np.zeros(-(-d // 8) * 8, np.int32))
         by_row_blocks(xr.shape[0], x.numel(), run)
     out = {"norm": norms.view(b, h, n)}
     if width >= 1:
