@@ -22,10 +22,19 @@ class IdentityMemo:
     (functions of the stored codes) and a cache's sketch matrices (functions of its stored
     seeds), and Shard's V codes. A remembered result is shared: its users never write it in place."""
 
+    _every: "weakref.WeakSet[IdentityMemo]" = weakref.WeakSet()
+
     def __init__(self, size: int):
+        IdentityMemo._every.add(self)
         self.size = size
         self.entries: dict[int, tuple[tuple, tuple, object, object]] = {}
         self._next = 0
+
+    @classmethod
+    def forget_all(cls) -> None:
+        """Empty every memo (compiled.batched, when a held call failed)."""
+        for memo in list(cls._every):
+            memo.entries.clear()
 
     @staticmethod
     def _trackable(tensors) -> bool:

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 import torch
 
+from kvcommon import compiled
 from kvcommon.memo import IdentityMemo
 from kvcommon.rng import check_family
 
@@ -336,12 +337,13 @@ class PerTensorScheme(Scheme):
 
     def encode(self, k: torch.Tensor, v: torch.Tensor) -> Encoded:
         enc = Encoded(tuple(k.shape), k.dtype)
-        for prefix, x in (("k", k), ("v", v)):
-            key = self.coding_key(prefix)
-            if key is None:
-                self.encode_tensor(x, prefix, enc)
-            else:
-                enc.add(self.coded(x, prefix, key))
+        with compiled.batched():                  # K's and V's compiled passes in one hand-off to the threads
+            for prefix, x in (("k", k), ("v", v)):
+                key = self.coding_key(prefix)
+                if key is None:
+                    self.encode_tensor(x, prefix, enc)
+                else:
+                    enc.add(self.coded(x, prefix, key))
         return enc
 
     def coded(self, x: torch.Tensor, prefix: str, key: tuple) -> Encoded:
@@ -355,7 +357,9 @@ class PerTensorScheme(Scheme):
         return _CODINGS.get_or_compute((x, *self.coding_tensors(prefix)), code, (type(self), prefix, key))
 
     def decode(self, enc: Encoded) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.decoded(enc, "k"), self.decoded(enc, "v")
+        with compiled.batched():
+            decoded = self.decoded(enc, "k"), self.decoded(enc, "v")
+        return decoded
 
     def decoded(self, enc: Encoded, prefix: str) -> torch.Tensor:
         """decode_tensor(enc, prefix), remembered (_DECODED) for the very code tensors of `prefix`

@@ -434,7 +434,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
                          br[start:stop] if sketch else br, np.empty((2, d), xr.dtype), np.empty(d, xr.dtype),
                          np.empty(max(lanes, 1), xr.dtype), np.zeros((2, -(-d // 8) * 8), np.int32),
                          np.zeros(-(-d // 8) * 8, np.int32))
-        by_row_blocks(xr.shape[0], x.numel(), run)
+        by_row_blocks(xr.shape[0], x.numel(), run, deferred=True)   # read after the scheme's encode
     out = {"norm": norms.view(b, h, n)}
     if width >= 1:
         out["codes"] = packed.view(b, h, n, packed.shape[1])
@@ -478,5 +478,5 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
                          sketch is not None, br[start:stop] if sketch is not None else br,
                          rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop],
                          np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype), fused)
-        by_row_blocks(o.shape[0], out.numel(), run)
+        by_row_blocks(o.shape[0], out.numel(), run, deferred=True)   # read after the scheme's decode
     return out

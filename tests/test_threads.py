@@ -83,3 +83,54 @@ def test_rows_do_not_depend_on_torch_threads():
         with torch_threads(n):
             runs.append(_sweep_rows("torch", names, dim=64))   # at d = 32 MKL agrees across threads anyway
     pd.testing.assert_frame_equal(runs[0], runs[1], check_exact=True)
+
+
+# --- kvcommon.compiled.batched: the deferred row loops of a codec's K and V in one hand-off ---
+def _marking_job(n_rows: int, seen: np.ndarray, width: int = 128):
+    """A by_row_blocks job over n_rows rows of `width` elements that counts each row it runs."""
+    def run(start, stop):
+        seen[start:stop] += 1
+    return n_rows, n_rows * width, run
+
+
+def test_batched_runs_the_held_calls_once_each_in_one_hand_off(monkeypatch):
+    """Inside batched, deferred calls wait (outputs untouched) and run on leaving: every row of
+    every job exactly once, the shares crossing from one job into the next, with one pool
+    submission for two threads where the calls alone would take one each; undeferred calls run
+    at once; a nested batched leaves them to the outermost."""
+    from kvcommon import compiled
+    submitted = []
+    pool = compiled._pool()
+    monkeypatch.setattr(compiled, "_pool", lambda: type("P", (), {"submit": lambda _, *a: submitted.append(a) or pool.submit(*a)})())
+    with torch_threads(2):
+        k_seen, v_seen, now_seen = np.zeros(1001, int), np.zeros(999, int), np.zeros(600, int)
+        with compiled.batched():
+            compiled.by_row_blocks(*_marking_job(1001, k_seen), deferred=True)
+            with compiled.batched():
+                compiled.by_row_blocks(*_marking_job(999, v_seen), deferred=True)
+            compiled.by_row_blocks(*_marking_job(600, now_seen))          # not deferred: runs now
+            assert not k_seen.any() and not v_seen.any() and (now_seen == 1).all()
+            assert len(submitted) == 1
+        assert (k_seen == 1).all() and (v_seen == 1).all()
+        assert len(submitted) == 2                                         # one for the two held jobs
+        k_seen[:] = 0
+        compiled.by_row_blocks(*_marking_job(1001, k_seen), deferred=True)  # outside batched: at once
+        assert (k_seen == 1).all()
+
+
+def test_batched_runs_held_calls_when_the_body_raises_and_forgets_memos_when_they_fail():
+    from kvcommon import compiled
+    from kvcommon.memo import IdentityMemo
+    seen = np.zeros(10, int)
+    with pytest.raises(KeyError), compiled.batched():
+        compiled.by_row_blocks(*_marking_job(10, seen), deferred=True)
+        raise KeyError("body")
+    assert (seen == 1).all()                                               # written, as memos may hold it
+    memo, kept = IdentityMemo(2), torch.zeros(3)
+    memo.put((kept,), "value")
+
+    def failing(start, stop):
+        raise ValueError("loop")
+    with pytest.raises(ValueError), compiled.batched():
+        compiled.by_row_blocks(10, 10, failing, deferred=True)
+    assert memo.get((kept,)) is None                                       # emptied: nothing half-written served
