@@ -62,6 +62,13 @@ def _trial_signs(rng: str, seed: int, tensor: str, purpose: str, trial: int, row
     return drawn
 
 
+@functools.lru_cache(maxsize=None)
+def _cpu_grid(book, dtype: torch.dtype, count_max: int):
+    """scalar_quantizer.cpu_grid of the codebook's thresholds, remembered per codebook (a fused
+    encode asks for it each call)."""
+    return scalar_quantizer.cpu_grid(book.thresholds, dtype, count_max)
+
+
 def _packed_signs(rng: str, seed: int, tensor: str, purpose: str, trials, rows: tuple[int, ...], dim: int) -> torch.Tensor:
     """The trials' packed signs (B, *rows, ⌈d/8⌉), trial b from _trial_signs (a fresh tensor)."""
     drawn = [_trial_signs(rng, seed, tensor, purpose, t, rows, dim) for t in trials]
@@ -226,7 +233,7 @@ class TurboQuant(PerTensorScheme):
         entries = passes.encode(
             x, values, bits, book.thresholds if book else np.zeros(0),
             book.tensors("cpu", x.dtype)[0] if book else torch.zeros(1, dtype=x.dtype),
-            scalar_quantizer.cpu_grid(book.thresholds, x.dtype, passes.COUNT_MAX_THRESHOLDS) if book else None,
+            _cpu_grid(book, x.dtype, passes.COUNT_MAX_THRESHOLDS) if book else None,
             self._projection(enc, prefix, kind, x.dtype) if kind else None)
         enc.codes[f"{prefix}.norm"] = entries["norm"]
         if bits >= 1:

@@ -27,6 +27,7 @@ thread budget like the other loops (compiled.by_row_blocks).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import llvmlite.ir
@@ -378,6 +379,21 @@ def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, on
         transform(y, d, div, signs[s], held[1], out[r])
 
 
+@functools.lru_cache(maxsize=64)
+def _thresholds_in(thresholds: bytes, dtype: torch.dtype) -> np.ndarray:
+    """The float64 thresholds (their bytes) in dtype, as torch rounds them, remembered: a call's
+    fixed cost, paid once a codebook (read-only)."""
+    t = torch.from_numpy(np.frombuffer(thresholds, dtype=np.float64).copy()).to(dtype).numpy()
+    t.flags.writeable = False
+    return t
+
+
+@functools.lru_cache(maxsize=64)
+def _sums_in_range(table: bytes, kind: str, d: int) -> bool:
+    """quotients_cpu.in_range_sums of the table (its bytes and NumPy dtype string), remembered."""
+    return in_range_sums(np.frombuffer(table, dtype=np.dtype(kind)), d)
+
+
 def takes(dim: int, dtype: torch.dtype) -> bool:
     """Whether the fused passes code rows of dim (a power of two) in dtype with the chain's bits
     (and the compiled loops are on: emptying compiled.DTYPES routes every codec to its torch passes)."""
@@ -414,7 +430,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
     if x.numel():
         xr, pr, nr, rr, br = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy(), residual_norms.numpy(), bits.numpy()
         sr, kr = _sign_rows(signs, dtype, d), _sign_rows(sketch_signs, dtype, d)
-        t = torch.tensor(np.asarray(thresholds, dtype=np.float64)).to(dtype).numpy()
+        t = _thresholds_in(np.asarray(thresholds, dtype=np.float64).tobytes(), dtype)
         c = centroids.to(dtype).contiguous().numpy()
         if grid is None:
             g = (*grid_scalars(c.dtype, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.int32), np.zeros(1, c.dtype))
@@ -471,7 +487,7 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
             br, rr, kr = np.zeros((0, 1), np.uint8), np.zeros(0, np.float32), _sign_rows(None, dtype, d)
         root = kind(math.sqrt(d))
         scale = kind(qjl.sketch_scale(d))     # rounded to dtype as torch's product rounds it
-        fused = width >= 1 and in_range_sums(c, d)            # _decoded_row's unchecked quotients hold
+        fused = width >= 1 and _sums_in_range(c.tobytes(), c.dtype.str, d)   # _decoded_row's unchecked quotients hold
 
         def run(start, stop):
             _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, kind(1), root,
