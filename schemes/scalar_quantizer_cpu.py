@@ -203,29 +203,40 @@ def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
 @intrinsic
 def _grid_blocks(typingctx, y, n, lo, hi, inv_h, origin, first, cand, q):
     """_grid_row's codes for the first n entries of y (a multiple of 8), 8 entries a vector: the
-    clamp, the cell floor(v·inv_h) − origin, and first[cell] + [cand[cell] < y] with the two
-    tables read by AVX2's gathers. float32 rows on a CPU with AVX2 only: returns the entries
-    coded, n, or 0 (the caller codes the rest). first int32, cand in y's dtype, q int32; contiguous."""
+    clamp, the cell floor(v·inv_h) − origin, and first[cell] + [cand[cell] < y] with both read by
+    one 64-bit gather of grid_tables' combined entry (the count above, cand's float32 bits below;
+    LLVM's masked gather: one vpgatherdq on AVX-512). float32 rows only: returns the entries
+    coded, n, or 0 (the caller codes the rest). first int64 (grid_tables), q int32; contiguous."""
     if y.layout != "C" or first.layout != "C" or cand.layout != "C" or q.layout != "C":
         return None
-    vectorised = y.dtype == types.float32 and first.dtype == types.int32 and has_feature("avx2")
+    vectorised = y.dtype == types.float32 and first.dtype == types.int64
 
     def codegen(context, builder, signature, args):
+        int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
         if not vectorised:
-            return llvmlite.ir.Constant(llvmlite.ir.IntType(64), 0)
-        ya, fa, ca, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 6, 7, 8))
+            return llvmlite.ir.Constant(int64, 0)
+        ya, fa, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 6, 8))
         lo, hi, inv_h, origin = args[2:6]
-        float32, int32 = llvmlite.ir.FloatType(), llvmlite.ir.IntType(32)
-        vector, cells = llvmlite.ir.VectorType(float32, 8), llvmlite.ir.VectorType(int32, 8)
+        float32 = llvmlite.ir.FloatType()
+        vector, cells, wide = (llvmlite.ir.VectorType(kind, 8) for kind in (float32, int32, int64))
         floor = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector]), "llvm.floor.v8f32")
+        pointers = llvmlite.ir.VectorType(int64.as_pointer(), 8)
+        flags = llvmlite.ir.VectorType(llvmlite.ir.IntType(1), 8)
+        gathered = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(wide, [pointers, int32, flags, wide]),
+                                                  "llvm.masked.gather.v8i64.v8p0")
+        base = splat(builder, builder.ptrtoint(fa.data, int64), 8)
         low, high, scale, start = splat(builder, lo, 8), splat(builder, hi, 8), splat(builder, inv_h, 8), splat(builder, origin, 8)
         with counted_loop(builder, args[1], 8, name="grid") as block:
             v = load_vector(context, builder, ya, block.index, vector)
             clamped = builder.select(builder.fcmp_ordered("<", v, low), low, v)
             clamped = builder.select(builder.fcmp_ordered("<=", clamped, high), clamped, high)    # NaN to hi
             cell = builder.sub(builder.fptosi(builder.call(floor, [builder.fmul(clamped, scale)]), cells), start)
-            below = gather(builder, fa.data, cell, int32, 4)
-            inside = builder.fcmp_ordered("<", gather(builder, ca.data, cell, float32, 4), v)
+            at = builder.inttoptr(builder.add(base, builder.mul(builder.sext(cell, wide), llvmlite.ir.Constant(wide, [8] * 8))),
+                                  pointers)
+            entry = builder.call(gathered, [at, llvmlite.ir.Constant(int32, 8), llvmlite.ir.Constant(flags, [1] * 8),
+                                            llvmlite.ir.Constant(wide, None)])
+            below = builder.trunc(builder.lshr(entry, llvmlite.ir.Constant(wide, [32] * 8)), cells)
+            inside = builder.fcmp_ordered("<", builder.bitcast(builder.trunc(entry, cells), vector), v)
             store_vector(context, builder, builder.add(below, builder.zext(inside, cells)), qa, block.index)
         return args[1]
     return types.int64(y, n, lo, hi, inv_h, origin, first, cand, q), codegen
@@ -235,7 +246,8 @@ def _grid_blocks(typingctx, y, n, lo, hi, inv_h, origin, first, cand, q):
 def _grid_row(y, lo, hi, inv_h, origin, first, cand, q):  # pragma: no cover - compiled
     """The codes of _count_row by scalar_quantizer._Grid: y clamped to [lo, hi] (NaN to hi), its cell
     floor(y·inv_h) − origin, and first[cell] + [cand[cell] < y]. lo, hi and inv_h in y's dtype
-    (held exactly: cpu_grid checks), origin an int32, first int32 (grid_tables). Whole blocks of 8
+    (held exactly: cpu_grid checks), origin an int32, first int64 (grid_tables: the count in its
+    high 32 bits). Whole blocks of 8
     by _grid_blocks where it takes them; the rest in two passes: the cells (branch-free,
     vectorised), then the two table lookups; the comparison takes y itself, which gives the
     clamped value's answer (the outermost cells hold no threshold, cand = +inf)."""
@@ -248,7 +260,7 @@ def _grid_row(y, lo, hi, inv_h, origin, first, cand, q):  # pragma: no cover - c
         q[i] = np.int32(np.floor(v * inv_h)) - origin   # exact: a power-of-two scale, integers
     for i in range(done, n):
         c = q[i]
-        q[i] = np.int32(first[c]) + np.int32(cand[c] < y[i])
+        q[i] = np.int32(first[c] >> 32) + np.int32(cand[c] < y[i])
 
 
 @numba.jit(**JIT)
@@ -413,8 +425,14 @@ def _dequantize_rows(packed, centroids, width, out):  # pragma: no cover - compi
 
 
 def grid_tables(first: torch.Tensor, cand: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """A grid's tables as _grid_row takes them: first as int32 (the gathers read 32-bit entries), cand."""
-    return first.numpy().astype(np.int32), cand.numpy()
+    """A grid's tables as _grid_row takes them: first as int64 entries holding the count in their
+    high 32 bits and, for float32 grids, cand's bits in their low 32 (one 64-bit gather reads
+    both: _grid_blocks), and cand."""
+    c = cand.numpy()
+    entries = first.numpy().astype(np.int64) << 32
+    if c.dtype == np.float32:
+        entries |= c.view(np.uint32).astype(np.int64)
+    return entries, c
 
 
 def grid_scalars(dtype: np.dtype, lo: float, hi: float, inv_h: float, origin: float) -> tuple:

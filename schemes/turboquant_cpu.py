@@ -433,7 +433,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndar
         t = _thresholds_in(np.asarray(thresholds, dtype=np.float64).tobytes(), dtype)
         c = centroids.to(dtype).contiguous().numpy()
         if grid is None:
-            g = (*grid_scalars(c.dtype, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.int32), np.zeros(1, c.dtype))
+            g = (*grid_scalars(c.dtype, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.int64), np.zeros(1, c.dtype))
         else:
             g = (*grid_scalars(c.dtype, grid.lo, grid.hi, grid.inv_h, grid.origin), *grid_tables(grid.first, grid.cand))
         root = kind(math.sqrt(d))
