@@ -7,7 +7,8 @@ The loops themselves live beside the building block they serve, in a sibling mod
 (the Walsh–Hadamard butterflies), schemes/kmeans_cpu.py (nearest centroids, k-means++ seeding), and
 the fused per-codec passes schemes/turboquant_cpu.py and schemes/spectralquant_cpu.py; the
 metrics' per-token pass stats/metrics_cpu.py; the sum of squares in torch.linalg.vector_norm's
-order that several of them take, in kvcommon/vector_norm_cpu.py, and torch.sum's, in kvcommon/sum_cpu.py.
+order that several of them take, in kvcommon/vector_norm_cpu.py, torch.sum's, in kvcommon/sum_cpu.py,
+and division by a scalar with IEEE division's bits at a fraction of its cost, in kvcommon/quotients_cpu.py.
 They replace chains of whole-tensor torch passes (a dozen reads and writes of every element) with
 one pass over each row in cache, with the same bits; the torch passes serve the other devices
 (CUDA) and dtypes (half precision) and check the loops in the tests.

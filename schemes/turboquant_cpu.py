@@ -20,10 +20,12 @@ summed in the order of torch's CPU kernel that kvcommon/vector_norm_cpu.py's nor
 this build; where no candidate order reproduces it, the fused passes are not used (`takes`), and
 the codec runs its chain.
 
-Steps 1 and 2 run with the row in registers (_unit_rotated_rows: loaded once, y stored once) for
-float32 rows of 8..256 entries where vector_norm sums in 8 lanes; the divisions are IEEE division's
-bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch
-thread budget like the other loops (compiled.by_row_blocks).
+Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_rows: loaded once,
+y stored once, two rows side by side) for rows of 8..256 entries where vector_norm sums in 8
+lanes; a decode without a sketch of a row of 64..256, likewise (_decoded_row). The divisions are
+IEEE division's bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split
+across the torch thread budget like the other loops, K's and V's in one hand-off
+(compiled.by_row_blocks, deferred to the scheme's compiled.batched).
 """
 from __future__ import annotations
 
