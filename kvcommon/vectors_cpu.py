@@ -56,6 +56,31 @@ def counted_loop(builder: ir.IRBuilder, count: ir.Value, step: int, carried=(), 
     builder.position_at_end(done)
 
 
+def by_size(builder: ir.IRBuilder, value: ir.Value, sizes, build, defaults=()) -> list:
+    """IR: build(size) for the one of `sizes` that the integer `value` equals — code written for
+    each size (a row held in registers as size/8 vectors), chosen by a switch at run time —
+    and the values build returned (a list, of the same types for every size) merged after it;
+    for any other value, none of it runs and the result is `defaults`."""
+    done = builder.append_basic_block("size.done")
+    switch = builder.switch(value, done)
+    arrivals = [(builder.block, list(defaults))]
+    for size in sizes:
+        block = builder.append_basic_block(f"size.{size}")
+        switch.add_case(ir.Constant(value.type, size), block)
+        builder.position_at_end(block)
+        out = list(build(size))
+        arrivals.append((builder.block, out))
+        builder.branch(done)
+    builder.position_at_end(done)
+    merged = []
+    for k in range(len(defaults)):
+        phi = builder.phi(defaults[k].type)
+        for block, out in arrivals:
+            phi.add_incoming(out[k], block)
+        merged.append(phi)
+    return merged
+
+
 def splat(builder: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
     """A vector of `lanes` copies of the scalar value."""
     one = builder.insert_element(ir.Constant(ir.VectorType(value.type, lanes), ir.Undefined), value,

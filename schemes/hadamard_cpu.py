@@ -16,7 +16,7 @@ from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
 from kvcommon.quotients_cpu import divide, quotients, reciprocal, scaled
-from kvcommon.vectors_cpu import counted_loop, fused_multiply_add, load_vector, store_vector
+from kvcommon.vectors_cpu import by_size, counted_loop, fused_multiply_add, load_vector, store_vector
 
 def _block_stages(builder, v):
     """IR: the stages h = 1, 2, 4 of the butterflies on the 8 lanes of v: for each stage v's lanes
@@ -86,30 +86,38 @@ def stages_in_registers(builder, vectors: list) -> list:
     return v
 
 
-@intrinsic(prefer_literal=True)
+# the row lengths held in registers (by_size writes code for each)
+REGISTER_ROWS = (8, 16, 32, 64, 128, REGISTER_ROW_MAX)
+
+
+@intrinsic
 def _in_registers(typingctx, buf, d, c, factors, m, dst):
-    """dst[:] = ((H buf) / c ⊙ factors) · m for the row buf of d entries (a literal power of two,
-    8..REGISTER_ROW_MAX): the row loaded once as d/8 vectors, the stages h = 1, 2, 4 in each vector
-    (_block_stages), the later ones between vectors, then the quotient (quotients_cpu.quotient,
-    IEEE division's bits) and the products, each rounded once, and stored once. c, factors or m
-    None: left out. buf, factors, dst contiguous, of one dtype (dst may be buf)."""
-    if not isinstance(d, types.IntegerLiteral) or buf.layout != "C" or dst.layout != "C":
+    """dst[:] = ((H buf) / c ⊙ factors) · m for the row buf of d entries, one of REGISTER_ROWS (any
+    other: nothing is written): the row loaded once as d/8 vectors, the stages h = 1, 2, 4 in each
+    vector (_block_stages), the later ones between vectors, then the quotient
+    (quotients_cpu.quotient, IEEE division's bits) and the products, each rounded once, and
+    stored once. c, factors or m None: left out. buf, factors, dst contiguous, of one dtype (dst
+    may be buf)."""
+    if buf.layout != "C" or dst.layout != "C":
         return None
-    n = d.literal_value // 8
     divided, given, multiplied = (t is not types.none for t in (c, factors, m))
 
     def codegen(context, builder, signature, args):
         ba, da = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 5))
         fa = context.make_array(signature.args[3])(context, builder, args[3]) if given else None
         vector = llvmlite.ir.VectorType(context.get_value_type(buf.dtype), 8)
-        at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(n)]
-        v = stages_in_registers(builder, [load_vector(context, builder, ba, i, vector) for i in at])
-        if divided:
-            v = quotients(builder, v, args[2], reciprocal(builder, args[2]), zeros=True)   # decoded rows: many cancel
-        for value, i in zip(v, at, strict=True):
-            value = scaled(builder, value, load_vector(context, builder, fa, i, vector) if given else None,
-                           args[4] if multiplied else None)
-            store_vector(context, builder, value, da, i)
+
+        def build(size):
+            at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(size // 8)]
+            v = stages_in_registers(builder, [load_vector(context, builder, ba, i, vector) for i in at])
+            if divided:
+                v = quotients(builder, v, args[2], reciprocal(builder, args[2]), zeros=True)   # decoded rows: many cancel
+            for value, i in zip(v, at, strict=True):
+                value = scaled(builder, value, load_vector(context, builder, fa, i, vector) if given else None,
+                               args[4] if multiplied else None)
+                store_vector(context, builder, value, da, i)
+            return []
+        by_size(builder, args[1], REGISTER_ROWS, build)
         return context.get_dummy_value()
     return types.void(buf, d, c, factors, m, dst), codegen
 
@@ -120,18 +128,8 @@ def transform(buf, d, c, factors, m, dst):  # pragma: no cover - compiled
     rounded once, the quotient IEEE division's; c, factors or m None: left out. Rows of 8 to
     REGISTER_ROW_MAX entries in registers (_in_registers), others by _butterflies in buf and
     then the products. buf, factors, dst contiguous (dst may be buf; buf is overwritten)."""
-    if d == 128:
-        _in_registers(buf, 128, c, factors, m, dst)
-    elif d == 64:
-        _in_registers(buf, 64, c, factors, m, dst)
-    elif d == 256:
-        _in_registers(buf, 256, c, factors, m, dst)
-    elif d == 32:
-        _in_registers(buf, 32, c, factors, m, dst)
-    elif d == 16:
-        _in_registers(buf, 16, c, factors, m, dst)
-    elif d == 8:
-        _in_registers(buf, 8, c, factors, m, dst)
+    if 8 <= d <= REGISTER_ROW_MAX and not d & (d - 1):
+        _in_registers(buf, d, c, factors, m, dst)
     else:
         _stages_in_memory(buf, d)
         if c is None:

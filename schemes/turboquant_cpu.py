@@ -43,11 +43,11 @@ from numba.core.extending import intrinsic
 from kvcommon import compiled
 from kvcommon.compiled import FLAT_JIT, by_row_blocks
 from kvcommon.quotients_cpu import divide, in_range_sums, quotients, reciprocal, scaled
-from kvcommon.vectors_cpu import intrinsic_name, lane_total, load_vector, store_vector
+from kvcommon.vectors_cpu import by_size, intrinsic_name, lane_total, load_vector, store_vector
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl
-from .hadamard_cpu import REGISTER_ROW_MAX, _butterflies, stages_in_registers, transform
+from .hadamard_cpu import REGISTER_ROW_MAX, REGISTER_ROWS, _butterflies, stages_in_registers, transform
 from .scalar_quantizer_cpu import GroupReader, counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
@@ -73,7 +73,8 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
 @intrinsic(prefer_literal=True)
 def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y, t, q):
     """Steps 1 and 2 of the module docstring for `count` (a literal, 1 or 2) rows first, first + 1
-    of x (n, d: d a literal power of two, 8..REGISTER_ROW_MAX), each held in registers, loaded once
+    of x (n, d: d one of hadamard_cpu.REGISTER_ROWS, each with its own code: by_size; any other d
+    writes nothing and returns zeros), each held in registers, loaded once
     as d/8 vectors of 8 and its y stored once into y's row k: the peak (an integer maximum of
     the bits with the sign cleared: NaN's above +inf, as amax gives it; 1 where not > 0), u = x/p
     (quotients_cpu.quotient), Σu² in vector_norm's order for 8 lanes (the caller checks
@@ -85,11 +86,11 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     CPU's units idle that the other row's steps fill. Returns (p, σ) of each row, flattened. x,
     signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
     scalars of it."""
-    if not isinstance(d, types.IntegerLiteral) or not isinstance(count, types.IntegerLiteral) or \
+    if not isinstance(count, types.IntegerLiteral) or \
             x.layout != "C" or signs.layout != "C" or y.layout != "C" or q.layout != "C":
         return None
     counted = t is not types.none
-    n, rows = d.literal_value // 8, count.literal_value
+    rows = count.literal_value
 
     def codegen(context, builder, signature, args):
         xa, sa, ya, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 4, 9, 11))
@@ -100,92 +101,69 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
         whole = llvmlite.ir.IntType(context.get_abi_sizeof(element) * 8)         # the float's bits as an integer
         as_int = llvmlite.ir.VectorType(whole, 8)
 
-        def places(array, row):
-            """The element indices of row `row`'s vectors of 8 in a C-contiguous 2-d array."""
-            start = builder.mul(row, builder.extract_value(array.shape, 1))
-            return [builder.add(start, llvmlite.ir.Constant(int64, 8 * k)) for k in range(n)]
-        rows_of = [args[1]] + ([builder.add(args[1], llvmlite.ir.Constant(int64, 1))] if rows == 2 else [])
-        x_at = [places(xa, r) for r in rows_of]
-        s_at = [places(sa, r) for r in (args[5], args[6])[:rows]]
-        y_at = [places(ya, llvmlite.ir.Constant(int64, k)) for k in range(rows)]
-        v = [[load_vector(context, builder, xa, i, vector) for i in at] for at in x_at]
-        # the peaks: the integer maximum of the bits with the sign cleared, a tree log2(d/8) deep
-        sign_off = llvmlite.ir.Constant(as_int, [(1 << (whole.width - 1)) - 1] * 8)
-        reduce_max = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(whole, [as_int]),
-                                                    intrinsic_name("llvm.vector.reduce.smax", as_int))
-        peaks = []
-        for row in v:
-            level = [builder.and_(builder.bitcast(value, as_int), sign_off) for value in row]
-            while len(level) > 1:
-                level = [builder.select(builder.icmp_signed(">", a, b), a, b) for a, b in zip(level[::2], level[1::2])]
-            peak = builder.bitcast(builder.call(reduce_max, [level[0]]), element)
-            peaks.append(builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one))
-        # u = x / peak and its sum of squares in 8 accumulators, then added in order, row by row side by side
-        inverse = [reciprocal(builder, p) for p in peaks]
-        u = [[None] * n for _ in range(rows)]
-        acc = [llvmlite.ir.Constant(vector, None)] * rows
-        for k in range(n):
-            for r in range(rows):
-                u[r][k] = quotients(builder, [v[r][k]], peaks[r], inverse[r])[0]
-                acc[r] = builder.fadd(acc[r], builder.fmul(u[r][k], u[r][k]))   # no contraction: two roundings
-        sqrt = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(element, [element]),
-                                              intrinsic_name("llvm.sqrt", element))
-        sigmas = [builder.call(sqrt, [lane_total(builder, a, 8)]) for a in acc]
-        held = [builder.select(builder.fcmp_ordered(">", sg, llvmlite.ir.Constant(element, 0.0)), sg, one) for sg in sigmas]
-        inverse = [reciprocal(builder, h) for h in held]
-        w = [[None] * n for _ in range(rows)]
-        for k in range(n):
-            for r in range(rows):
-                w[r][k] = builder.fmul(quotients(builder, [u[r][k]], held[r], inverse[r])[0],
-                                       load_vector(context, builder, sa, s_at[r][k], vector))
-        stages = [stages_in_registers(builder, row) for row in w]
-        rd = reciprocal(builder, div)
-        rotated = [[None] * n for _ in range(rows)]
-        for k in range(n):
-            for r in range(rows):
-                rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
-                store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
-        if counted:
-            ta = context.make_array(signature.args[10])(context, builder, args[10])
-            for r in range(rows):
-                q_at = places(qa, llvmlite.ir.Constant(int64, r))
-                for codes, i in zip(counts_in_registers(context, builder, ta, rotated[r]), q_at, strict=True):
-                    store_vector(context, builder, codes, qa, i)
-        return context.make_tuple(builder, signature.return_type, [value for r in range(rows) for value in (peaks[r], sigmas[r])])
+        def build(size):
+            """The rows' steps for rows of `size` entries (size/8 vectors): [p, σ] a row."""
+            n = size // 8
+            def places(array, row):
+                """The element indices of row `row`'s vectors of 8 in a C-contiguous 2-d array."""
+                start = builder.mul(row, builder.extract_value(array.shape, 1))
+                return [builder.add(start, llvmlite.ir.Constant(int64, 8 * k)) for k in range(n)]
+            rows_of = [args[1]] + ([builder.add(args[1], llvmlite.ir.Constant(int64, 1))] if rows == 2 else [])
+            x_at = [places(xa, r) for r in rows_of]
+            s_at = [places(sa, r) for r in (args[5], args[6])[:rows]]
+            y_at = [places(ya, llvmlite.ir.Constant(int64, k)) for k in range(rows)]
+            v = [[load_vector(context, builder, xa, i, vector) for i in at] for at in x_at]
+            # the peaks: the integer maximum of the bits with the sign cleared, a tree log2(d/8) deep
+            sign_off = llvmlite.ir.Constant(as_int, [(1 << (whole.width - 1)) - 1] * 8)
+            reduce_max = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(whole, [as_int]),
+                                                        intrinsic_name("llvm.vector.reduce.smax", as_int))
+            peaks = []
+            for row in v:
+                level = [builder.and_(builder.bitcast(value, as_int), sign_off) for value in row]
+                while len(level) > 1:
+                    level = [builder.select(builder.icmp_signed(">", a, b), a, b) for a, b in zip(level[::2], level[1::2])]
+                peak = builder.bitcast(builder.call(reduce_max, [level[0]]), element)
+                peaks.append(builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one))
+            # u = x / peak and its sum of squares in 8 accumulators, then added in order, row by row side by side
+            inverse = [reciprocal(builder, p) for p in peaks]
+            u = [[None] * n for _ in range(rows)]
+            acc = [llvmlite.ir.Constant(vector, None)] * rows
+            for k in range(n):
+                for r in range(rows):
+                    u[r][k] = quotients(builder, [v[r][k]], peaks[r], inverse[r])[0]
+                    acc[r] = builder.fadd(acc[r], builder.fmul(u[r][k], u[r][k]))   # no contraction: two roundings
+            sqrt = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(element, [element]),
+                                                  intrinsic_name("llvm.sqrt", element))
+            sigmas = [builder.call(sqrt, [lane_total(builder, a, 8)]) for a in acc]
+            held = [builder.select(builder.fcmp_ordered(">", sg, llvmlite.ir.Constant(element, 0.0)), sg, one) for sg in sigmas]
+            inverse = [reciprocal(builder, h) for h in held]
+            w = [[None] * n for _ in range(rows)]
+            for k in range(n):
+                for r in range(rows):
+                    w[r][k] = builder.fmul(quotients(builder, [u[r][k]], held[r], inverse[r])[0],
+                                           load_vector(context, builder, sa, s_at[r][k], vector))
+            stages = [stages_in_registers(builder, row) for row in w]
+            rd = reciprocal(builder, div)
+            rotated = [[None] * n for _ in range(rows)]
+            for k in range(n):
+                for r in range(rows):
+                    rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
+                    store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
+            if counted:
+                ta = context.make_array(signature.args[10])(context, builder, args[10])
+                for r in range(rows):
+                    q_at = places(qa, llvmlite.ir.Constant(int64, r))
+                    for codes, i in zip(counts_in_registers(context, builder, ta, rotated[r]), q_at, strict=True):
+                        store_vector(context, builder, codes, qa, i)
+            return [value for r in range(rows) for value in (peaks[r], sigmas[r])]
+        zero = llvmlite.ir.Constant(element, 0.0)
+        values = by_size(builder, args[3], REGISTER_ROWS, build, [zero] * (2 * rows))
+        return context.make_tuple(builder, signature.return_type, values)
     return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q), codegen
 
 
-@numba.jit(**FLAT_JIT)
-def _unit_rotated_pair(x, first, d, signs, s0, s1, div, one, y, t, q):  # pragma: no cover - compiled
-    """_unit_rotated_rows of rows first and first + 1, for the row lengths it takes (the caller
-    checks d): (p, σ, p', σ')."""
-    if d == 128:
-        return _unit_rotated_rows(x, first, 2, 128, signs, s0, s1, div, one, y, t, q)
-    if d == 64:
-        return _unit_rotated_rows(x, first, 2, 64, signs, s0, s1, div, one, y, t, q)
-    if d == 256:
-        return _unit_rotated_rows(x, first, 2, 256, signs, s0, s1, div, one, y, t, q)
-    if d == 32:
-        return _unit_rotated_rows(x, first, 2, 32, signs, s0, s1, div, one, y, t, q)
-    if d == 16:
-        return _unit_rotated_rows(x, first, 2, 16, signs, s0, s1, div, one, y, t, q)
-    return _unit_rotated_rows(x, first, 2, 8, signs, s0, s1, div, one, y, t, q)
-
-
-@numba.jit(**FLAT_JIT)
-def _unit_rotated(x, first, d, signs, s0, div, one, y, t, q):  # pragma: no cover - compiled
-    """_unit_rotated_rows of the one row first: (p, σ)."""
-    if d == 128:
-        return _unit_rotated_rows(x, first, 1, 128, signs, s0, s0, div, one, y, t, q)
-    if d == 64:
-        return _unit_rotated_rows(x, first, 1, 64, signs, s0, s0, div, one, y, t, q)
-    if d == 256:
-        return _unit_rotated_rows(x, first, 1, 256, signs, s0, s0, div, one, y, t, q)
-    if d == 32:
-        return _unit_rotated_rows(x, first, 1, 32, signs, s0, s0, div, one, y, t, q)
-    if d == 16:
-        return _unit_rotated_rows(x, first, 1, 16, signs, s0, s0, div, one, y, t, q)
-    return _unit_rotated_rows(x, first, 1, 8, signs, s0, s0, div, one, y, t, q)
+# the row lengths _decoded_row holds in registers (each holds 8 bytes of codes or more)
+DECODED_ROWS = (64, 128, REGISTER_ROW_MAX)
 
 
 @intrinsic(prefer_literal=True)
@@ -195,12 +173,11 @@ def _decoded_row(typingctx, packed, d, width, table, entries, div, signs, m, out
     GroupReader; entries a literal as there), the butterflies (hadamard_cpu.stages_in_registers),
     the quotient (zero lanes kept: a few centroids' butterflies cancel to exact zeros; unchecked:
     the caller has checked the table with quotients_cpu.in_range_sums, and div = √d is in range)
-    and the products, each rounded once, stored once — _dequantize_row then transform in one. d a
-    literal power of two, 8..REGISTER_ROW_MAX; packed, table, signs, out contiguous."""
-    if not isinstance(d, types.IntegerLiteral) or not isinstance(entries, types.IntegerLiteral) or \
+    and the products, each rounded once, stored once — _dequantize_row then transform in one. d
+    one of DECODED_ROWS (any other: nothing is written); packed, table, signs, out contiguous."""
+    if not isinstance(entries, types.IntegerLiteral) or \
             packed.layout != "C" or table.layout != "C" or signs.layout != "C" or out.layout != "C":
         return None
-    n = d.literal_value // 8
 
     def codegen(context, builder, signature, args):
         pa, ta, sa, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 6, 8))
@@ -208,50 +185,31 @@ def _decoded_row(typingctx, packed, d, width, table, entries, div, signs, m, out
         int64 = llvmlite.ir.IntType(64)
         element = context.get_value_type(out.dtype)
         vector = llvmlite.ir.VectorType(element, 8)
-        reader = GroupReader(context, builder, pa, ta, w, element, entries.literal_value, out.dtype == types.float32)
-        v = [reader.values(builder, builder.mul(llvmlite.ir.Constant(int64, g), w), long_row=True)   # d·w/8 ≥ 8
-             for g in range(n)]
-        v = quotients(builder, stages_in_registers(builder, v), div, reciprocal(builder, div), zeros=True, checked=False)
-        for g, value in enumerate(v):
-            at = llvmlite.ir.Constant(int64, 8 * g)
-            store_vector(context, builder, scaled(builder, value, load_vector(context, builder, sa, at, vector), m), oa, at)
+
+        def build(size):
+            reader = GroupReader(context, builder, pa, ta, w, element, entries.literal_value, out.dtype == types.float32)
+            v = [reader.values(builder, builder.mul(llvmlite.ir.Constant(int64, g), w), long_row=True)   # d·w/8 ≥ 8
+                 for g in range(size // 8)]
+            v = quotients(builder, stages_in_registers(builder, v), div, reciprocal(builder, div), zeros=True, checked=False)
+            for g, value in enumerate(v):
+                at = llvmlite.ir.Constant(int64, 8 * g)
+                store_vector(context, builder, scaled(builder, value, load_vector(context, builder, sa, at, vector), m), oa, at)
+            return []
+        by_size(builder, args[1], DECODED_ROWS, build)
         return context.get_dummy_value()
     return types.void(packed, d, width, table, entries, div, signs, m, out), codegen
 
 
 @numba.jit(**FLAT_JIT)
 def _decoded(packed, d, width, table, div, signs, m, out):  # pragma: no cover - compiled
-    """_decoded_row for the row lengths 64, 128, 256 (the caller checks d), the table's literal
-    entries as _dequantize_row chooses them (lookup_table's padded tables)."""
+    """_decoded_row with the table's literal entries as _dequantize_row chooses them (lookup_table's
+    padded tables)."""
     if width <= 3 and table.shape[0] == 8:
-        entries_8 = True
-        entries_16 = False
+        _decoded_row(packed, d, width, table, 8, div, signs, m, out)
     elif width == 4 and table.shape[0] == 16:
-        entries_8 = False
-        entries_16 = True
+        _decoded_row(packed, d, width, table, 16, div, signs, m, out)
     else:
-        entries_8 = entries_16 = False
-    if d == 128:
-        if entries_8:
-            _decoded_row(packed, 128, width, table, 8, div, signs, m, out)
-        elif entries_16:
-            _decoded_row(packed, 128, width, table, 16, div, signs, m, out)
-        else:
-            _decoded_row(packed, 128, width, table, 0, div, signs, m, out)
-    elif d == 64:
-        if entries_8:
-            _decoded_row(packed, 64, width, table, 8, div, signs, m, out)
-        elif entries_16:
-            _decoded_row(packed, 64, width, table, 16, div, signs, m, out)
-        else:
-            _decoded_row(packed, 64, width, table, 0, div, signs, m, out)
-    else:
-        if entries_8:
-            _decoded_row(packed, 256, width, table, 8, div, signs, m, out)
-        elif entries_16:
-            _decoded_row(packed, 256, width, table, 16, div, signs, m, out)
-        else:
-            _decoded_row(packed, 256, width, table, 0, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 0, div, signs, m, out)
 
 
 @numba.jit(**FLAT_JIT)
@@ -282,7 +240,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     signed integers of its width, mask their sign bit cleared, held and held_bits one scratch
     element viewed as x's dtype and as those integers; y (2, d) and e (d) in x's dtype, acc
     (lanes), q (2, d rounded up to 8) and bits (d rounded up to 8) int32: the caller's scratch (one
-    set a thread: the loop allocates nothing). Rows in registers go two at a time (_unit_rotated_pair)."""
+    set a thread: the loop allocates nothing). Rows in registers go two at a time (_unit_rotated_rows)."""
     n_rows, d = x.shape
     in_registers = lanes == 8 and not fma_tail and 8 <= d <= REGISTER_ROW_MAX
     counted = width >= 1 and not use_grid
@@ -294,16 +252,16 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
             # 1 and 2 for two rows side by side in registers, and 3's codes where counted
             s_next = (first_row + r + 1) // per_sign
             if counted:
-                peak, sigma, peak_next, sigma_next = _unit_rotated_pair(x, r, d, signs, s, s_next, div, one, y, t, q)
+                peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, t, q)
             else:
-                peak, sigma, peak_next, sigma_next = _unit_rotated_pair(x, r, d, signs, s, s_next, div, one, y, None, q)
+                peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, None, q)
             norms[r] = np.float32(peak * sigma)
             norms[r + 1] = np.float32(peak_next * sigma_next)
         elif in_registers:
             if counted:
-                peak, sigma = _unit_rotated(x, r, d, signs, s, div, one, y, t, q)
+                peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, t, q)
             else:
-                peak, sigma = _unit_rotated(x, r, d, signs, s, div, one, y, None, q)
+                peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, None, q)
             norms[r] = np.float32(peak * sigma)
         else:
             # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
@@ -355,7 +313,7 @@ def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, on
     quotients_cpu.in_range_sums)."""
     n_rows, d = out.shape
     zero, minus_one = one - one, -one
-    in_registers = fused and width >= 1 and not sketch and (d == 64 or d == 128 or d == 256)
+    in_registers = fused and width >= 1 and not sketch and 64 <= d <= REGISTER_ROW_MAX
     for r in range(n_rows):
         s = (first_row + r) // per_sign
         if in_registers:
