@@ -25,7 +25,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from .compiled import FLAT_JIT, JIT
-from .vectors_cpu import counted_loop, lane_total, load_vector
+from .vectors_cpu import counted_loop, fused_multiply_add, lane_total, load_vector
 
 # (lanes, fused tail) orders of vector_norm's sum of squares tried by norm_order, likeliest first
 _NORM_ORDERS = ((8, False), (4, False), (16, False), (8, True), (4, True), (16, True), (1, False), (1, True))
@@ -35,9 +35,7 @@ _NORM_ORDERS = ((8, False), (4, False), (16, False), (8, True), (4, True), (16, 
 def _fma(typingctx, a, b, c):
     """a·b + c rounded once (LLVM's fma: the CPU's instruction where it has one, else exact in software)."""
     def codegen(context, builder, signature, args):
-        ty = args[0].type
-        fma = builder.module.declare_intrinsic("llvm.fma", [ty], llvmlite.ir.FunctionType(ty, [ty, ty, ty]))
-        return builder.call(fma, args)
+        return fused_multiply_add(builder, *args)
     return a(a, b, c), codegen
 
 

@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
-from kvcommon.vectors_cpu import counted_loop, gather, has_feature, load_vector, splat, store_vector
+from kvcommon.vectors_cpu import by_size, counted_loop, gather, has_feature, load_vector, splat, store_vector
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
 # each element (_count_blocks: a block of 8 elements against each threshold in turn, the count in
@@ -143,21 +143,29 @@ def counts_in_registers(context, builder, ta, vectors: list) -> list:
             for c, value in zip(loop.carried, vectors, strict=True)]
 
 
-@intrinsic(prefer_literal=True)
+# the row lengths _count_in_registers holds in registers
+COUNTED_ROWS = (64, 128, 256)
+
+
+@intrinsic
 def _count_in_registers(typingctx, y, n, t, q):
-    """_count_blocks for a whole row of n entries (a literal multiple of 8, at most 256) held in
-    registers (counts_in_registers). y, t, q contiguous; t in y's dtype."""
-    if not isinstance(n, types.IntegerLiteral) or y.layout != "C" or t.layout != "C" or q.layout != "C":
+    """_count_blocks for a whole row of n entries, one of COUNTED_ROWS (any other: nothing is
+    written), held in registers (counts_in_registers; code for each length: by_size). y, t, q
+    contiguous; t in y's dtype."""
+    if y.layout != "C" or t.layout != "C" or q.layout != "C":
         return None
-    blocks = n.literal_value // 8
 
     def codegen(context, builder, signature, args):
         ya, ta, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 3))
         vector = llvmlite.ir.VectorType(context.get_value_type(y.dtype), 8)
-        at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(blocks)]
-        codes = counts_in_registers(context, builder, ta, [load_vector(context, builder, ya, i, vector) for i in at])
-        for c, i in zip(codes, at, strict=True):
-            store_vector(context, builder, c, qa, i)
+
+        def build(size):
+            at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(size // 8)]
+            codes = counts_in_registers(context, builder, ta, [load_vector(context, builder, ya, i, vector) for i in at])
+            for c, i in zip(codes, at, strict=True):
+                store_vector(context, builder, c, qa, i)
+            return []
+        by_size(builder, args[1], COUNTED_ROWS, build)
         return context.get_dummy_value()
     return types.void(y, n, t, q), codegen
 
@@ -169,14 +177,8 @@ def _count_row(y, t, q):  # pragma: no cover - compiled
     (_count_in_registers), others in whole blocks of 8 by _count_blocks and the rest one by one.
     y, t, q contiguous."""
     n = y.shape[0]
-    if n == 128:
-        _count_in_registers(y, 128, t, q)
-        return
-    if n == 64:
-        _count_in_registers(y, 64, t, q)
-        return
-    if n == 256:
-        _count_in_registers(y, 256, t, q)
+    if n == 64 or n == 128 or n == 256:                 # COUNTED_ROWS
+        _count_in_registers(y, n, t, q)
         return
     blocks = n - n % 8
     _count_blocks(y, t, blocks, q)
