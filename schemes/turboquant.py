@@ -62,17 +62,20 @@ def _trial_signs(rng: str, seed: int, tensor: str, purpose: str, trial: int, row
     return drawn
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_grid(book, dtype: torch.dtype, count_max: int):
-    """scalar_quantizer.cpu_grid of the codebook's thresholds, remembered per codebook (a fused
-    encode asks for it each call)."""
-    return scalar_quantizer.cpu_grid(book.thresholds, dtype, count_max)
-
-
 def _packed_signs(rng: str, seed: int, tensor: str, purpose: str, trials, rows: tuple[int, ...], dim: int) -> torch.Tensor:
     """The trials' packed signs (B, *rows, ⌈d/8⌉), trial b from _trial_signs (a fresh tensor)."""
+    return torch.from_numpy(_stacked_signs(rng, seed, tensor, purpose, tuple(trials), rows, dim).copy())
+
+
+@functools.lru_cache(maxsize=32)
+def _stacked_signs(rng: str, seed: int, tensor: str, purpose: str, trials: tuple[int, ...], rows: tuple[int, ...],
+                   dim: int) -> np.ndarray:
+    """_trial_signs of the trials, stacked, remembered for the tuple of trials (a cell's, a
+    benchmark's: coded again each call). Read-only."""
     drawn = [_trial_signs(rng, seed, tensor, purpose, t, rows, dim) for t in trials]
-    return torch.from_numpy(np.stack(drawn) if drawn else np.zeros((0, *rows, (dim + 7) // 8), np.uint8))
+    stacked = np.stack(drawn) if drawn else np.zeros((0, *rows, (dim + 7) // 8), np.uint8)
+    stacked.flags.writeable = False
+    return stacked
 
 
 @functools.lru_cache(maxsize=64)
@@ -230,11 +233,7 @@ class TurboQuant(PerTensorScheme):
         _SIGNS.put((signs,), values, (d, x.dtype))       # what decode's _unpack_signs of the stored signs gives
         bits = self._mse_bits(kind)
         book = beta_codebook(d, bits) if bits >= 1 else None
-        entries = passes.encode(
-            x, values, bits, book.thresholds if book else np.zeros(0),
-            book.tensors("cpu", x.dtype)[0] if book else torch.zeros(1, dtype=x.dtype),
-            _cpu_grid(book, x.dtype, passes.COUNT_MAX_THRESHOLDS) if book else None,
-            self._projection(enc, prefix, kind, x.dtype) if kind else None)
+        entries = passes.encode(x, values, bits, book, self._projection(enc, prefix, kind, x.dtype) if kind else None)
         enc.codes[f"{prefix}.norm"] = entries["norm"]
         if bits >= 1:
             enc.codes[f"{prefix}.codes"] = entries["codes"]

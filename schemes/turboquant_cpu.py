@@ -46,7 +46,7 @@ from kvcommon.quotients_cpu import divide, in_range_sums, quotients, reciprocal,
 from kvcommon.vectors_cpu import by_size, intrinsic_name, lane_total, load_vector, store_vector
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
-from . import qjl
+from . import qjl, scalar_quantizer
 from .hadamard_cpu import REGISTER_ROW_MAX, REGISTER_ROWS, _butterflies, stages_in_registers, transform
 from .scalar_quantizer_cpu import GroupReader, counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
 
@@ -339,21 +339,6 @@ def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, on
         transform(y, d, div, signs[s], held[1], out[r])
 
 
-@functools.lru_cache(maxsize=64)
-def _thresholds_in(thresholds: bytes, dtype: torch.dtype) -> np.ndarray:
-    """The float64 thresholds (their bytes) in dtype, as torch rounds them, remembered: a call's
-    fixed cost, paid once a codebook (read-only)."""
-    t = torch.from_numpy(np.frombuffer(thresholds, dtype=np.float64).copy()).to(dtype).numpy()
-    t.flags.writeable = False
-    return t
-
-
-@functools.lru_cache(maxsize=64)
-def _sums_in_range(table: bytes, kind: str, d: int) -> bool:
-    """quotients_cpu.in_range_sums of the table (its bytes and NumPy dtype string), remembered."""
-    return in_range_sums(np.frombuffer(table, dtype=np.dtype(kind)), d)
-
-
 def takes(dim: int, dtype: torch.dtype) -> bool:
     """Whether the fused passes code rows of dim (a power of two) in dtype with the chain's bits
     (and the compiled loops are on: emptying compiled.DTYPES routes every codec to its torch passes)."""
@@ -364,59 +349,101 @@ def takes(dim: int, dtype: torch.dtype) -> bool:
 def _sign_rows(signs: torch.Tensor | None, dtype: torch.dtype, d: int) -> np.ndarray:
     """±1 signs (B, H, d) as rows (B·H, d) in dtype; an empty (0, d) array when there are none."""
     if signs is None:
-        return np.empty((0, d), dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+        return _nothing(_numpy_dtype(dtype), (0, d))
     return signs.to(dtype).reshape(-1, d).contiguous().numpy()
 
 
-def encode(x: torch.Tensor, signs: torch.Tensor, width: int, thresholds: np.ndarray, centroids: torch.Tensor,
-           grid, sketch_signs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+@functools.lru_cache(maxsize=None)
+def _numpy_dtype(dtype: torch.dtype) -> type:
+    return torch.empty(0, dtype=dtype).numpy().dtype.type
+
+
+@functools.lru_cache(maxsize=None)
+def _nothing(kind: type, shape: tuple[int, ...]) -> np.ndarray:
+    """An array standing for an absent input or output of the row loops (empty, or never read;
+    writable like the arrays it stands for, so the loops see one type)."""
+    return np.zeros(shape, kind)
+
+
+@functools.lru_cache(maxsize=64)
+def _encode_tables(book, dtype: torch.dtype, d: int) -> tuple:
+    """The arguments of _encode_rows that depend on the codebook (a lloyd_max.Codebook, or None at
+    0 MSE bits), the dtype and d alone, remembered per codebook (never written): t (the thresholds in
+    dtype, as torch rounds them), whether the grid codes (use_grid), the grid's scalars and
+    tables, the centroids in dtype, and the scalars one, √d (as div and as mult), lanes, fma_tail,
+    the integer view's type and mask."""
+    kind = _numpy_dtype(dtype)
+    lanes, fma_tail = norm_order(dtype, d)
+    if book is None:
+        t, c, grid = _nothing(kind, (0,)), np.zeros(1, kind), None
+    else:
+        t = torch.tensor(book.thresholds, dtype=torch.float64).to(dtype).numpy()
+        c = book.tensors("cpu", dtype)[0].numpy().copy()
+        grid = scalar_quantizer.cpu_grid(book.thresholds, dtype, COUNT_MAX_THRESHOLDS)
+    if grid is None:
+        g = (*grid_scalars(kind, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.int64), np.zeros(1, kind))
+    else:
+        g = (*grid_scalars(kind, grid.lo, grid.hi, grid.inv_h, grid.origin), *grid_tables(grid.first, grid.cand))
+    as_int = np.int32 if kind == np.float32 else np.int64
+    root = kind(math.sqrt(d))
+    return t, grid is not None, g, c, kind(1), root, lanes, fma_tail, as_int, as_int(np.iinfo(as_int).max)
+
+
+def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """TurboQuant's entries of x (B, H, S, d), a CPU tensor in a FUSED_DTYPES dtype with takes(d, dtype):
     "norm" float32 (B, H, S); at width >= 1 "codes" uint8 (B, H, S, packed_size(d, width)); with
     sketch_signs (±1, (B, H, d): an RHT QJL sketch) "residual_norm" float32 (B, H, S) and "sketch"
-    uint8 (B, H, S, ⌈d/8⌉). signs (B, H, d) ±1; thresholds the width's Lloyd–Max thresholds
-    (ascending); centroids (2^width,) in x's dtype, the residual's reconstruction; grid a
-    scalar_quantizer._Grid of the thresholds in x's dtype, or None to count them."""
+    uint8 (B, H, S, ⌈d/8⌉). signs (B, H, d) ±1; book the width's Lloyd–Max codebook (None at
+    width 0): its thresholds code, its centroids in x's dtype are the residual's reconstruction."""
     b, h, n, d = x.shape
-    dtype = x.dtype
-    kind = torch.empty(0, dtype=dtype).numpy().dtype.type
-    lanes, fma_tail = norm_order(dtype, d)
+    t, use_grid, g, c, one, root, lanes, fma_tail, as_int, mask = _encode_tables(book, x.dtype, d)
     x = x.detach().contiguous()
     rows = b * h * n
     sketch = sketch_signs is not None
     norms = torch.empty(rows, dtype=torch.float32)
     packed = torch.empty(rows, (d * width + 7) // 8, dtype=torch.uint8)
-    residual_norms = torch.empty(rows if sketch else 0, dtype=torch.float32)
-    bits = torch.empty(rows if sketch else 0, (d + 7) // 8, dtype=torch.uint8)
-    if x.numel():
-        xr, pr, nr, rr, br = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy(), residual_norms.numpy(), bits.numpy()
-        sr, kr = _sign_rows(signs, dtype, d), _sign_rows(sketch_signs, dtype, d)
-        t = _thresholds_in(np.asarray(thresholds, dtype=np.float64).tobytes(), dtype)
-        c = centroids.to(dtype).contiguous().numpy()
-        if grid is None:
-            g = (*grid_scalars(c.dtype, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.int64), np.zeros(1, c.dtype))
-        else:
-            g = (*grid_scalars(c.dtype, grid.lo, grid.hi, grid.inv_h, grid.origin), *grid_tables(grid.first, grid.cand))
-        root = kind(math.sqrt(d))
-
-        as_int = np.int32 if xr.dtype == np.float32 else np.int64
-        mask = as_int(np.iinfo(as_int).max)
-
-        def run(start, stop):
-            held = np.zeros(1, xr.dtype)                        # one per thread
-            _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
-                         start, n, sr, kind(1), root, lanes, fma_tail,
-                         width, t, grid is not None, *g, c, sketch, kr, root,
-                         nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
-                         br[start:stop] if sketch else br, np.empty((2, d), xr.dtype), np.empty(d, xr.dtype),
-                         np.empty(max(lanes, 1), xr.dtype), np.zeros((2, -(-d // 8) * 8), np.int32),
-                         np.zeros(-(-d // 8) * 8, np.int32))
-        by_row_blocks(xr.shape[0], x.numel(), run, deferred=True)   # read after the scheme's encode
     out = {"norm": norms.view(b, h, n)}
     if width >= 1:
         out["codes"] = packed.view(b, h, n, packed.shape[1])
     if sketch:
+        residual_norms = torch.empty(rows, dtype=torch.float32)
+        bits = torch.empty(rows, (d + 7) // 8, dtype=torch.uint8)
         out["residual_norm"], out["sketch"] = residual_norms.view(b, h, n), bits.view(b, h, n, bits.shape[1])
+        rr, br = residual_norms.numpy(), bits.numpy()
+    else:
+        rr, br = _nothing(np.float32, (0,)), _nothing(np.uint8, (0, (d + 7) // 8))
+    if not rows:
+        return out
+    xr, pr, nr = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy()
+    sr, kr = _sign_rows(signs, x.dtype, d), _sign_rows(sketch_signs, x.dtype, d)
+
+    def run(start, stop):
+        held = np.zeros(1, xr.dtype)                        # one per thread
+        _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
+                     start, n, sr, one, root, lanes, fma_tail,
+                     width, t, use_grid, *g, c, sketch, kr, root,
+                     nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
+                     br[start:stop] if sketch else br, np.empty((2, d), xr.dtype), np.empty(d, xr.dtype),
+                     np.empty(max(lanes, 1), xr.dtype), np.zeros((2, -(-d // 8) * 8), np.int32),
+                     np.zeros(-(-d // 8) * 8, np.int32))
+    by_row_blocks(rows, x.numel(), run, deferred=True)   # read after the scheme's encode
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _decode_tables(centroids: bytes, stored: str, dtype: torch.dtype, d: int) -> tuple:
+    """The arguments of _decode_rows that depend on the stored codebook (its bytes, of NumPy dtype
+    `stored`; none at 0 MSE bits), the dtype and d alone, remembered (never written): the centroids as
+    _decoded_row looks them up (lookup_table, in dtype), whether its unchecked quotients hold for
+    them (quotients_cpu.in_range_sums), and the scalars one and √d. (The sketch's scale is read
+    from qjl.sketch_scale on each call, never remembered.)"""
+    kind = _numpy_dtype(dtype)
+    if centroids:
+        c = lookup_table(torch.from_numpy(np.frombuffer(centroids, np.dtype(stored)).copy()).to(dtype).numpy())
+        fused = in_range_sums(c, d)
+    else:
+        c, fused = np.zeros(1, kind), False
+    return c, fused, kind(1), kind(math.sqrt(d))
 
 
 def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Tensor, signs: torch.Tensor,
@@ -427,32 +454,32 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
     centroids (2^width,) (the stored codebook); sketch = (bits, residual norms, sketch signs
     (B, H, d)) for an RHT-sketched tensor."""
     b, h, n, d = shape
-    kind = torch.empty(0, dtype=dtype).numpy().dtype.type
     out = torch.empty(shape, dtype=dtype)
-    if out.numel():
-        o = out.reshape(-1, d).numpy()
-        nr = norms.contiguous().reshape(-1).numpy()
-        sr = _sign_rows(signs, dtype, d)
-        if width >= 1:
-            pr = packed.contiguous().reshape(-1, packed.shape[-1]).numpy()
-            c = lookup_table(centroids.to(dtype).contiguous().numpy())
-        else:
-            pr, c = np.zeros((0, 1), np.uint8), np.zeros(1, o.dtype)
-        if sketch is not None:
-            bits, residual_norms, sketch_signs = sketch
-            br = bits.contiguous().reshape(-1, bits.shape[-1]).numpy()
-            rr = residual_norms.contiguous().reshape(-1).numpy()
-            kr = _sign_rows(sketch_signs, dtype, d)
-        else:
-            br, rr, kr = np.zeros((0, 1), np.uint8), np.zeros(0, np.float32), _sign_rows(None, dtype, d)
-        root = kind(math.sqrt(d))
-        scale = kind(qjl.sketch_scale(d))     # rounded to dtype as torch's product rounds it
-        fused = width >= 1 and _sums_in_range(c.tobytes(), c.dtype.str, d)   # _decoded_row's unchecked quotients hold
+    if not out.numel():
+        return out
+    o = out.reshape(-1, d).numpy()
+    nr = norms.contiguous().reshape(-1).numpy()
+    sr = _sign_rows(signs, dtype, d)
+    if width >= 1:
+        pr = packed.contiguous().reshape(-1, packed.shape[-1]).numpy()
+        stored = centroids.detach().contiguous().numpy()
+        c, fused, one, root = _decode_tables(stored.tobytes(), stored.dtype.str, dtype, d)
+    else:
+        pr = _nothing(np.uint8, (0, 1))
+        c, fused, one, root = _decode_tables(b"", "", dtype, d)
+    scale = _numpy_dtype(dtype)(qjl.sketch_scale(d))   # rounded to dtype as torch's product rounds it
+    if sketch is not None:
+        bits, residual_norms, sketch_signs = sketch
+        br = bits.contiguous().reshape(-1, bits.shape[-1]).numpy()
+        rr = residual_norms.contiguous().reshape(-1).numpy()
+        kr = _sign_rows(sketch_signs, dtype, d)
+    else:
+        br, rr, kr = _nothing(np.uint8, (0, 1)), _nothing(np.float32, (0,)), _sign_rows(None, dtype, d)
 
-        def run(start, stop):
-            _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, kind(1), root,
-                         sketch is not None, br[start:stop] if sketch is not None else br,
-                         rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop],
-                         np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype), fused)
-        by_row_blocks(o.shape[0], out.numel(), run, deferred=True)   # read after the scheme's decode
+    def run(start, stop):
+        _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, one, root,
+                     sketch is not None, br[start:stop] if sketch is not None else br,
+                     rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop],
+                     np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype), fused)
+    by_row_blocks(o.shape[0], out.numel(), run, deferred=True)   # read after the scheme's decode
     return out
