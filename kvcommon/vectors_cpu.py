@@ -116,6 +116,22 @@ def has_feature(name: str) -> bool:
     return f"+{name}" in features.split(",")
 
 
+def vector_registers(itemsize: int) -> int:
+    """How many vectors of 8 elements of `itemsize` bytes the CPU's vector registers hold at once:
+    each vector takes one register where it fits in one, else as many as it spans — 32 registers
+    of 512 bits with AVX-512 (VL: the 256-bit vectors in all 32), 16 of 256 with AVX2 (x86 without
+    AVX-512), 32 of 128 on AArch64. A loop that keeps more live vectors than this spills them to
+    memory."""
+    import platform
+    if has_feature("avx512vl"):
+        count, bits = 32, 512
+    elif platform.machine().lower() in ("aarch64", "arm64"):
+        count, bits = 32, 128
+    else:
+        count, bits = 16, 256
+    return count * bits // max(bits, 8 * 8 * itemsize)
+
+
 def intrinsic_name(base: str, kind: ir.Type) -> str:
     """LLVM's name of the overloaded intrinsic `base` for the scalar or vector type kind, e.g.
     llvm.fma.v8f32 (llvmlite names scalar overloads only)."""

@@ -21,8 +21,8 @@ this build; where no candidate order reproduces it, the fused passes are not use
 the codec runs its chain.
 
 Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_rows: loaded once,
-y stored once, two rows side by side) for rows of 8..256 entries where vector_norm sums in 8
-lanes; a decode without a sketch of a row of 64..256, likewise (_decoded_row). The divisions are
+y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
+8..256 entries where vector_norm sums in 8 lanes; a decode without a sketch of a row of 64..256, likewise (_decoded_row). The divisions are
 IEEE division's bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split
 across the torch thread budget like the other loops, K's and V's in one hand-off
 (compiled.by_row_blocks, deferred to the scheme's compiled.batched).
@@ -43,7 +43,7 @@ from numba.core.extending import intrinsic
 from kvcommon import compiled
 from kvcommon.compiled import FLAT_JIT, by_row_blocks
 from kvcommon.quotients_cpu import divide, in_range_sums, quotients, reciprocal, scaled
-from kvcommon.vectors_cpu import by_size, intrinsic_name, lane_total, load_vector, store_vector
+from kvcommon.vectors_cpu import by_size, intrinsic_name, lane_total, load_vector, store_vector, vector_registers
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl, scalar_quantizer
@@ -162,6 +162,19 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q), codegen
 
 
+@functools.lru_cache(maxsize=None)
+def paired_rows(d: int, itemsize: int) -> bool:
+    """Whether the encode holds two rows of d entries of `itemsize` bytes in registers side by side
+    (_unit_rotated_rows):
+    where both fit in the CPU's vector registers (vectors_cpu.vector_registers). Two rows that
+    fit fill the units one row's chain of steps leaves idle; two that do not spill to memory and
+    run slower than one at a time — measured one thread, float32, encode + decode on an AVX2 CPU
+    (16 registers): pairs 0.89–0.96x the time of single rows at d = 64 (2 · 8 vectors), 1.01–1.10x
+    at d = 128 and 1.03–1.09x at d = 256; with AVX-512 (32 registers) pairs took 148 against 169 ns
+    an encode at d = 128, b = 4."""
+    return 2 * (d // 8) <= vector_registers(itemsize)
+
+
 # the row lengths _decoded_row holds in registers (each holds 8 bytes of codes or more)
 DECODED_ROWS = (64, 128, REGISTER_ROW_MAX)
 
@@ -227,7 +240,7 @@ def _scaled_row(xr, bits, mask, held, held_bits, one, lanes, fma_tail, acc, out)
 
 
 @numba.jit(**FLAT_JIT)
-def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
+def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail, paired,
                  width, t, use_grid, lo, hi, inv_h, origin, g_first, g_cand, centroids,
                  sketch, sketch_signs, mult,
                  norms, packed, residual_norms, sketch_bits, y, e, acc, q, bits):  # pragma: no cover - compiled
@@ -240,14 +253,15 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     signed integers of its width, mask their sign bit cleared, held and held_bits one scratch
     element viewed as x's dtype and as those integers; y (2, d) and e (d) in x's dtype, acc
     (lanes), q (2, d rounded up to 8) and bits (d rounded up to 8) int32: the caller's scratch (one
-    set a thread: the loop allocates nothing). Rows in registers go two at a time (_unit_rotated_rows)."""
+    set a thread: the loop allocates nothing). Rows in registers go two at a time where `paired`
+    (paired_rows), else one at a time (_unit_rotated_rows)."""
     n_rows, d = x.shape
     in_registers = lanes == 8 and not fma_tail and 8 <= d <= REGISTER_ROW_MAX
     counted = width >= 1 and not use_grid
     r = 0
     while r < n_rows:
         s = (first_row + r) // per_sign
-        count = 2 if in_registers and r + 1 < n_rows else 1
+        count = 2 if paired and in_registers and r + 1 < n_rows else 1
         if in_registers and count == 2:
             # 1 and 2 for two rows side by side in registers, and 3's codes where counted
             s_next = (first_row + r + 1) // per_sign
@@ -416,11 +430,12 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
         return out
     xr, pr, nr = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy()
     sr, kr = _sign_rows(signs, x.dtype, d), _sign_rows(sketch_signs, x.dtype, d)
+    paired = paired_rows(d, x.element_size())
 
     def run(start, stop):
         held = np.zeros(1, xr.dtype)                        # one per thread
         _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
-                     start, n, sr, one, root, lanes, fma_tail,
+                     start, n, sr, one, root, lanes, fma_tail, paired,
                      width, t, use_grid, *g, c, sketch, kr, root,
                      nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
                      br[start:stop] if sketch else br, np.empty((2, d), xr.dtype), np.empty(d, xr.dtype),
