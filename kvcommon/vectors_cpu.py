@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import platform
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
@@ -122,7 +123,6 @@ def vector_registers(itemsize: int) -> int:
     of 512 bits with AVX-512 (VL: the 256-bit vectors in all 32), 16 of 256 with AVX2 (x86 without
     AVX-512), 32 of 128 on AArch64. A loop that keeps more live vectors than this spills them to
     memory."""
-    import platform
     if has_feature("avx512vl"):
         count, bits = 32, 512
     elif platform.machine().lower() in ("aarch64", "arm64"):

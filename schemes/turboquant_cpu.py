@@ -22,8 +22,8 @@ the codec runs its chain.
 
 Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_rows: loaded once,
 y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
-8..256 entries where vector_norm sums in 8 lanes; a decode without a sketch of a row of 64..256, likewise (_decoded_row). The divisions are
-IEEE division's bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split
+8..256 entries where vector_norm sums in 8 lanes; a decode without a sketch of a row of 64..256,
+likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split
 across the torch thread budget like the other loops, K's and V's in one hand-off
 (compiled.by_row_blocks, deferred to the scheme's compiled.batched).
 """
@@ -165,9 +165,8 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
 @functools.lru_cache(maxsize=None)
 def paired_rows(d: int, itemsize: int) -> bool:
     """Whether the encode holds two rows of d entries of `itemsize` bytes in registers side by side
-    (_unit_rotated_rows):
-    where both fit in the CPU's vector registers (vectors_cpu.vector_registers). Two rows that
-    fit fill the units one row's chain of steps leaves idle; two that do not spill to memory and
+    (_unit_rotated_rows): where both fit in the CPU's vector registers (vectors_cpu.vector_registers).
+    Two rows that fit fill the units one row's chain of steps leaves idle; two that do not spill to memory and
     run slower than one at a time — measured one thread, float32, encode + decode on an AVX2 CPU
     (16 registers): pairs 0.89–0.96x the time of single rows at d = 64 (2 · 8 vectors), 1.01–1.10x
     at d = 128 and 1.03–1.09x at d = 256; with AVX-512 (32 registers) pairs took 148 against 169 ns
