@@ -65,9 +65,10 @@ def row_view(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1, t.shape[-1]).numpy()
 
 
-def by_row_blocks(n_rows: int, n_elements: int, run, deferred: bool = False) -> None:
+def by_row_blocks(n_rows: int, n_elements: int, run, deferred: bool = False, threads: int | None = None) -> None:
     """run(start, stop) over contiguous blocks of rows, one per torch thread (the harness's
-    thread budget) on the loops' pool when the call is large enough to pay for the hand-off;
+    thread budget; `threads` in its place where given, e.g. read before a block that runs torch
+    on one thread) on the loops' pool when the call is large enough to pay for the hand-off;
     blocks write disjoint rows, so the result does not depend on the split. deferred: inside
     `batched`, the call is held and run with the others on leaving it (its outputs are not read
     before then)."""
@@ -75,7 +76,7 @@ def by_row_blocks(n_rows: int, n_elements: int, run, deferred: bool = False) -> 
     if deferred and jobs is not None:
         jobs.append((n_rows, n_elements, run))
         return
-    _run_jobs([(n_rows, n_elements, run)])
+    _run_jobs([(n_rows, n_elements, run)], threads)
 
 
 # the calls by_row_blocks holds inside `batched`, per thread (None: not inside)
@@ -106,13 +107,13 @@ def batched():
             raise
 
 
-def _run_jobs(jobs: list) -> None:
+def _run_jobs(jobs: list, threads: int | None = None) -> None:
     """Each job (n_rows, n_elements, run) over all its rows: the rows of all the jobs, in order,
-    split into one contiguous share per torch thread when they are large enough to pay for the
+    split into one contiguous share per torch thread (or per `threads`) when they are large enough to pay for the
     hand-off (a share may cover the end of one job and the start of the next), the last share on
     the calling thread."""
     n_rows, n_elements = sum(job[0] for job in jobs), sum(job[1] for job in jobs)
-    parts = min(torch.get_num_threads(), n_rows) if n_elements >= _THREADED_MIN_ELEMENTS else 1
+    parts = min(threads or torch.get_num_threads(), n_rows) if n_elements >= _THREADED_MIN_ELEMENTS else 1
     if parts <= 1:
         for rows, _, run in jobs:
             if rows:

@@ -238,15 +238,29 @@ def evicted_mass(logits: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
 
 
 def weighted_values(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """probs · v (B, H, Nq, d), on the CPU with one intra-op thread: MKL splits the long inner
-    (token) dimension across threads and rounds differently at 2 threads than at 1 (Intel Xeon:
-    T's last bits at S = 777 and 1024, d = 64 and 128), so a worker process with one thread would
-    give other rows than a serial run with two. One thread costs little here (the products are
-    a few percent of the metrics' time)."""
+    """probs · v (B, H, Nq, d). On the CPU every product runs on one intra-op thread: MKL splits
+    the long inner (token) dimension across threads and rounds differently at 2 threads than at
+    1 (Intel Xeon: T's last bits at S = 777 and 1024, d = 64 and 128), so a worker process with
+    one thread would give other rows than a serial run with two. The threads share the batch
+    instead: the B·H products split into contiguous blocks, one per torch thread
+    (compiled.by_row_blocks), each block's matmul on one thread — a product's bits do not depend
+    on the batch around it, so the rows are one thread's whatever the count (tests/test_metrics.py).
+    On two cores 1.3–1.9x one thread on the whole batch at S = 777..4096, d = 64..256."""
     if probs.device.type != "cpu":
         return probs @ v
+    threads = torch.get_num_threads()
     with torch_threads(1):
-        return probs @ v
+        if probs.dim() < 3 or probs.shape[:-2] != v.shape[:-2] or probs.dtype != v.dtype or \
+                probs.requires_grad or v.requires_grad:
+            return probs @ v                                 # broadcast batches, mixed dtypes: as torch does them
+        p, w = probs.reshape(-1, *probs.shape[-2:]), v.reshape(-1, *v.shape[-2:])
+        out = torch.empty(p.shape[0], p.shape[1], w.shape[2], dtype=p.dtype)
+
+        def run(start: int, stop: int) -> None:
+            with torch_threads(1):                           # OpenMP's count is per thread: the pool's too
+                torch.matmul(p[start:stop], w[start:stop], out=out[start:stop])
+        compiled.by_row_blocks(p.shape[0], p.numel(), run, threads=threads)
+    return out.reshape(*probs.shape[:-1], v.shape[-1])
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -253,13 +253,18 @@ def test_float32_trial_sums_agree_with_float64_brute_force():
 
 def test_attention_output_is_the_same_bits_at_any_thread_count_at_long_caches():
     """weighted_values (probs · v, the attention output of every T metric) gives one thread's bits
-    whatever the caller's thread count: MKL splits the token dimension across threads otherwise
-    (2 threads gave other last bits than 1 at S = 777 on an Intel Xeon)."""
+    on the whole batch whatever the caller's thread count: MKL splits the token dimension across
+    threads otherwise (2 threads gave other last bits than 1 at S = 777 on an Intel Xeon), and
+    the threads' blocks of the batch (5 × 2 products: uneven blocks) each give those bits;
+    broadcast batches take torch's product on one thread."""
     gen = torch.Generator().manual_seed(4)
-    probs = torch.softmax(torch.randn(2, 1, 64, 2048, generator=gen), dim=-1)
-    v = torch.randn(2, 1, 2048, 128, generator=gen)
-    with torch_threads(1):
-        reference = probs @ v
-    for n in (2, 3):
-        with torch_threads(n):
-            assert torch.equal(weighted_values(probs, v), reference)
+    for dtype, s in ((torch.float32, 2048), (torch.float64, 777)):
+        probs = torch.softmax(torch.randn(5, 2, 64, s, generator=gen, dtype=dtype), dim=-1)
+        v = torch.randn(5, 2, s, 128, generator=gen, dtype=dtype)
+        with torch_threads(1):
+            reference, broadcast = probs @ v, probs @ v[:1]
+        for n in (1, 2, 3):
+            with torch_threads(n):
+                assert torch.equal(weighted_values(probs, v), reference)
+                assert torch.equal(weighted_values(probs, v[:1]), broadcast)
+                assert torch.get_num_threads() == n
