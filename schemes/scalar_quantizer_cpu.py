@@ -278,17 +278,21 @@ def _grid_rows(y, lo, hi, inv_h, origin, first, cand, width, codes, packed):  # 
 
 
 def _permuted(builder, table, codes, entries):
-    """IR: the vector of table[code] for the 8 int32 codes, table the first `entries` (8 or 16) of
-    a float32 table held in one or two vectors of 8, by AVX2's vpermps (one permute a vector of 8
-    entries; with 16, the code's bit 3 picks the half)."""
+    """IR: the vector of table[code] for the 8 int32 codes, table the first `entries` (8, 16 or
+    32) of a float32 table held in entries/8 vectors of 8, by AVX2's vpermps (one permute a
+    vector of 8 entries: the code's low 3 bits pick the lane), then the code's bits 3 and 4 pick
+    the vector (a tree of selects)."""
     vector, lanes = llvmlite.ir.VectorType(llvmlite.ir.FloatType(), 8), llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
     permute = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector, lanes]),
                                              "llvm.x86.avx2.permps")
-    low = builder.call(permute, [table[0], codes])
-    if entries == 8:
-        return low
-    upper = builder.icmp_unsigned("!=", builder.and_(codes, llvmlite.ir.Constant(lanes, [8] * 8)), llvmlite.ir.Constant(lanes, None))
-    return builder.select(upper, builder.call(permute, [table[1], codes]), low)
+    level = [builder.call(permute, [part, codes]) for part in table[:entries // 8]]
+    bit = 8
+    while len(level) > 1:
+        upper = builder.icmp_unsigned("!=", builder.and_(codes, llvmlite.ir.Constant(lanes, [bit] * 8)),
+                                      llvmlite.ir.Constant(lanes, None))
+        level = [builder.select(upper, high, low) for low, high in zip(level[::2], level[1::2])]
+        bit *= 2
+    return level[0]
 
 
 class GroupReader:
@@ -296,8 +300,8 @@ class GroupReader:
     big-endian): the group's bytes loaded as one 64-bit word (8 bytes from its first on; near the
     row's end the 8 ending there, shifted down; in a row of fewer than 8 bytes one byte at a time),
     byte-swapped so that its first byte is the highest, the 8 codes shifted out of it in one
-    vector, then looked up: with `entries` 8 or 16, from the table's first `entries` held in
-    registers (_permuted; the table at least that long), with 0 by AVX2's gather (float32), or —
+    vector, then looked up: with `entries` 8, 16 or 32, from the table's first `entries` held
+    in registers (_permuted; the table at least that long), with 0 by AVX2's gather (float32), or —
     in float64 or without AVX2 — by a load a code. pa, ta: the packed row's and the table's array
     structs; w the width (i64); element the values' LLVM type."""
 
@@ -380,10 +384,18 @@ def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
     return types.void(packed, types.int64, types.int64, table, entries, out), codegen
 
 
+# Tables of up to this many float32 entries are looked up by permutes (GroupReader), longer ones by
+# AVX2's gather. One thread, a tq-kv decode of 8 x 1024 rows of 128 on a 2-vCPU AMD EPYC (Zen 3):
+# 5-bit codes (32 entries) 114 ns a row by four permutes against 134 by the gather; 6-bit (64) 149
+# by eight permutes against 134.
+PERMUTED_MAX_ENTRIES = 32
+
+
 def lookup_table(centroids: np.ndarray) -> np.ndarray:
     """The centroids as _dequantize_row takes them: float32 ones padded with zeros to a multiple of
-    8 entries where AVX2's permutes can pick from them (tables of at most 16), else as they are."""
-    if centroids.dtype != np.float32 or len(centroids) > 16 or not has_feature("avx2"):
+    8 entries where AVX2's permutes pick from them (tables of at most PERMUTED_MAX_ENTRIES), else
+    as they are."""
+    if centroids.dtype != np.float32 or len(centroids) > PERMUTED_MAX_ENTRIES or not has_feature("avx2"):
         return centroids
     return np.concatenate([centroids, np.zeros(-len(centroids) % 8, np.float32)])
 
@@ -404,6 +416,8 @@ def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compil
         _lookup_groups(packed, groups, width, centroids, 8, out)
     elif width == 4 and centroids.shape[0] == 16:
         _lookup_groups(packed, groups, width, centroids, 16, out)
+    elif width == 5 and centroids.shape[0] == 32:
+        _lookup_groups(packed, groups, width, centroids, 32, out)
     else:
         _lookup_groups(packed, groups, width, centroids, 0, out)
     acc = 0

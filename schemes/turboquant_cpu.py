@@ -220,6 +220,8 @@ def _decoded(packed, d, width, table, div, signs, m, out):  # pragma: no cover -
         _decoded_row(packed, d, width, table, 8, div, signs, m, out)
     elif width == 4 and table.shape[0] == 16:
         _decoded_row(packed, d, width, table, 16, div, signs, m, out)
+    elif width == 5 and table.shape[0] == 32:
+        _decoded_row(packed, d, width, table, 32, div, signs, m, out)
     else:
         _decoded_row(packed, d, width, table, 0, div, signs, m, out)
 
