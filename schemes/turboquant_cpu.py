@@ -22,10 +22,12 @@ the codec runs its chain.
 
 Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_rows: loaded once,
 y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
-8..256 entries where vector_norm sums in 8 lanes; a decode without a sketch of a row of 64..256,
-likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal and two fma's (kvcommon/quotients_cpu.py). Rows are split
-across the torch thread budget like the other loops, K's and V's in one hand-off
-(compiled.by_row_blocks, deferred to the scheme's compiled.batched).
+8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 3- to 5-bit codes
+find them by a binary search instead of counting (_searched_rows); a decode without a sketch of a
+row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
+and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch thread budget like the
+other loops, K's and V's in one hand-off (compiled.by_row_blocks, deferred to the scheme's
+compiled.batched).
 """
 from __future__ import annotations
 
@@ -48,7 +50,8 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl, scalar_quantizer
 from .hadamard_cpu import REGISTER_ROW_MAX, REGISTER_ROWS, _butterflies, stages_in_registers, transform
-from .scalar_quantizer_cpu import GroupReader, counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, grid_scalars, grid_tables, lookup_table
+from .scalar_quantizer_cpu import GroupReader, counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, \
+    grid_scalars, grid_tables, lookup_table, search_table, searches_in_registers
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
 # instead; emptying compiled.DTYPES turns off every compiled loop)
@@ -71,7 +74,7 @@ def _largest_magnitude(bits, mask):  # pragma: no cover - compiled
 
 
 @intrinsic(prefer_literal=True)
-def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y, t, q):
+def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y, t, q, width):
     """Steps 1 and 2 of the module docstring for `count` (a literal, 1 or 2) rows first, first + 1
     of x (n, d: d one of hadamard_cpu.REGISTER_ROWS, each with its own code: by_size; any other d
     writes nothing and returns zeros), each held in registers, loaded once
@@ -80,16 +83,19 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     (quotients_cpu.quotient), Σu² in vector_norm's order for 8 lanes (the caller checks
     norm_order), σ = √Σ, then y = H((u/σ') ⊙ s)/div with σ' = σ (1 where not > 0) and s the row
     s0 (s1) of signs: every operation that of _scaled_row and the chain; with thresholds t (not
-    None) also step 3's codes into q's row k by counting them (scalar_quantizer_cpu's
-    counts_in_registers) from the row still in registers. Two rows go step by step side by side:
-    a row's chain of dependent steps (its norm's sum is 23 additions in a fixed order) leaves the
-    CPU's units idle that the other row's steps fill. Returns (p, σ) of each row, flattened. x,
+    None) also step 3's codes into q's row k from the row still in registers: at `width` 0 by
+    counting them (scalar_quantizer_cpu's counts_in_registers), at a width of
+    scalar_quantizer_cpu.SEARCHED_WIDTHS (a literal; t then its search_table) by a binary search
+    (searches_in_registers). Two rows go step by step side by side: a row's chain of dependent
+    steps (its norm's sum is 23 additions in a fixed order) leaves the CPU's units idle that the
+    other row's steps fill. Returns (p, σ) of each row, flattened. x,
     signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
     scalars of it."""
-    if not isinstance(count, types.IntegerLiteral) or \
+    if not isinstance(count, types.IntegerLiteral) or not isinstance(width, types.IntegerLiteral) or \
             x.layout != "C" or signs.layout != "C" or y.layout != "C" or q.layout != "C":
         return None
     counted = t is not types.none
+    searched = width.literal_value
     rows = count.literal_value
 
     def codegen(context, builder, signature, args):
@@ -153,13 +159,15 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
                 ta = context.make_array(signature.args[10])(context, builder, args[10])
                 for r in range(rows):
                     q_at = places(qa, llvmlite.ir.Constant(int64, r))
-                    for codes, i in zip(counts_in_registers(context, builder, ta, rotated[r]), q_at, strict=True):
-                        store_vector(context, builder, codes, qa, i)
+                    codes = searches_in_registers(context, builder, ta, rotated[r], searched) if searched else \
+                        counts_in_registers(context, builder, ta, rotated[r])
+                    for code, i in zip(codes, q_at, strict=True):
+                        store_vector(context, builder, code, qa, i)
             return [value for r in range(rows) for value in (peaks[r], sigmas[r])]
         zero = llvmlite.ir.Constant(element, 0.0)
         values = by_size(builder, args[3], REGISTER_ROWS, build, [zero] * (2 * rows))
         return context.make_tuple(builder, signature.return_type, values)
-    return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q), codegen
+    return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q, width), codegen
 
 
 @functools.lru_cache(maxsize=None)
@@ -267,16 +275,16 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
             # 1 and 2 for two rows side by side in registers, and 3's codes where counted
             s_next = (first_row + r + 1) // per_sign
             if counted:
-                peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, t, q)
+                peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, t, q, 0)
             else:
-                peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, None, q)
+                peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, None, q, 0)
             norms[r] = np.float32(peak * sigma)
             norms[r + 1] = np.float32(peak_next * sigma_next)
         elif in_registers:
             if counted:
-                peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, t, q)
+                peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, t, q, 0)
             else:
-                peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, None, q)
+                peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, None, q, 0)
             norms[r] = np.float32(peak * sigma)
         else:
             # 1. unit_rows: the peak (NaN if any, as amax gives it), the scaled row, its norm
@@ -314,6 +322,26 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
                     bits[i] = np.int32((e[i] / div) * mult >= 0)
                 _pack_row(bits, 1, sketch_bits[row])
         r += count
+
+
+@numba.jit(**FLAT_JIT)
+def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y, q):  # pragma: no cover - compiled
+    """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
+    no sketch) whose codes of a width in SEARCHED_WIDTHS come from a binary search over the
+    thresholds (table: their search_table): norms[r] and packed[r]. A loop of its own: one
+    compiled with _encode_rows' other paths ran those up to 1.3x slower (one thread, d = 128,
+    1- and 2-bit codes, on an AVX2 EPYC), the search's tables held across the whole loop."""
+    d = x.shape[1]
+    for r in range(x.shape[0]):
+        s = (first_row + r) // per_sign
+        if width == 3:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 3)
+        elif width == 4:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 4)
+        else:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 5)
+        norms[r] = np.float32(peak * sigma)
+        _pack_row(q[0], width, packed[r])
 
 
 @numba.jit(**FLAT_JIT)
@@ -386,22 +414,24 @@ def _encode_tables(book, dtype: torch.dtype, d: int) -> tuple:
     0 MSE bits), the dtype and d alone, remembered per codebook (never written): t (the thresholds in
     dtype, as torch rounds them), whether the grid codes (use_grid), the grid's scalars and
     tables, the centroids in dtype, and the scalars one, √d (as div and as mult), lanes, fma_tail,
-    the integer view's type and mask."""
+    the integer view's type and mask; and the thresholds' search_table (None where the search
+    does not apply)."""
     kind = _numpy_dtype(dtype)
     lanes, fma_tail = norm_order(dtype, d)
     if book is None:
-        t, c, grid = _nothing(kind, (0,)), np.zeros(1, kind), None
+        t, c, grid, searched = _nothing(kind, (0,)), np.zeros(1, kind), None, None
     else:
         t = torch.tensor(book.thresholds, dtype=torch.float64).to(dtype).numpy()
         c = book.tensors("cpu", dtype)[0].numpy().copy()
         grid = scalar_quantizer.cpu_grid(book.thresholds, dtype, COUNT_MAX_THRESHOLDS)
+        searched = search_table(t)
     if grid is None:
         g = (*grid_scalars(kind, 0.0, 0.0, 1.0, 0.0), np.zeros(1, np.int64), np.zeros(1, kind))
     else:
         g = (*grid_scalars(kind, grid.lo, grid.hi, grid.inv_h, grid.origin), *grid_tables(grid.first, grid.cand))
     as_int = np.int32 if kind == np.float32 else np.int64
     root = kind(math.sqrt(d))
-    return t, grid is not None, g, c, kind(1), root, lanes, fma_tail, as_int, as_int(np.iinfo(as_int).max)
+    return t, grid is not None, g, c, kind(1), root, lanes, fma_tail, as_int, as_int(np.iinfo(as_int).max), searched
 
 
 def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -411,7 +441,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     uint8 (B, H, S, ⌈d/8⌉). signs (B, H, d) ±1; book the width's Lloyd–Max codebook (None at
     width 0): its thresholds code, its centroids in x's dtype are the residual's reconstruction."""
     b, h, n, d = x.shape
-    t, use_grid, g, c, one, root, lanes, fma_tail, as_int, mask = _encode_tables(book, x.dtype, d)
+    t, use_grid, g, c, one, root, lanes, fma_tail, as_int, mask, searched = _encode_tables(book, x.dtype, d)
     x = x.detach().contiguous()
     rows = b * h * n
     sketch = sketch_signs is not None
@@ -432,8 +462,15 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     xr, pr, nr = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy()
     sr, kr = _sign_rows(signs, x.dtype, d), _sign_rows(sketch_signs, x.dtype, d)
     paired = paired_rows(d, x.element_size())
+    # rows one at a time in registers (as _encode_rows holds them) whose codes a search finds
+    searching = searched is not None and not sketch and not paired and lanes == 8 and not fma_tail and \
+        8 <= d <= REGISTER_ROW_MAX
 
     def run(start, stop):
+        if searching:
+            _searched_rows(xr[start:stop], start, n, sr, one, root, width, searched, nr[start:stop], pr[start:stop],
+                           np.empty((1, d), xr.dtype), np.zeros((1, -(-d // 8) * 8), np.int32))
+            return
         held = np.zeros(1, xr.dtype)                        # one per thread
         _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
                      start, n, sr, one, root, lanes, fma_tail, paired,

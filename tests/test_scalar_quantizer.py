@@ -1,6 +1,9 @@
 """schemes.scalar_quantizer (and its loops, schemes.scalar_quantizer_cpu): the grid quantiser gives bucketize's indices exactly (uint8), byte-table
 decoding gives the centroids of the unpacked codes, and the uint8 group packing the bytes of
 the int64-word packing it replaced."""
+import llvmlite.ir
+import numba
+import numba.extending
 import numpy as np
 import pytest
 import torch
@@ -8,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcommon import compiled
+from kvcommon.vectors_cpu import load_vector, store_vector
 from schemes import scalar_quantizer_cpu
 from schemes.scalar_quantizer import cpu_grid, dequantize_packed, quantize, quantize_pack
 from schemes.lloyd_max import beta_codebook, gaussian_codebook
@@ -164,3 +168,60 @@ def test_dequantize_packed_at_every_width_and_row_end(width, dtype):
     for n in (1, 7, 8, 9, 15, 16, 17, 63, 64, 65, 128, 256):
         codes = torch.from_numpy(gen.integers(0, 2 ** width, size=(5, n)))
         assert torch.equal(dequantize_packed(pack_bits(codes, width), centroids, width, n), centroids[codes]), n
+
+
+
+@numba.extending.intrinsic(prefer_literal=True)
+def _searched_block(typingctx, y, table, width, q):
+    """q[:64] = searches_in_registers' codes of y[:64] (float32) at the literal width, the block
+    held as 8 vectors of 8 as a row in registers is."""
+    if not isinstance(width, numba.types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ya, sa, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 1, 3))
+        vector = llvmlite.ir.VectorType(llvmlite.ir.FloatType(), 8)
+        at = [llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * k) for k in range(8)]
+        codes = scalar_quantizer_cpu.searches_in_registers(
+            context, builder, sa, [load_vector(context, builder, ya, i, vector) for i in at], width.literal_value)
+        for code, i in zip(codes, at):
+            store_vector(context, builder, code, qa, i)
+        return context.get_dummy_value()
+    return numba.types.void(y, table, width, q), codegen
+
+
+@numba.njit
+def _searched(y, table, width, q):
+    for start in range(0, y.shape[0], 64):
+        if width == 3:
+            _searched_block(y[start:start + 64], table, 3, q[start:start + 64])
+        elif width == 4:
+            _searched_block(y[start:start + 64], table, 4, q[start:start + 64])
+        else:
+            _searched_block(y[start:start + 64], table, 5, q[start:start + 64])
+
+
+@pytest.mark.skipif(not scalar_quantizer_cpu.has_feature("avx2"), reason="the search's permutes are AVX2's")
+@pytest.mark.parametrize("width", scalar_quantizer_cpu.SEARCHED_WIDTHS)
+@pytest.mark.parametrize("book", ["beta-128", "gaussian", "ties"])
+def test_the_binary_search_gives_the_count_of_thresholds_below(book, width):
+    """searches_in_registers' codes are #{j : t_j < y} (NaN: the top index), bucketize's, on the
+    thresholds themselves, their neighbours, ±0, ±inf, NaN and far-out values, and on Gaussian
+    values: for a Lloyd–Max codebook and for ascending thresholds with runs of equal ones; and
+    search_table declines thresholds out of order, other counts and float64."""
+    if book == "ties":
+        t = np.sort(np.random.default_rng(width).normal(size=(1 << width) - 1)).astype(np.float32)
+        t[1], t[-2] = t[0], t[-1]                            # runs of two at both ends, of three in the middle
+        t[len(t) // 2 - 1:len(t) // 2 + 2] = t[len(t) // 2]
+    else:
+        cb = beta_codebook(128, width) if book == "beta-128" else gaussian_codebook(width, 1.0)
+        t = torch.tensor(cb.thresholds, dtype=torch.float64).to(torch.float32).numpy()
+    thresholds = torch.from_numpy(t)
+    y = torch.cat((_edge_values(thresholds), torch.randn(3000, generator=torch.Generator().manual_seed(width)) * 2))
+    y = torch.cat((y, torch.zeros(-len(y) % 64))).numpy()
+    q = np.zeros(len(y), np.int32)
+    _searched(y, scalar_quantizer_cpu.search_table(t), width, q)
+    assert np.array_equal(q, torch.bucketize(torch.from_numpy(y), thresholds).numpy())
+    assert scalar_quantizer_cpu.search_table(t[::-1].copy()) is None
+    assert scalar_quantizer_cpu.search_table(t[1:]) is None
+    assert scalar_quantizer_cpu.search_table(t.astype(np.float64)) is None
