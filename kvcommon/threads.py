@@ -77,6 +77,33 @@ def small_linalg():
             limiter.restore_original_limits()
 
 
+def by_matrix(fn, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """fn(x) for a batch x (..., m, n) of small matrices, run as `small_linalg` runs it — each
+    matrix on one thread — but with the batch split into contiguous blocks, one per torch thread
+    at the call, computed at once (compiled.by_row_blocks; a block too small to pay for the
+    hand-off stays whole). fn takes a (N, m, n) batch and returns a tuple of tensors whose first
+    dimension is N, each matrix's results computed from that matrix alone (torch's batched
+    LAPACK calls: a loop over the matrices), so the bits are one thread's on the whole batch
+    whatever the count and the split (tests/test_threads.py); they come back with x's batch
+    dimensions. On a 2-vCPU EPYC, 14-35 float64 covariances: eigh 1.37-1.81x and QR 1.08-1.67x
+    one thread on the whole batch (d = 64..256)."""
+    from . import compiled
+    threads = torch.get_num_threads()
+    flat = x.reshape(-1, *x.shape[-2:])
+    blocks: dict[int, tuple] = {}
+
+    def run(start: int, stop: int) -> None:
+        with torch_threads(1):                           # OpenMP's count is per thread: the pool's too
+            blocks[start] = fn(flat[start:stop])
+    if not _ENABLED[0]:                                  # switched off: fn as torch runs it
+        blocks[0] = fn(flat)
+    with small_linalg():
+        if not blocks:
+            compiled.by_row_blocks(flat.shape[0], flat.numel(), run, threads=threads)
+    parts = [blocks[start] for start in sorted(blocks)] or [fn(flat)]    # an empty batch: fn's own shapes
+    return tuple(torch.cat(out).reshape(*x.shape[:-2], *out[0].shape[1:]) for out in zip(*parts))
+
+
 @contextlib.contextmanager
 def enabled(on: bool):
     """Within the block, `small_linalg()` limits threads (on=True, the default state) or does

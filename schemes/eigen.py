@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcommon.threads import small_linalg
+from kvcommon.threads import by_matrix, small_linalg
 
 
 def covariance(x: torch.Tensor) -> torch.Tensor:
@@ -27,10 +27,10 @@ def covariance(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2) @ x / n
 
 
-@small_linalg()
 def eigh_descending(cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenvalues (..., d) in decreasing order and eigenvectors (..., d, d) as columns."""
-    values, vectors = torch.linalg.eigh(cov)
+    """Eigenvalues (..., d) in decreasing order and eigenvectors (..., d, d) as columns; each
+    matrix on one thread, the batch shared between the threads (kvcommon.threads.by_matrix)."""
+    values, vectors = by_matrix(lambda c: tuple(torch.linalg.eigh(c)), cov)
     return values.flip(-1), vectors.flip(-1)
 
 
@@ -193,7 +193,7 @@ def leading_basis(cov: torch.Tensor, d_eff: torch.Tensor, start: torch.Tensor, *
             vals, vecs, its = top_eigenvectors(flat[sel], k, start[:, :k], n_converge=wanted[sel] + 1,
                                                max_iter=max_iter, tol=tol)
         if k < d:
-            with small_linalg():
-                vecs = torch.cat((vecs, torch.linalg.qr(vecs, mode="complete").Q[..., k:]), -1)
+            complete = by_matrix(lambda v: (torch.linalg.qr(v, mode="complete").Q,), vecs)[0]
+            vecs = torch.cat((vecs, complete[..., k:]), -1)
         basis[sel], values[sel, :k], iterations[sel] = vecs, vals, its
     return values.reshape(*batch, d), canonical_signs(basis).reshape(*batch, d, d), iterations.reshape(batch)

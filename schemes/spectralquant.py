@@ -72,7 +72,7 @@ from .packing import MAX_BITS, pack_bits, unpack_bits, unpack_variable
 from .registry import register_variant
 from .unit_rows import unit_rows
 from kvcommon.rng import generator, seed_sequence
-from kvcommon.threads import small_linalg
+from kvcommon.threads import by_matrix
 from .waterfill import waterfill
 
 BASIS_BITS = 8
@@ -120,8 +120,7 @@ def _basis_from_codes(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     if known is not None:
         return known
     u = codes.to(torch.float64) * scale.to(torch.float64).unsqueeze(-2)
-    with small_linalg():
-        q, r = torch.linalg.qr(u)
+    q, r = by_matrix(lambda m: tuple(torch.linalg.qr(m)), u)
     signs = torch.sign(torch.diagonal(r, dim1=-2, dim2=-1))
     return memos.BASES.put((codes, scale), q * torch.where(signs == 0, torch.ones_like(signs), signs).unsqueeze(-2))
 

@@ -85,6 +85,32 @@ def test_rows_do_not_depend_on_torch_threads():
     pd.testing.assert_frame_equal(runs[0], runs[1], check_exact=True)
 
 
+def test_by_matrix_gives_one_threads_bits_on_the_whole_batch():
+    """threads.by_matrix: the eigh and QR of a batch of covariances split between 2 or 3 threads
+    (uneven blocks, the caller's batch dimensions kept) are one thread's results on the whole
+    batch bit for bit, and the thread count is restored; switched off (threads.enabled(False)),
+    fn runs as torch runs it, at the caller's thread count."""
+    gen = torch.Generator().manual_seed(3)
+    for d in (64, 128):
+        x = torch.randn(5, 2, 2 * d, d, generator=gen, dtype=torch.float64)
+        cov = x.transpose(-1, -2) @ x / (2 * d)
+        with threads.small_linalg():
+            values, vectors = torch.linalg.eigh(cov)
+            q, r = torch.linalg.qr(cov)
+        for n in (1, 2, 3):
+            with torch_threads(n):
+                got = threads.by_matrix(lambda c: tuple(torch.linalg.eigh(c)), cov)
+                got_qr = threads.by_matrix(lambda c: tuple(torch.linalg.qr(c)), cov)
+                assert torch.get_num_threads() == n
+            assert got[0].shape == (5, 2, d) and got[1].shape == (5, 2, d, d)
+            assert torch.equal(got[0], values) and torch.equal(got[1], vectors)
+            assert torch.equal(got_qr[0], q) and torch.equal(got_qr[1], r)
+    seen = []
+    with torch_threads(2), threads.enabled(False):
+        threads.by_matrix(lambda c: (seen.append(torch.get_num_threads()) or c,), cov)
+    assert seen == [2]
+
+
 # --- kvcommon.compiled.batched: the deferred row loops of a codec's K and V in one hand-off ---
 def _marking_job(n_rows: int, seen: np.ndarray, width: int = 128):
     """A by_row_blocks job over n_rows rows of `width` elements that counts each row it runs."""
