@@ -95,12 +95,10 @@ def by_matrix(fn, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     def run(start: int, stop: int) -> None:
         with torch_threads(1):                           # OpenMP's count is per thread: the pool's too
             blocks[start] = fn(flat[start:stop])
-    if not _ENABLED[0]:                                  # switched off: fn as torch runs it
-        blocks[0] = fn(flat)
-    with small_linalg():
-        if not blocks:
+    if _ENABLED[0]:
+        with small_linalg():
             compiled.by_row_blocks(flat.shape[0], flat.numel(), run, threads=threads)
-    parts = [blocks[start] for start in sorted(blocks)] or [fn(flat)]    # an empty batch: fn's own shapes
+    parts = [blocks[start] for start in sorted(blocks)] or [fn(flat)]    # switched off, or empty: fn as torch runs it
     return tuple(torch.cat(out).reshape(*x.shape[:-2], *out[0].shape[1:]) for out in zip(*parts))
 
 
