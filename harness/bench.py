@@ -134,11 +134,15 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
                       budgets: tuple[int, ...] | None = None, impls: tuple[str, ...] = ("torch",),
                       samples: dict | None = None, traffic: dict | None = None) -> dict:
     """Encode+decode vectors/s on (8, 1, S, d) Gaussian K and V (a vector is one token of K or V):
-    {scheme: {impl: {budget: vectors/s}}}; schemes an implementation lacks are left out. The raw
-    samples (s) go to `samples` in the same layout, and the least bytes each encode+decode moves
-    (bandwidth.codec_traffic, from the codec's own ledger of its coding) to `traffic`."""
+    {scheme: {impl: {budget: vectors/s}}}; schemes an implementation lacks are left out. Every
+    codec and width is timed in turn, repeat after repeat (`_alternate`; the slow reference
+    implementation once), so a change of the machine's load hits them alike and one run's widths
+    compare. The raw samples (s) go to `samples` in the same layout, and the least bytes each
+    encode+decode moves (bandwidth.codec_traffic, from the codec's own ledger of its coding) to
+    `traffic`."""
     k, v = _gaussian_caches(shape, device)
-    result: dict = {}
+    codes: dict[tuple, object] = {}
+    made: dict[tuple, tuple] = {}          # (scheme, its first coding)
     for name in names or schemes.registry.all_schemes():
         for impl in impls:
             for budget in budgets or (shape.budget,):
@@ -148,19 +152,25 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
                     continue  # not in this implementation, or this shape breaks its constraints
                 s.fit(k, v)
                 first: dict = {}
+                made[name, impl, budget] = s, first
 
                 def code(s=s, first=first):
                     enc = s.encode(k, v)
                     out = s.decode(enc)
                     first.setdefault("enc", enc)
                     first.setdefault("out", out)
-                times = timing.samples(code, 1 if impl == "reference" else shape.repeats)
-                result.setdefault(name, {}).setdefault(impl, {})[budget] = 2 * k.shape[0] * shape.seq_len / min(times)
-                if samples is not None:
-                    samples.setdefault(name, {}).setdefault(impl, {})[budget] = times
-                if traffic is not None:   # from the untimed warm-up call's coding
-                    traffic.setdefault(name, {}).setdefault(impl, {})[budget] = codec_traffic(
-                        k, first["enc"], s.bits(first["enc"]), first["out"])
+                codes[name, impl, budget] = code
+    times = _alternate({key: fn for key, fn in codes.items() if key[1] != "reference"}, shape.repeats)
+    times.update((key, timing.samples(fn, 1)) for key, fn in codes.items() if key[1] == "reference")
+    result: dict = {}
+    for (name, impl, budget), (s, first) in made.items():
+        result.setdefault(name, {}).setdefault(impl, {})[budget] = (
+            2 * k.shape[0] * shape.seq_len / min(times[name, impl, budget]))
+        if samples is not None:
+            samples.setdefault(name, {}).setdefault(impl, {})[budget] = times[name, impl, budget]
+        if traffic is not None:   # from the untimed warm-up call's coding
+            traffic.setdefault(name, {}).setdefault(impl, {})[budget] = codec_traffic(
+                k, first["enc"], s.bits(first["enc"]), first["out"])
     return result
 
 

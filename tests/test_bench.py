@@ -178,3 +178,26 @@ def test_timings_wait_for_the_gpu_where_cuda_is_started(monkeypatch):
     events.clear()
     bench._alternate({"a": lambda: events.append("a"), "b": lambda: events.append("b")}, 1)
     assert events == ["a", "b", "sync", "a", "sync", "sync", "b", "sync"]
+
+
+def test_codec_widths_are_timed_in_turn(monkeypatch):
+    # a burst of load hits every width alike: the repeats of one run alternate between the widths
+    # (after a warm-up each) instead of timing one width's repeats back to back
+    import torch
+
+    from harness import bench
+    from schemes.turboquant import TurboQuant
+    widths = []
+    real = TurboQuant.encode_tensor
+
+    def recorded(self, *args):
+        if args[1] == "k":
+            widths.append(self.budget)
+        return real(self, *args)
+    monkeypatch.setattr(TurboQuant, "encode_tensor", recorded)
+    shape = bench.BenchShape(scheme="tq-kv", budget=3, dim=32, seq_len=16, queries=4, trials=2, repeats=3)
+    samples: dict = {}
+    rates = bench.scheme_throughput(shape, torch.device("cpu"), ["tq-kv"], (2, 4), samples=samples)
+    assert widths == [2, 4] * (1 + shape.repeats)
+    assert {b: len(t) for b, t in samples["tq-kv"]["torch"].items()} == {2: 3, 4: 3}
+    assert rates["tq-kv"]["torch"][4] == 2 * 8 * 16 / min(samples["tq-kv"]["torch"][4])
