@@ -141,8 +141,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
     encode+decode moves (bandwidth.codec_traffic, from the codec's own ledger of its coding) to
     `traffic`."""
     k, v = _gaussian_caches(shape, device)
-    codes: dict[tuple, object] = {}
-    made: dict[tuple, tuple] = {}          # (scheme, its first coding)
+    made: dict[tuple, tuple] = {}          # (scheme, its first coding, the timed call)
     for name in names or schemes.registry.all_schemes():
         for impl in impls:
             for budget in budgets or (shape.budget,):
@@ -152,18 +151,17 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
                     continue  # not in this implementation, or this shape breaks its constraints
                 s.fit(k, v)
                 first: dict = {}
-                made[name, impl, budget] = s, first
 
                 def code(s=s, first=first):
                     enc = s.encode(k, v)
                     out = s.decode(enc)
                     first.setdefault("enc", enc)
                     first.setdefault("out", out)
-                codes[name, impl, budget] = code
-    times = _alternate({key: fn for key, fn in codes.items() if key[1] != "reference"}, shape.repeats)
-    times.update((key, timing.samples(fn, 1)) for key, fn in codes.items() if key[1] == "reference")
+                made[name, impl, budget] = s, first, code
+    times = _alternate({key: m[2] for key, m in made.items() if key[1] != "reference"}, shape.repeats)
+    times.update((key, timing.samples(m[2], 1)) for key, m in made.items() if key[1] == "reference")
     result: dict = {}
-    for (name, impl, budget), (s, first) in made.items():
+    for (name, impl, budget), (s, first, _) in made.items():
         result.setdefault(name, {}).setdefault(impl, {})[budget] = (
             2 * k.shape[0] * shape.seq_len / min(times[name, impl, budget]))
         if samples is not None:
