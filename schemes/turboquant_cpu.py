@@ -170,6 +170,12 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q, width), codegen
 
 
+def _in_registers(lanes: int, fma_tail: bool, d: int) -> bool:
+    """Whether the encode holds a row in registers (_unit_rotated_rows): rows of 8..256 entries
+    whose norm vector_norm sums in 8 lanes without an fma tail (norm_order)."""
+    return lanes == 8 and not fma_tail and 8 <= d <= REGISTER_ROW_MAX
+
+
 @functools.lru_cache(maxsize=None)
 def paired_rows(d: int, itemsize: int) -> bool:
     """Whether the encode holds two rows of d entries of `itemsize` bytes in registers side by side
@@ -249,7 +255,8 @@ def _scaled_row(xr, bits, mask, held, held_bits, one, lanes, fma_tail, acc, out)
 
 
 @numba.jit(**FLAT_JIT)
-def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail, paired,
+def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
+                 in_registers, paired,
                  width, t, use_grid, lo, hi, inv_h, origin, g_first, g_cand, centroids,
                  sketch, sketch_signs, mult,
                  norms, packed, residual_norms, sketch_bits, y, e, acc, q, bits):  # pragma: no cover - compiled
@@ -262,10 +269,10 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     signed integers of its width, mask their sign bit cleared, held and held_bits one scratch
     element viewed as x's dtype and as those integers; y (2, d) and e (d) in x's dtype, acc
     (lanes), q (2, d rounded up to 8) and bits (d rounded up to 8) int32: the caller's scratch (one
-    set a thread: the loop allocates nothing). Rows in registers go two at a time where `paired`
-    (paired_rows), else one at a time (_unit_rotated_rows)."""
+    set a thread: the loop allocates nothing). Rows are held in registers where `in_registers`
+    (_in_registers), two at a time where `paired` (paired_rows), else one at a time
+    (_unit_rotated_rows)."""
     n_rows, d = x.shape
-    in_registers = lanes == 8 and not fma_tail and 8 <= d <= REGISTER_ROW_MAX
     counted = width >= 1 and not use_grid
     r = 0
     while r < n_rows:
@@ -461,10 +468,9 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
         return out
     xr, pr, nr = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy()
     sr, kr = _sign_rows(signs, x.dtype, d), _sign_rows(sketch_signs, x.dtype, d)
-    paired = paired_rows(d, x.element_size())
-    # rows one at a time in registers (as _encode_rows holds them) whose codes a search finds
-    searching = searched is not None and not sketch and not paired and lanes == 8 and not fma_tail and \
-        8 <= d <= REGISTER_ROW_MAX
+    in_registers, paired = _in_registers(lanes, fma_tail, d), paired_rows(d, x.element_size())
+    # rows one at a time in registers whose codes a search finds
+    searching = searched is not None and not sketch and not paired and in_registers
 
     def run(start, stop):
         if searching:
@@ -473,7 +479,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
             return
         held = np.zeros(1, xr.dtype)                        # one per thread
         _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
-                     start, n, sr, one, root, lanes, fma_tail, paired,
+                     start, n, sr, one, root, lanes, fma_tail, in_registers, paired,
                      width, t, use_grid, *g, c, sketch, kr, root,
                      nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
                      br[start:stop] if sketch else br, np.empty((2, d), xr.dtype), np.empty(d, xr.dtype),

@@ -170,7 +170,6 @@ def test_dequantize_packed_at_every_width_and_row_end(width, dtype):
         assert torch.equal(dequantize_packed(pack_bits(codes, width), centroids, width, n), centroids[codes]), n
 
 
-
 @numba.extending.intrinsic(prefer_literal=True)
 def _searched_block(typingctx, y, table, width, q):
     """q[:64] = searches_in_registers' codes of y[:64] (float32) at the literal width, the block
