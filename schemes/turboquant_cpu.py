@@ -179,13 +179,15 @@ def _in_registers(lanes: int, fma_tail: bool, d: int) -> bool:
 @functools.lru_cache(maxsize=None)
 def paired_rows(d: int, itemsize: int) -> bool:
     """Whether the encode holds two rows of d entries of `itemsize` bytes in registers side by side
-    (_unit_rotated_rows): where both fit in the CPU's vector registers (vectors_cpu.vector_registers).
-    Two rows that fit fill the units one row's chain of steps leaves idle; two that do not spill to memory and
-    run slower than one at a time — measured one thread, float32, encode + decode on an AVX2 CPU
-    (16 registers): pairs 0.89–0.96x the time of single rows at d = 64 (2 · 8 vectors), 1.01–1.10x
-    at d = 128 and 1.03–1.09x at d = 256; with AVX-512 (32 registers) pairs took 148 against 169 ns
-    an encode at d = 128, b = 4."""
-    return 2 * (d // 8) <= vector_registers(itemsize)
+    (_unit_rotated_rows): short rows (d ≤ 64: 8 vectors of 8 or fewer) where both fit in the CPU's
+    vector registers (vectors_cpu.vector_registers). A short row's chain of steps leaves units
+    idle that the other row's fill; a row of 16 vectors or more fills them itself, and two of them
+    fill or overflow the registers. One thread, float32, encode of 16 x 1024 rows: on an AVX2 CPU
+    (16 registers) pairs took 0.89–0.96x the time of single rows at d = 64, 1.01–1.10x at d = 128
+    and 1.03–1.09x at d = 256; on an AVX-512 Zen 4 (32 registers) 0.62–0.91x at d = 64 (b = 0..4,
+    6..8) but at d = 128 0.96–1.06x at b = 0..2 and 6..8, and 1.22–1.41x the searched single rows
+    at b = 3..5."""
+    return d <= 64 and 2 * (d // 8) <= vector_registers(itemsize)
 
 
 # the row lengths _decoded_row holds in registers (each holds 8 bytes of codes or more)
@@ -469,8 +471,10 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     xr, pr, nr = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy()
     sr, kr = _sign_rows(signs, x.dtype, d), _sign_rows(sketch_signs, x.dtype, d)
     in_registers, paired = _in_registers(lanes, fma_tail, d), paired_rows(d, x.element_size())
-    # rows one at a time in registers whose codes a search finds
-    searching = searched is not None and not sketch and not paired and in_registers
+    # rows one at a time in registers whose codes a search finds: where no pairs are held, or where
+    # a pair's codes would come from the grid (d = 64, 5 bits on a Zen 4: searched single rows 100
+    # ns a row against pairs' 116)
+    searching = searched is not None and not sketch and in_registers and (use_grid or not paired)
 
     def run(start, stop):
         if searching:
