@@ -145,10 +145,13 @@ def counts_in_registers(context, builder, ta, vectors: list) -> list:
 
 # The code widths whose codes a row in registers finds by a binary search over the thresholds
 # (searches_in_registers) rather than by counting them or by the grid. One thread, a tq-kv encode
-# of 8 x 1024 rows on a 2-vCPU AMD EPYC (Zen 3), against counting (3, 4 bits) and the grid (5):
-# d = 128 1.03-1.07x, 1.24x at 5 bits; d = 256 1.10 / 1.29 / 1.18x at 3 / 4 / 5 bits; at 6 bits
-# (32 candidates on the last level) no faster than the grid.
-SEARCHED_WIDTHS = (3, 4, 5)
+# of 8 x 1024 rows on a 2-vCPU AMD EPYC (Zen 3, AVX2), against counting (3, 4 bits) and the grid
+# (5): d = 128 1.03-1.07x, 1.24x at 5 bits; d = 256 1.10 / 1.29 / 1.18x at 3 / 4 / 5 bits; at 6
+# bits (32 candidates on the last level, four permutes) no faster than the grid. With AVX-512VL's
+# two-table permutes (two for 32 candidates), on a Zen 4 EPYC, 16 x 1024 rows: 6 bits 222 -> 176
+# ns a row at d = 128 and 416 -> 341 at d = 256 against the grid, while 7 bits (64 candidates)
+# took 224 against 221 and 8 bits 300 against 197.
+SEARCHED_WIDTHS = (3, 4, 5, 6) if has_feature("avx512vl") else (3, 4, 5)
 
 
 def search_table(thresholds: np.ndarray) -> np.ndarray | None:
@@ -156,7 +159,7 @@ def search_table(thresholds: np.ndarray) -> np.ndarray | None:
     searches_in_registers reads them, level by level: level k = 1..w holds the 2^(k−1)
     thresholds t[(2j + 1)·2^(w−k) − 1] (j < 2^(k−1)) its comparisons can take, padded with zeros
     to at least 8 entries. None where the search does not apply: another count or dtype,
-    thresholds out of order, or no AVX2 (its permutes pick the candidates)."""
+    thresholds out of order, or no AVX2 (permutes pick the candidates)."""
     width = len(thresholds).bit_length()
     if thresholds.dtype != np.float32 or len(thresholds) != (1 << width) - 1 or width not in SEARCHED_WIDTHS or \
             not np.all(thresholds[1:] >= thresholds[:-1]) or not has_feature("avx2"):
@@ -345,15 +348,23 @@ def _grid_rows(y, lo, hi, inv_h, origin, first, cand, width, codes, packed):  # 
 
 
 def _permuted(builder, table, codes, entries):
-    """IR: the vector of table[code] for the 8 int32 codes, table the first `entries` (8, 16 or
-    32) of a float32 table held in entries/8 vectors of 8, by AVX2's vpermps (one permute a
-    vector of 8 entries: the code's low 3 bits pick the lane), then the code's bits 3 and 4 pick
-    the vector (a tree of selects)."""
+    """IR: the vector of table[code] for the 8 int32 codes, table the first `entries` (8, 16, 32,
+    ...) of a float32 table held in entries/8 vectors of 8: with AVX-512VL by vpermi2ps (one
+    two-table permute a pair of vectors: the code's low 4 bits pick one of 16 entries), else by
+    AVX2's vpermps (one permute a vector: the low 3 bits pick the lane); then the code's higher
+    bits pick among them (a tree of selects)."""
     vector, lanes = llvmlite.ir.VectorType(llvmlite.ir.FloatType(), 8), llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
-    permute = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector, lanes]),
-                                             "llvm.x86.avx2.permps")
-    level = [builder.call(permute, [part, codes]) for part in table[:entries // 8]]
-    bit = 8
+    parts = table[:entries // 8]
+    if has_feature("avx512vl") and len(parts) >= 2:
+        permute = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector, lanes, vector]),
+                                                 "llvm.x86.avx512.vpermi2var.ps.256")
+        level = [builder.call(permute, [low, codes, high]) for low, high in zip(parts[::2], parts[1::2])]
+        bit = 16
+    else:
+        permute = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector, lanes]),
+                                                 "llvm.x86.avx2.permps")
+        level = [builder.call(permute, [part, codes]) for part in parts]
+        bit = 8
     while len(level) > 1:
         upper = builder.icmp_unsigned("!=", builder.and_(codes, llvmlite.ir.Constant(lanes, [bit] * 8)),
                                       llvmlite.ir.Constant(lanes, None))
@@ -367,8 +378,8 @@ class GroupReader:
     big-endian): the group's bytes loaded as one 64-bit word (8 bytes from its first on; near the
     row's end the 8 ending there, shifted down; in a row of fewer than 8 bytes one byte at a time),
     byte-swapped so that its first byte is the highest, the 8 codes shifted out of it in one
-    vector, then looked up: with `entries` 8, 16 or 32, from the table's first `entries` held
-    in registers (_permuted; the table at least that long), with 0 by AVX2's gather (float32), or —
+    vector, then looked up: with `entries` 8..PERMUTED_MAX_ENTRIES, from the table's first `entries`
+    held in registers (_permuted; the table at least that long), with 0 by AVX2's gather (float32), or —
     in float64 or without AVX2 — by a load a code. pa, ta: the packed row's and the table's array
     structs; w the width (i64); element the values' LLVM type."""
 
@@ -454,13 +465,14 @@ def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
 # Tables of up to this many float32 entries are looked up by permutes (GroupReader), longer ones by
 # AVX2's gather. One thread, a tq-kv decode of 8 x 1024 rows of 128 on a 2-vCPU AMD EPYC (Zen 3):
 # 5-bit codes (32 entries) 114 ns a row by four permutes against 134 by the gather; 6-bit (64) 149
-# by eight permutes against 134.
-PERMUTED_MAX_ENTRIES = 32
+# by eight permutes against 134. With AVX-512VL's two-table permutes, on a Zen 4 EPYC, 16 x 1024
+# rows: 6-bit 90 -> 66 ns a row (four permutes), 7-bit (128, eight) 88 against the gather's 91.
+PERMUTED_MAX_ENTRIES = 64 if has_feature("avx512vl") else 32
 
 
 def lookup_table(centroids: np.ndarray) -> np.ndarray:
     """The centroids as _dequantize_row takes them: float32 ones padded with zeros to a multiple of
-    8 entries where AVX2's permutes pick from them (tables of at most PERMUTED_MAX_ENTRIES), else
+    8 entries where permutes pick from them (tables of at most PERMUTED_MAX_ENTRIES), else
     as they are."""
     if centroids.dtype != np.float32 or len(centroids) > PERMUTED_MAX_ENTRIES or not has_feature("avx2"):
         return centroids
@@ -485,6 +497,8 @@ def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compil
         _lookup_groups(packed, groups, width, centroids, 16, out)
     elif width == 5 and centroids.shape[0] == 32:
         _lookup_groups(packed, groups, width, centroids, 32, out)
+    elif width == 6 and centroids.shape[0] == 64:
+        _lookup_groups(packed, groups, width, centroids, 64, out)
     else:
         _lookup_groups(packed, groups, width, centroids, 0, out)
     acc = 0

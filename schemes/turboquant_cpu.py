@@ -23,7 +23,8 @@ the codec runs its chain.
 Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_rows: loaded once,
 y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
 8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 3- to 5-bit codes
-find them by a binary search instead of counting (_searched_rows); a decode without a sketch of a
+(and 6-bit with AVX-512VL: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
+instead of counting or the grid (_searched_rows); a decode without a sketch of a
 row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
 and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch thread budget like the
 other loops, K's and V's in one hand-off (compiled.by_row_blocks, deferred to the scheme's
@@ -238,6 +239,8 @@ def _decoded(packed, d, width, table, div, signs, m, out):  # pragma: no cover -
         _decoded_row(packed, d, width, table, 16, div, signs, m, out)
     elif width == 5 and table.shape[0] == 32:
         _decoded_row(packed, d, width, table, 32, div, signs, m, out)
+    elif width == 6 and table.shape[0] == 64:
+        _decoded_row(packed, d, width, table, 64, div, signs, m, out)
     else:
         _decoded_row(packed, d, width, table, 0, div, signs, m, out)
 
@@ -336,7 +339,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 @numba.jit(**FLAT_JIT)
 def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y, q):  # pragma: no cover - compiled
     """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
-    no sketch) whose codes of a width in SEARCHED_WIDTHS come from a binary search over the
+    no sketch) whose codes of a width in SEARCHED_WIDTHS (3..6) come from a binary search over the
     thresholds (table: their search_table): norms[r] and packed[r]. A loop of its own: one
     compiled with _encode_rows' other paths ran those up to 1.3x slower (one thread, d = 128,
     1- and 2-bit codes, on an AVX2 EPYC), the search's tables held across the whole loop."""
@@ -347,8 +350,10 @@ def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms,
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 3)
         elif width == 4:
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 4)
-        else:
+        elif width == 5:
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 5)
+        else:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 6)
         norms[r] = np.float32(peak * sigma)
         _pack_row(q[0], width, packed[r])
 

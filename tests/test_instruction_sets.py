@@ -1,0 +1,34 @@
+"""The compiled loops pick their instructions by the CPU's features (vectors_cpu.has_feature):
+AVX-512VL's two-table permutes, AVX2's one-table permutes and gathers. A test run covers the
+host's set only, so on an AVX-512 CPU the AVX2 paths are compiled and checked here as well, in a
+process whose numba targets an AVX2 CPU (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES without AVX-512): the
+register passes' bits against the torch chain, the binary search against bucketize, the packed
+lookups against indexing."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import llvmlite.binding
+import pytest
+
+from kvcommon.vectors_cpu import has_feature
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not has_feature("avx512vl"), reason="this CPU runs the AVX2 paths in every test already")
+def test_the_avx2_paths_give_the_same_bits_on_an_avx512_cpu():
+    features = ",".join(f.replace("+avx512", "-avx512") for f in llvmlite.binding.get_host_cpu_features().flatten().split(","))
+    env = {**os.environ, "NUMBA_CPU_NAME": "x86-64-v3", "NUMBA_CPU_FEATURES": features}
+    probe = "from schemes import scalar_quantizer_cpu as s; print(s.SEARCHED_WIDTHS, s.PERMUTED_MAX_ENTRIES)"
+    seen = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert seen.stdout.split() == ["(3,", "4,", "5)", "32"], seen.stdout            # the AVX2 choices
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_scalar_quantizer.py::test_the_binary_search_gives_the_count_of_thresholds_below",
+                          "tests/test_scalar_quantizer.py::test_dequantize_packed_at_every_width_and_row_end",
+                          "tests/test_turboquant_cpu.py::test_every_row_length_of_the_register_pass_gives_the_chains_bits",
+                          "-k", "not dtype1"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
