@@ -46,7 +46,7 @@ from numba.core.extending import intrinsic
 from kvcommon import compiled
 from kvcommon.compiled import FLAT_JIT, by_row_blocks
 from kvcommon.quotients_cpu import divide, in_range_sums, quotients, reciprocal, scaled
-from kvcommon.vectors_cpu import by_size, intrinsic_name, lane_total, load_vector, store_vector, vector_registers
+from kvcommon.vectors_cpu import by_size, intrinsic_name, lane_total, load_vector, splat, store_vector, vector_registers
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl, scalar_quantizer
@@ -87,7 +87,8 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     None) also step 3's codes into q's row k from the row still in registers: at `width` 0 by
     counting them (scalar_quantizer_cpu's counts_in_registers), at a width of
     scalar_quantizer_cpu.SEARCHED_WIDTHS (a literal; t then its search_table) by a binary search
-    (searches_in_registers). Two rows go step by step side by side: a row's chain of dependent
+    (searches_in_registers); at `width` 1 (t its one threshold, q the packed rows, uint8) the
+    1-bit codes packed in registers, a byte a vector of 8, into q's rows first, first + 1. Two rows go step by step side by side: a row's chain of dependent
     steps (its norm's sum is 23 additions in a fixed order) leaves the CPU's units idle that the
     other row's steps fill. Returns (p, σ) of each row, flattened. x,
     signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
@@ -97,6 +98,9 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
         return None
     counted = t is not types.none
     searched = width.literal_value
+    packs_bits = searched == 1
+    if packs_bits and (q.dtype != types.uint8 or not counted):
+        return None
     rows = count.literal_value
 
     def codegen(context, builder, signature, args):
@@ -156,7 +160,19 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
                 for r in range(rows):
                     rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
                     store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
-            if counted:
+            if counted and packs_bits:
+                # one threshold: the code is [t < v] (NaN: 1, the top index), a bit a lane, lane 0
+                # the byte's highest bit (packing.pack_bits' order), one byte a vector of 8
+                ta = context.make_array(signature.args[10])(context, builder, args[10])
+                threshold = splat(builder, builder.load(ta.data), 8)
+                reverse = llvmlite.ir.Constant(llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8), list(range(7, -1, -1)))
+                for r in range(rows):
+                    start = builder.mul(rows_of[r], builder.extract_value(qa.shape, 1))
+                    for k, value in enumerate(rotated[r]):
+                        above = builder.fcmp_unordered("<", threshold, value)
+                        byte = builder.bitcast(builder.shuffle_vector(above, above, reverse), llvmlite.ir.IntType(8))
+                        builder.store(byte, builder.gep(qa.data, [builder.add(start, llvmlite.ir.Constant(int64, k))]))
+            elif counted:
                 ta = context.make_array(signature.args[10])(context, builder, args[10])
                 for r in range(rows):
                     q_at = places(qa, llvmlite.ir.Constant(int64, r))
@@ -276,9 +292,10 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     (lanes), q (2, d rounded up to 8) and bits (d rounded up to 8) int32: the caller's scratch (one
     set a thread: the loop allocates nothing). Rows are held in registers where `in_registers`
     (_in_registers), two at a time where `paired` (paired_rows), else one at a time
-    (_unit_rotated_rows)."""
+    (_unit_rotated_rows); 1-bit codes of such rows without a sketch are packed there too."""
     n_rows, d = x.shape
     counted = width >= 1 and not use_grid
+    packs_bits = in_registers and width == 1 and not sketch
     r = 0
     while r < n_rows:
         s = (first_row + r) // per_sign
@@ -286,14 +303,18 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
         if in_registers and count == 2:
             # 1 and 2 for two rows side by side in registers, and 3's codes where counted
             s_next = (first_row + r + 1) // per_sign
-            if counted:
+            if packs_bits:
+                peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, t, packed, 1)
+            elif counted:
                 peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, t, q, 0)
             else:
                 peak, sigma, peak_next, sigma_next = _unit_rotated_rows(x, r, 2, d, signs, s, s_next, div, one, y, None, q, 0)
             norms[r] = np.float32(peak * sigma)
             norms[r + 1] = np.float32(peak_next * sigma_next)
         elif in_registers:
-            if counted:
+            if packs_bits:
+                peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, t, packed, 1)
+            elif counted:
                 peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, t, q, 0)
             else:
                 peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, None, q, 0)
@@ -311,7 +332,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
         for k in range(count):
             row, yr, qr = r + k, y[k], q[k]
             # 3. the codes, packed
-            if width >= 1:
+            if width >= 1 and not packs_bits:
                 if use_grid:
                     _grid_row(yr, lo, hi, inv_h, origin, g_first, g_cand, qr)
                 elif not in_registers:
