@@ -58,6 +58,37 @@ def _pack_groups(typingctx, q, groups, width, out):
     return types.void(q, types.int64, types.int64, out), codegen
 
 
+def store_packed(builder, codes: list, width: int, at) -> None:
+    """IR: the codes of a row held in registers (`codes`: vectors of 8 int32, each below 2^width,
+    2 <= width <= 8) stored packed big-endian (packing.pack_bits' layout) from the byte pointer
+    `at` on, exactly len(codes)·width bytes: each vector's codes shifted into one word (32 bits
+    for widths up to 4, else 64) and or-ed together, its bytes in memory order by a byte swap; the
+    word stored whole (its bytes past the group's `width` are the next group's, which overwrites
+    them) but for the last group, stored in pieces of 8, 4, 2 and 1 bytes."""
+    bits = 32 if 8 * width <= 32 else 64
+    word_type = llvmlite.ir.IntType(bits)
+    words = llvmlite.ir.VectorType(word_type, 8)
+    reduce_or = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(word_type, [words]),
+                                               f"llvm.vector.reduce.or.v8i{bits}")
+    bswap = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(word_type, [word_type]), f"llvm.bswap.i{bits}")
+    shifts = llvmlite.ir.Constant(words, [width * (7 - k) for k in range(8)])       # code k at w·(7 − k)
+    top = llvmlite.ir.Constant(word_type, bits - 8 * width)
+    for g, code in enumerate(codes):
+        wide = code if bits == 32 else builder.zext(code, words)
+        word = builder.call(bswap, [builder.shl(builder.call(reduce_or, [builder.shl(wide, shifts)]), top)])
+        place = builder.gep(at, [llvmlite.ir.Constant(llvmlite.ir.IntType(64), g * width)])
+        if g + 1 < len(codes):
+            builder.store(word, builder.bitcast(place, word_type.as_pointer()), align=1)
+            continue
+        done = 0
+        while done < width:                          # the last group's `width` bytes, the first lowest in the word
+            piece = max(p for p in (8, 4, 2, 1) if p <= width - done and 8 * p <= bits)
+            part = builder.trunc(builder.lshr(word, llvmlite.ir.Constant(word_type, 8 * done)), llvmlite.ir.IntType(8 * piece))
+            target = builder.gep(place, [llvmlite.ir.Constant(llvmlite.ir.IntType(64), done)])
+            builder.store(part, builder.bitcast(target, llvmlite.ir.IntType(8 * piece).as_pointer()), align=1)
+            done += piece
+
+
 @numba.jit(**FLAT_JIT)
 def _pack_row(q, width, out):  # pragma: no cover - compiled
     """out[:] = the codes q (zero-padded to whole groups of 8), `width` bits each, big-endian:

@@ -51,7 +51,7 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl, scalar_quantizer
 from .hadamard_cpu import REGISTER_ROW_MAX, REGISTER_ROWS, _butterflies, stages_in_registers, transform
-from .scalar_quantizer_cpu import GroupReader, counts_in_registers, _count_row, _dequantize_row, _grid_row, _pack_row, \
+from .scalar_quantizer_cpu import GroupReader, counts_in_registers, store_packed, _count_row, _dequantize_row, _grid_row, _pack_row, \
     grid_scalars, grid_tables, lookup_table, search_table, searches_in_registers
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
@@ -87,8 +87,10 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     None) also step 3's codes into q's row k from the row still in registers: at `width` 0 by
     counting them (scalar_quantizer_cpu's counts_in_registers), at a width of
     scalar_quantizer_cpu.SEARCHED_WIDTHS (a literal; t then its search_table) by a binary search
-    (searches_in_registers); at `width` 1 (t its one threshold, q the packed rows, uint8) the
-    1-bit codes packed in registers, a byte a vector of 8, into q's rows first, first + 1. Two rows go step by step side by side: a row's chain of dependent
+    (searches_in_registers). Where q is the packed rows (uint8), the codes are packed in registers
+    into its rows first, first + 1, and y is not stored: searched ones by
+    scalar_quantizer_cpu.store_packed, and at `width` 1 (t its one threshold) the 1-bit codes a
+    byte a vector of 8. Two rows go step by step side by side: a row's chain of dependent
     steps (its norm's sum is 23 additions in a fixed order) leaves the CPU's units idle that the
     other row's steps fill. Returns (p, σ) of each row, flattened. x,
     signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
@@ -98,8 +100,9 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
         return None
     counted = t is not types.none
     searched = width.literal_value
+    packs = q.dtype == types.uint8           # q the packed rows: codes of width 1 or searched ones packed there
     packs_bits = searched == 1
-    if packs_bits and (q.dtype != types.uint8 or not counted):
+    if packs != (packs_bits or searched >= 2) or (packs and not counted):
         return None
     rows = count.literal_value
 
@@ -159,7 +162,8 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
             for k in range(n):
                 for r in range(rows):
                     rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
-                    store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
+                    if not packs:           # y is read after the pass only where the codes are not packed here
+                        store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
             if counted and packs_bits:
                 # one threshold: the code is [t < v] (NaN: 1, the top index), a bit a lane, lane 0
                 # the byte's highest bit (packing.pack_bits' order), one byte a vector of 8
@@ -175,9 +179,13 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
             elif counted:
                 ta = context.make_array(signature.args[10])(context, builder, args[10])
                 for r in range(rows):
-                    q_at = places(qa, llvmlite.ir.Constant(int64, r))
                     codes = searches_in_registers(context, builder, ta, rotated[r], searched) if searched else \
                         counts_in_registers(context, builder, ta, rotated[r])
+                    if packs:                   # into the packed row first + r
+                        start = builder.mul(rows_of[r], builder.extract_value(qa.shape, 1))
+                        store_packed(builder, codes, searched, builder.gep(qa.data, [start]))
+                        continue
+                    q_at = places(qa, llvmlite.ir.Constant(int64, r))
                     for code, i in zip(codes, q_at, strict=True):
                         store_vector(context, builder, code, qa, i)
             return [value for r in range(rows) for value in (peaks[r], sigmas[r])]
@@ -358,25 +366,25 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 
 
 @numba.jit(**FLAT_JIT)
-def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y, q):  # pragma: no cover - compiled
+def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y):  # pragma: no cover - compiled
     """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
     no sketch) whose codes of a width in SEARCHED_WIDTHS (3..6) come from a binary search over the
-    thresholds (table: their search_table): norms[r] and packed[r]. A loop of its own: one
+    thresholds (table: their search_table): norms[r] and packed[r], packed in registers (y an
+    unused stand-in for the pass's rotated row, not stored). A loop of its own: one
     compiled with _encode_rows' other paths ran those up to 1.3x slower (one thread, d = 128,
     1- and 2-bit codes, on an AVX2 EPYC), the search's tables held across the whole loop."""
     d = x.shape[1]
     for r in range(x.shape[0]):
         s = (first_row + r) // per_sign
         if width == 3:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 3)
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 3)
         elif width == 4:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 4)
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 4)
         elif width == 5:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 5)
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 5)
         else:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, q, 6)
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 6)
         norms[r] = np.float32(peak * sigma)
-        _pack_row(q[0], width, packed[r])
 
 
 @numba.jit(**FLAT_JIT)
@@ -505,7 +513,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     def run(start, stop):
         if searching:
             _searched_rows(xr[start:stop], start, n, sr, one, root, width, searched, nr[start:stop], pr[start:stop],
-                           np.empty((1, d), xr.dtype), np.zeros((1, -(-d // 8) * 8), np.int32))
+                           _nothing(xr.dtype.type, (1, d)))
             return
         held = np.zeros(1, xr.dtype)                        # one per thread
         _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),

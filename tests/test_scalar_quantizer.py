@@ -226,3 +226,41 @@ def test_the_binary_search_gives_the_count_of_thresholds_below(book, width):
     assert scalar_quantizer_cpu.search_table(t[::-1].copy()) is None
     assert scalar_quantizer_cpu.search_table(t[1:]) is None
     assert scalar_quantizer_cpu.search_table(t.astype(np.float64)) is None
+
+
+@numba.extending.intrinsic(prefer_literal=True)
+def _stored_packed(typingctx, q, groups, width, out):
+    """store_packed of the first `groups` vectors of 8 codes of q (int32; literals groups, width)
+    into out from its first byte on."""
+    if not isinstance(groups, numba.types.IntegerLiteral) or not isinstance(width, numba.types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, signature, args):
+        qa, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3))
+        lanes = llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
+        codes = [load_vector(context, builder, qa, llvmlite.ir.Constant(llvmlite.ir.IntType(64), 8 * g), lanes)
+                 for g in range(groups.literal_value)]
+        scalar_quantizer_cpu.store_packed(builder, codes, width.literal_value, oa.data)
+        return context.get_dummy_value()
+    return numba.types.void(q, groups, width, out), codegen
+
+
+def _store_packed(q, groups, width, out):
+    """_stored_packed with groups and width compiled in (numba takes a closure's ints as literals)."""
+    @numba.njit
+    def run(q, out):
+        _stored_packed(q, groups, width, out)
+    run(q, out)
+
+
+@pytest.mark.parametrize("width", range(2, 9))
+@pytest.mark.parametrize("groups", [1, 2, 3, 16])
+def test_codes_packed_in_registers_are_pack_bits_bytes_and_stay_in_their_row(groups, width):
+    """store_packed writes pack_bits' bytes of a row held in registers, exactly its groups·width
+    bytes: the byte after the row (a neighbour's, perhaps another thread's) is left alone."""
+    codes = np.random.default_rng(groups * 10 + width).integers(0, 2 ** width, size=8 * groups).astype(np.int32)
+    codes[:8] = 2 ** width - 1                                 # a group of all ones: every bit of its word set
+    out = np.full(groups * width + 8, 0xA5, np.uint8)
+    _store_packed(codes, groups, width, out)
+    assert np.array_equal(out[:groups * width], pack_bits(torch.from_numpy(codes.astype(np.int64)), width).numpy())
+    assert np.all(out[groups * width:] == 0xA5)
