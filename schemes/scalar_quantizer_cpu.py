@@ -181,8 +181,10 @@ def counts_in_registers(context, builder, ta, vectors: list) -> list:
 # bits (32 candidates on the last level, four permutes) no faster than the grid. With AVX-512VL's
 # two-table permutes (two for 32 candidates), on a Zen 4 EPYC, 16 x 1024 rows: 6 bits 222 -> 176
 # ns a row at d = 128 and 416 -> 341 at d = 256 against the grid, while 7 bits (64 candidates)
-# took 224 against 221 and 8 bits 300 against 197.
-SEARCHED_WIDTHS = (3, 4, 5, 6) if has_feature("avx512vl") else (3, 4, 5)
+# took 224 against 221 and 8 bits 300 against 197. 2 bits (a broadcast and a select; the codes
+# then packed in registers, turboquant_cpu) 125 -> 109 ns a row against counting, d = 128 (AVX2
+# code on the same CPU 148 -> 117).
+SEARCHED_WIDTHS = (2, 3, 4, 5, 6) if has_feature("avx512vl") else (2, 3, 4, 5)
 
 
 def search_table(thresholds: np.ndarray) -> np.ndarray | None:

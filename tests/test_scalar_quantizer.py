@@ -192,7 +192,9 @@ def _searched_block(typingctx, y, table, width, q):
 @numba.njit
 def _searched(y, table, width, q):
     for start in range(0, y.shape[0], 64):
-        if width == 3:
+        if width == 2:
+            _searched_block(y[start:start + 64], table, 2, q[start:start + 64])
+        elif width == 3:
             _searched_block(y[start:start + 64], table, 3, q[start:start + 64])
         elif width == 4:
             _searched_block(y[start:start + 64], table, 4, q[start:start + 64])
@@ -223,7 +225,9 @@ def test_the_binary_search_gives_the_count_of_thresholds_below(book, width):
     q = np.zeros(len(y), np.int32)
     _searched(y, scalar_quantizer_cpu.search_table(t), width, q)
     assert np.array_equal(q, torch.bucketize(torch.from_numpy(y), thresholds).numpy())
-    assert scalar_quantizer_cpu.search_table(t[::-1].copy()) is None
+    out_of_order = t.copy()
+    out_of_order[0] = t[-1] + 1                               # above the next one, whatever ties t holds
+    assert scalar_quantizer_cpu.search_table(out_of_order) is None
     assert scalar_quantizer_cpu.search_table(t[1:]) is None
     assert scalar_quantizer_cpu.search_table(t.astype(np.float64)) is None
 
