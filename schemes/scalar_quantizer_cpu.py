@@ -178,20 +178,20 @@ def counts_in_registers(context, builder, ta, vectors: list) -> list:
 # (searches_in_registers) rather than by counting them or by the grid. One thread, a tq-kv encode
 # of 8 x 1024 rows on a 2-vCPU AMD EPYC (Zen 3, AVX2), against counting (3, 4 bits) and the grid
 # (5): d = 128 1.03-1.07x, 1.24x at 5 bits; d = 256 1.10 / 1.29 / 1.18x at 3 / 4 / 5 bits; at 6
-# bits (32 candidates on the last level, four permutes) no faster than the grid. With AVX-512VL's
-# two-table permutes (two for 32 candidates), on a Zen 4 EPYC, 16 x 1024 rows: 6 bits 222 -> 176
-# ns a row at d = 128 and 416 -> 341 at d = 256 against the grid, while 7 bits (64 candidates)
-# took 224 against 221 and 8 bits 300 against 197. 2 bits (a broadcast and a select; the codes
-# then packed in registers, turboquant_cpu) 125 -> 109 ns a row against counting, d = 128 (AVX2
-# code on the same CPU 148 -> 117).
-SEARCHED_WIDTHS = (2, 3, 4, 5, 6) if has_feature("avx512vl") else (2, 3, 4, 5)
+# bits (32 candidates on the last level, four permutes) no faster than the grid. With AVX-512's
+# two-table permutes, on a Zen 4 EPYC, 16 x 1024 rows against the grid: 6 bits 222 -> 176 ns a
+# row at d = 128 and 416 -> 341 at d = 256 (vectors of 8), 7 bits 221 -> 175 at d = 128 and
+# 466 -> 365 at d = 256 (vectors of 16: SEARCH_LANES), while 8 bits took 225 against 205. 2 bits
+# (a broadcast and a select; the codes then packed in registers, turboquant_cpu) 125 -> 109 ns a
+# row against counting, d = 128 (AVX2 code on the same CPU 148 -> 117).
+SEARCHED_WIDTHS = (2, 3, 4, 5, 6, 7) if has_feature("avx512vl") else (2, 3, 4, 5)
 
 
 def search_table(thresholds: np.ndarray) -> np.ndarray | None:
     """The 2^w − 1 thresholds of a width w in SEARCHED_WIDTHS (float32, ascending) as
     searches_in_registers reads them, level by level: level k = 1..w holds the 2^(k−1)
     thresholds t[(2j + 1)·2^(w−k) − 1] (j < 2^(k−1)) its comparisons can take, padded with zeros
-    to at least 8 entries. None where the search does not apply: another count or dtype,
+    to at least SEARCH_LANES entries. None where the search does not apply: another count or dtype,
     thresholds out of order, or no AVX2 (permutes pick the candidates)."""
     width = len(thresholds).bit_length()
     if thresholds.dtype != np.float32 or len(thresholds) != (1 << width) - 1 or width not in SEARCHED_WIDTHS or \
@@ -201,8 +201,17 @@ def search_table(thresholds: np.ndarray) -> np.ndarray | None:
     for k in range(1, width + 1):
         step = 1 << (width - k)
         level = thresholds[np.arange(1 << (k - 1)) * 2 * step + step - 1]
-        levels.append(np.concatenate([level, np.zeros(max(8 - len(level), 0), np.float32)]))
+        levels.append(np.concatenate([level, np.zeros(max(SEARCH_LANES - len(level), 0), np.float32)]))
     return np.concatenate(levels)
+
+
+# The lanes of the vectors searches_in_registers compares: with AVX-512F two vectors of 8 joined
+# into one of 16 (a zmm register), whose two-table permutes pick from 32 candidates at once, for
+# widths from WIDE_SEARCH_MIN_WIDTH on (a level of 32 candidates or more). One thread, encode of
+# 16 x 1024 rows of 128 on a Zen 4 EPYC against vectors of 8: 6 bits 163 -> 150 ns a row, 7
+# bits 226 -> 175 (the grid's 221); 2-5 bits 1-3 % slower; 8 bits 225 against the grid's 205.
+SEARCH_LANES = 16 if has_feature("avx512f") else 8
+WIDE_SEARCH_MIN_WIDTH = 6
 
 
 def searches_in_registers(context, builder, sa, vectors: list, width: int) -> list:
@@ -212,20 +221,26 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
     compares v with t[c + s − 1], s = 2^(w−k), and adds s where that threshold lies below v (an
     ordered comparison: NaN adds nothing, then takes the top index as counting does). The
     candidates of level k, 2^(k−1) of them: one broadcast, two by a select on the first
-    comparison, four and more by permutes (_permuted on c's high bits). sa: search_table's
-    array struct for the width, a literal w in SEARCHED_WIDTHS."""
+    comparison, four and more by permutes (_permuted on c's high bits). With SEARCH_LANES 16, two
+    vectors of 8 go as one of 16 (an even count of them, from WIDE_SEARCH_MIN_WIDTH bits on).
+    sa: search_table's array struct for
+    the width, a literal w in SEARCHED_WIDTHS."""
     int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
-    lanes, vector = llvmlite.ir.VectorType(int32, 8), llvmlite.ir.VectorType(llvmlite.ir.FloatType(), 8)
+    n_lanes = SEARCH_LANES if len(vectors) % 2 == 0 and width >= WIDE_SEARCH_MIN_WIDTH else 8
+    lanes, vector = llvmlite.ir.VectorType(int32, n_lanes), llvmlite.ir.VectorType(llvmlite.ir.FloatType(), n_lanes)
     levels, start = [], 0
     for k in range(1, width + 1):
         n = 1 << (k - 1)
         if n <= 2:
-            levels.append([splat(builder, builder.load(builder.gep(sa.data, [llvmlite.ir.Constant(int64, start + j)])), 8)
+            levels.append([splat(builder, builder.load(builder.gep(sa.data, [llvmlite.ir.Constant(int64, start + j)])), n_lanes)
                            for j in range(n)])
         else:
-            levels.append([load_vector(context, builder, sa, llvmlite.ir.Constant(int64, start + 8 * m), vector)
-                           for m in range(max(n // 8, 1))])
-        start += max(n, 8)
+            levels.append([load_vector(context, builder, sa, llvmlite.ir.Constant(int64, start + n_lanes * m), vector)
+                           for m in range(max(n // n_lanes, 1))])
+        start += max(n, SEARCH_LANES)
+    if n_lanes == 16:
+        joined = llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 16), list(range(16)))
+        vectors = [builder.shuffle_vector(a, b, joined) for a, b in zip(vectors[::2], vectors[1::2])]
     zero = llvmlite.ir.Constant(lanes, None)
     out = []
     for v in vectors:
@@ -237,12 +252,15 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
             elif k == 2:
                 threshold = builder.select(builder.icmp_unsigned("!=", c, zero), candidates[1], candidates[0])
             else:
-                index = builder.lshr(c, llvmlite.ir.Constant(lanes, [width - k + 1] * 8))   # c / 2s
-                threshold = _permuted(builder, candidates, index, max(8, 1 << (k - 1)))
+                index = builder.lshr(c, llvmlite.ir.Constant(lanes, [width - k + 1] * n_lanes))   # c / 2s
+                threshold = _permuted(builder, candidates, index, max(n_lanes, 1 << (k - 1)))
             taken = builder.sext(builder.fcmp_ordered("<", threshold, v), lanes)
-            c = builder.or_(c, builder.and_(taken, llvmlite.ir.Constant(lanes, [step] * 8)))
-        top = llvmlite.ir.Constant(lanes, [(1 << width) - 1] * 8)
+            c = builder.or_(c, builder.and_(taken, llvmlite.ir.Constant(lanes, [step] * n_lanes)))
+        top = llvmlite.ir.Constant(lanes, [(1 << width) - 1] * n_lanes)
         out.append(builder.select(builder.fcmp_unordered("uno", v, v), top, c))
+    if n_lanes == 16:
+        halves = [llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 8), list(range(h, h + 8))) for h in (0, 8)]
+        out = [builder.shuffle_vector(c, c, half) for c in out for half in halves]
     return out
 
 
@@ -381,25 +399,31 @@ def _grid_rows(y, lo, hi, inv_h, origin, first, cand, width, codes, packed):  # 
 
 
 def _permuted(builder, table, codes, entries):
-    """IR: the vector of table[code] for the 8 int32 codes, table the first `entries` (8, 16, 32,
-    ...) of a float32 table held in entries/8 vectors of 8: with AVX-512VL by vpermi2ps (one
-    two-table permute a pair of vectors: the code's low 4 bits pick one of 16 entries), else by
-    AVX2's vpermps (one permute a vector: the low 3 bits pick the lane); then the code's higher
-    bits pick among them (a tree of selects)."""
-    vector, lanes = llvmlite.ir.VectorType(llvmlite.ir.FloatType(), 8), llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
-    parts = table[:entries // 8]
-    if has_feature("avx512vl") and len(parts) >= 2:
+    """IR: the vector of table[code] for the int32 codes (8 or 16 lanes), table the first
+    `entries` (8, 16, 32, ...) of a float32 table held in vectors of as many lanes: 16 lanes by
+    AVX-512F's two-table permute (vpermi2ps on zmm registers: the code's low 5 bits pick one of
+    32 entries; a table of 16 given twice); 8 lanes with AVX-512VL by its two-table permute on
+    ymm registers (low 4 bits, 16 entries), else by AVX2's vpermps (one permute a vector: the low
+    3 bits pick the lane); then the code's higher bits pick among them (a tree of selects)."""
+    n_lanes = codes.type.count
+    vector, lanes = llvmlite.ir.VectorType(llvmlite.ir.FloatType(), n_lanes), codes.type
+    parts = table[:max(entries // n_lanes, 1)]
+    two_tables = "llvm.x86.avx512.vpermi2var.ps.512" if n_lanes == 16 else \
+        "llvm.x86.avx512.vpermi2var.ps.256" if has_feature("avx512vl") and len(parts) >= 2 else None
+    if two_tables:
         permute = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector, lanes, vector]),
-                                                 "llvm.x86.avx512.vpermi2var.ps.256")
+                                                 two_tables)
+        if len(parts) == 1:
+            parts = parts * 2
         level = [builder.call(permute, [low, codes, high]) for low, high in zip(parts[::2], parts[1::2])]
-        bit = 16
+        bit = 2 * n_lanes
     else:
         permute = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector, lanes]),
                                                  "llvm.x86.avx2.permps")
         level = [builder.call(permute, [part, codes]) for part in parts]
         bit = 8
     while len(level) > 1:
-        upper = builder.icmp_unsigned("!=", builder.and_(codes, llvmlite.ir.Constant(lanes, [bit] * 8)),
+        upper = builder.icmp_unsigned("!=", builder.and_(codes, llvmlite.ir.Constant(lanes, [bit] * n_lanes)),
                                       llvmlite.ir.Constant(lanes, None))
         level = [builder.select(upper, high, low) for low, high in zip(level[::2], level[1::2])]
         bit *= 2

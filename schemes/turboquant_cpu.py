@@ -23,7 +23,7 @@ the codec runs its chain.
 Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_rows: loaded once,
 y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
 8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 2- to 5-bit codes
-(and 6-bit with AVX-512VL: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
+(and 6- and 7-bit with AVX-512: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
 instead of counting or the grid (_searched_rows); a decode without a sketch of a
 row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
 and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch thread budget like the
@@ -368,7 +368,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 @numba.jit(**FLAT_JIT)
 def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y):  # pragma: no cover - compiled
     """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
-    no sketch) whose codes of a width in SEARCHED_WIDTHS (2..6) come from a binary search over the
+    no sketch) whose codes of a width in SEARCHED_WIDTHS (2..7) come from a binary search over the
     thresholds (table: their search_table): norms[r] and packed[r], packed in registers (y an
     unused stand-in for the pass's rotated row, not stored). A loop of its own: one
     compiled with _encode_rows' other paths ran those up to 1.3x slower (one thread, d = 128,
@@ -384,8 +384,10 @@ def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms,
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 4)
         elif width == 5:
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 5)
-        else:
+        elif width == 6:
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 6)
+        else:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 7)
         norms[r] = np.float32(peak * sigma)
 
 

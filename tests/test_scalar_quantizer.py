@@ -200,8 +200,10 @@ def _searched(y, table, width, q):
             _searched_block(y[start:start + 64], table, 4, q[start:start + 64])
         elif width == 5:
             _searched_block(y[start:start + 64], table, 5, q[start:start + 64])
-        else:
+        elif width == 6:
             _searched_block(y[start:start + 64], table, 6, q[start:start + 64])
+        else:
+            _searched_block(y[start:start + 64], table, 7, q[start:start + 64])
 
 
 @pytest.mark.skipif(not scalar_quantizer_cpu.has_feature("avx2"), reason="the search's permutes are AVX2's")
