@@ -467,6 +467,10 @@ class GroupReader:
     def values(self, builder, start, long_row: bool = False):
         """The group's values, its bytes from `start` (i64) on; long_row: the caller knows the row
         holds 8 bytes or more."""
+        return self.looked_up(builder, self.codes(builder, start, long_row))
+
+    def codes(self, builder, start, long_row: bool = False):
+        """The group's 8 codes (int32), as `values` reads them."""
         int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
         eight = llvmlite.ir.Constant(int64, 8)
         if long_row:
@@ -489,6 +493,11 @@ class GroupReader:
         word = builder.call(self.bswap, [word])
         codes = builder.trunc(builder.and_(builder.lshr(splat(builder, word, 8), self.shifts), self.mask),
                               llvmlite.ir.VectorType(int32, 8))
+        return codes
+
+    def looked_up(self, builder, codes):
+        """The values table[code] of a vector of 8 codes."""
+        int32 = llvmlite.ir.IntType(32)
         if self.held:
             return _permuted(builder, self.halves, codes, self.held)
         if self.gathered:
@@ -498,6 +507,27 @@ class GroupReader:
             at = builder.extract_element(codes, llvmlite.ir.Constant(int32, k))
             v = builder.insert_element(v, builder.load(builder.gep(self.ta.data, [at])), llvmlite.ir.Constant(int32, k))
         return v
+
+
+def looked_up_row(context, builder, reader, starts: list) -> list:
+    """IR: the values of the groups of a row held in registers whose bytes start at `starts` (i64
+    each; a row of 8 bytes or more): by the reader (GroupReader) one group at a time, or — with
+    AVX-512F and a table of WIDE_LOOKUP_MIN_ENTRIES or more held in registers — two groups'
+    codes joined into a vector of 16 and picked by zmm two-table permutes (32 entries each)."""
+    codes = [reader.codes(builder, start, long_row=True) for start in starts]
+    if not (has_feature("avx512f") and reader.held >= WIDE_LOOKUP_MIN_ENTRIES and len(codes) % 2 == 0):
+        return [reader.looked_up(builder, c) for c in codes]
+    int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
+    wide = llvmlite.ir.VectorType(reader.element, 16)
+    table = [load_vector(context, builder, reader.ta, llvmlite.ir.Constant(int64, 16 * k), wide)
+             for k in range(reader.held // 16)]
+    joined = llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 16), list(range(16)))
+    halves = [llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 8), list(range(h, h + 8))) for h in (0, 8)]
+    out = []
+    for a, b in zip(codes[::2], codes[1::2]):
+        values = _permuted(builder, table, builder.shuffle_vector(a, b, joined), reader.held)
+        out.extend(builder.shuffle_vector(values, values, half) for half in halves)
+    return out
 
 
 @intrinsic(prefer_literal=True)
@@ -523,8 +553,12 @@ def _lookup_groups(typingctx, packed, groups, width, table, entries, out):
 # AVX2's gather. One thread, a tq-kv decode of 8 x 1024 rows of 128 on a 2-vCPU AMD EPYC (Zen 3):
 # 5-bit codes (32 entries) 114 ns a row by four permutes against 134 by the gather; 6-bit (64) 149
 # by eight permutes against 134. With AVX-512VL's two-table permutes, on a Zen 4 EPYC, 16 x 1024
-# rows: 6-bit 90 -> 66 ns a row (four permutes), 7-bit (128, eight) 88 against the gather's 91.
-PERMUTED_MAX_ENTRIES = 64 if has_feature("avx512vl") else 32
+# rows: 6-bit 90 -> 66 ns a row (four permutes), 7-bit (128, eight) 88 against the gather's 91;
+# a row in registers with WIDE_LOOKUP_MIN_ENTRIES or more (looked_up_row: two groups as one
+# vector of 16, zmm permutes of 32 entries) 6 / 7 / 8 bits 67 -> 62, 92 -> 70, 91 -> 78 ns a row
+# at d = 128 (d = 256: 136 -> 128, 185 -> 136, 185 -> 162).
+PERMUTED_MAX_ENTRIES = 256 if has_feature("avx512vl") else 32
+WIDE_LOOKUP_MIN_ENTRIES = 64
 
 
 def lookup_table(centroids: np.ndarray) -> np.ndarray:
@@ -556,6 +590,8 @@ def _dequantize_row(packed, centroids, width, out):  # pragma: no cover - compil
         _lookup_groups(packed, groups, width, centroids, 32, out)
     elif width == 6 and centroids.shape[0] == 64:
         _lookup_groups(packed, groups, width, centroids, 64, out)
+    elif width == 7 and centroids.shape[0] == 128:
+        _lookup_groups(packed, groups, width, centroids, 128, out)
     else:
         _lookup_groups(packed, groups, width, centroids, 0, out)
     acc = 0

@@ -51,7 +51,7 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl, scalar_quantizer
 from .hadamard_cpu import REGISTER_ROW_MAX, REGISTER_ROWS, _butterflies, stages_in_registers, transform
-from .scalar_quantizer_cpu import GroupReader, counts_in_registers, store_packed, _count_row, _dequantize_row, _grid_row, _pack_row, \
+from .scalar_quantizer_cpu import GroupReader, counts_in_registers, looked_up_row, store_packed, _count_row, _dequantize_row, _grid_row, _pack_row, \
     grid_scalars, grid_tables, lookup_table, search_table, searches_in_registers
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
@@ -241,8 +241,8 @@ def _decoded_row(typingctx, packed, d, width, table, entries, div, signs, m, out
 
         def build(size):
             reader = GroupReader(context, builder, pa, ta, w, element, entries.literal_value, out.dtype == types.float32)
-            v = [reader.values(builder, builder.mul(llvmlite.ir.Constant(int64, g), w), long_row=True)   # d·w/8 ≥ 8
-                 for g in range(size // 8)]
+            v = looked_up_row(context, builder, reader, [builder.mul(llvmlite.ir.Constant(int64, g), w)   # d·w/8 ≥ 8
+                                                         for g in range(size // 8)])
             v = quotients(builder, stages_in_registers(builder, v), div, reciprocal(builder, div), zeros=True, checked=False)
             for g, value in enumerate(v):
                 at = llvmlite.ir.Constant(int64, 8 * g)
@@ -265,6 +265,10 @@ def _decoded(packed, d, width, table, div, signs, m, out):  # pragma: no cover -
         _decoded_row(packed, d, width, table, 32, div, signs, m, out)
     elif width == 6 and table.shape[0] == 64:
         _decoded_row(packed, d, width, table, 64, div, signs, m, out)
+    elif width == 7 and table.shape[0] == 128:
+        _decoded_row(packed, d, width, table, 128, div, signs, m, out)
+    elif width == 8 and table.shape[0] == 256:
+        _decoded_row(packed, d, width, table, 256, div, signs, m, out)
     else:
         _decoded_row(packed, d, width, table, 0, div, signs, m, out)
 
