@@ -323,44 +323,60 @@ def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
         _pack_row(q, width, packed[r])
 
 
+class GridCodes:
+    """IR: the codes of vectors of 8 float32 by scalar_quantizer._Grid: v clamped to [lo, hi] (NaN
+    to hi), its cell floor(v·inv_h) − origin, and first[cell] + [cand[cell] < v] with both read by
+    one 64-bit gather of grid_tables' combined entry (the count above, cand's float32 bits below;
+    LLVM's masked gather: one vpgatherdq on AVX-512). lo, hi, inv_h float32 and origin int32
+    scalars; entries: a pointer to the combined entries (int64)."""
+
+    def __init__(self, builder, lo, hi, inv_h, origin, entries):
+        int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
+        self.vector, self.cells, self.wide = (llvmlite.ir.VectorType(kind, 8) for kind in (llvmlite.ir.FloatType(), int32, int64))
+        self.floor = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(self.vector, [self.vector]),
+                                                    "llvm.floor.v8f32")
+        self.pointers = llvmlite.ir.VectorType(int64.as_pointer(), 8)
+        self.flags = llvmlite.ir.VectorType(llvmlite.ir.IntType(1), 8)
+        self.gathered = cgutils.get_or_insert_function(
+            builder.module, llvmlite.ir.FunctionType(self.wide, [self.pointers, int32, self.flags, self.wide]),
+            "llvm.masked.gather.v8i64.v8p0")
+        self.base = splat(builder, builder.ptrtoint(entries, int64), 8)
+        self.low, self.high, self.scale, self.start = (splat(builder, value, 8) for value in (lo, hi, inv_h, origin))
+
+    def codes(self, builder, v):
+        """The codes (int32) of the vector v."""
+        int32 = llvmlite.ir.IntType(32)
+        clamped = builder.select(builder.fcmp_ordered("<", v, self.low), self.low, v)
+        clamped = builder.select(builder.fcmp_ordered("<=", clamped, self.high), clamped, self.high)    # NaN to hi
+        cell = builder.sub(builder.fptosi(builder.call(self.floor, [builder.fmul(clamped, self.scale)]), self.cells), self.start)
+        at = builder.inttoptr(builder.add(self.base, builder.mul(builder.sext(cell, self.wide),
+                                                                 llvmlite.ir.Constant(self.wide, [8] * 8))), self.pointers)
+        entry = builder.call(self.gathered, [at, llvmlite.ir.Constant(int32, 8), llvmlite.ir.Constant(self.flags, [1] * 8),
+                                             llvmlite.ir.Constant(self.wide, None)])
+        below = builder.trunc(builder.lshr(entry, llvmlite.ir.Constant(self.wide, [32] * 8)), self.cells)
+        inside = builder.fcmp_ordered("<", builder.bitcast(builder.trunc(entry, self.cells), self.vector), v)
+        return builder.add(below, builder.zext(inside, self.cells))
+
+
 @intrinsic
 def _grid_blocks(typingctx, y, n, lo, hi, inv_h, origin, first, cand, q):
-    """_grid_row's codes for the first n entries of y (a multiple of 8), 8 entries a vector: the
-    clamp, the cell floor(v·inv_h) − origin, and first[cell] + [cand[cell] < y] with both read by
-    one 64-bit gather of grid_tables' combined entry (the count above, cand's float32 bits below;
-    LLVM's masked gather: one vpgatherdq on AVX-512). float32 rows only: returns the entries
-    coded, n, or 0 (the caller codes the rest). first int64 (grid_tables), q int32; contiguous."""
+    """_grid_row's codes for the first n entries of y (a multiple of 8), 8 entries a vector
+    (GridCodes). float32 rows only: returns the entries coded, n, or 0 (the caller codes the
+    rest). first int64 (grid_tables), q int32; contiguous."""
     if y.layout != "C" or first.layout != "C" or cand.layout != "C" or q.layout != "C":
         return None
     vectorised = y.dtype == types.float32 and first.dtype == types.int64
 
     def codegen(context, builder, signature, args):
-        int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
+        int64 = llvmlite.ir.IntType(64)
         if not vectorised:
             return llvmlite.ir.Constant(int64, 0)
         ya, fa, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 6, 8))
-        lo, hi, inv_h, origin = args[2:6]
-        float32 = llvmlite.ir.FloatType()
-        vector, cells, wide = (llvmlite.ir.VectorType(kind, 8) for kind in (float32, int32, int64))
-        floor = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(vector, [vector]), "llvm.floor.v8f32")
-        pointers = llvmlite.ir.VectorType(int64.as_pointer(), 8)
-        flags = llvmlite.ir.VectorType(llvmlite.ir.IntType(1), 8)
-        gathered = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(wide, [pointers, int32, flags, wide]),
-                                                  "llvm.masked.gather.v8i64.v8p0")
-        base = splat(builder, builder.ptrtoint(fa.data, int64), 8)
-        low, high, scale, start = splat(builder, lo, 8), splat(builder, hi, 8), splat(builder, inv_h, 8), splat(builder, origin, 8)
+        vector = llvmlite.ir.VectorType(llvmlite.ir.FloatType(), 8)
+        grid = GridCodes(builder, *args[2:6], fa.data)
         with counted_loop(builder, args[1], 8, name="grid") as block:
-            v = load_vector(context, builder, ya, block.index, vector)
-            clamped = builder.select(builder.fcmp_ordered("<", v, low), low, v)
-            clamped = builder.select(builder.fcmp_ordered("<=", clamped, high), clamped, high)    # NaN to hi
-            cell = builder.sub(builder.fptosi(builder.call(floor, [builder.fmul(clamped, scale)]), cells), start)
-            at = builder.inttoptr(builder.add(base, builder.mul(builder.sext(cell, wide), llvmlite.ir.Constant(wide, [8] * 8))),
-                                  pointers)
-            entry = builder.call(gathered, [at, llvmlite.ir.Constant(int32, 8), llvmlite.ir.Constant(flags, [1] * 8),
-                                            llvmlite.ir.Constant(wide, None)])
-            below = builder.trunc(builder.lshr(entry, llvmlite.ir.Constant(wide, [32] * 8)), cells)
-            inside = builder.fcmp_ordered("<", builder.bitcast(builder.trunc(entry, cells), vector), v)
-            store_vector(context, builder, builder.add(below, builder.zext(inside, cells)), qa, block.index)
+            store_vector(context, builder, grid.codes(builder, load_vector(context, builder, ya, block.index, vector)),
+                         qa, block.index)
         return args[1]
     return types.int64(y, n, lo, hi, inv_h, origin, first, cand, q), codegen
 
