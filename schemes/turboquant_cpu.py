@@ -24,7 +24,8 @@ Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_ro
 y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
 8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 2- to 5-bit codes
 (and 6- and 7-bit with AVX-512: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
-instead of counting or the grid (_searched_rows); a decode without a sketch of a
+instead of counting or the grid (_searched_rows), and those of 6 to 8 bits that are not searched
+take the grid's codes in registers (_gridded_rows); a decode without a sketch of a
 row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
 and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch thread budget like the
 other loops, K's and V's in one hand-off (compiled.by_row_blocks, deferred to the scheme's
@@ -51,7 +52,7 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl, scalar_quantizer
 from .hadamard_cpu import REGISTER_ROW_MAX, REGISTER_ROWS, _butterflies, stages_in_registers, transform
-from .scalar_quantizer_cpu import GroupReader, counts_in_registers, looked_up_row, store_packed, _count_row, _dequantize_row, _grid_row, _pack_row, \
+from .scalar_quantizer_cpu import GridCodes, GroupReader, counts_in_registers, looked_up_row, store_packed, _count_row, _dequantize_row, _grid_row, _pack_row, \
     grid_scalars, grid_tables, lookup_table, search_table, searches_in_registers
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
@@ -100,9 +101,11 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
         return None
     counted = t is not types.none
     searched = width.literal_value
-    packs = q.dtype == types.uint8           # q the packed rows: codes of width 1 or searched ones packed there
+    packs = q.dtype == types.uint8           # q the packed rows: codes of width 1, searched or gridded ones packed there
     packs_bits = searched == 1
-    if packs != (packs_bits or searched >= 2) or (packs and not counted):
+    gridded = isinstance(t, types.BaseTuple)
+    if packs != (packs_bits or searched >= 2) or (packs and not counted) or \
+            (gridded and (x.dtype != types.float32 or not packs)):
         return None
     rows = count.literal_value
 
@@ -177,10 +180,21 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
                         byte = builder.bitcast(builder.shuffle_vector(above, above, reverse), llvmlite.ir.IntType(8))
                         builder.store(byte, builder.gep(qa.data, [builder.add(start, llvmlite.ir.Constant(int64, k))]))
             elif counted:
-                ta = context.make_array(signature.args[10])(context, builder, args[10])
+                if gridded:             # t = (lo, hi, inv_h, origin as float32; grid_tables' combined entries)
+                    scalars, entries = (context.make_array(kind)(context, builder, builder.extract_value(args[10], k))
+                                        for k, kind in enumerate(t.types))
+                    lo, hi, inv_h, origin = (builder.load(builder.gep(scalars.data, [llvmlite.ir.Constant(int64, k)]))
+                                             for k in range(4))
+                    grid = GridCodes(builder, lo, hi, inv_h, builder.fptosi(origin, llvmlite.ir.IntType(32)), entries.data)
+                else:
+                    ta = context.make_array(signature.args[10])(context, builder, args[10])
                 for r in range(rows):
-                    codes = searches_in_registers(context, builder, ta, rotated[r], searched) if searched else \
-                        counts_in_registers(context, builder, ta, rotated[r])
+                    if gridded:
+                        codes = [grid.codes(builder, value) for value in rotated[r]]
+                    elif searched:
+                        codes = searches_in_registers(context, builder, ta, rotated[r], searched)
+                    else:
+                        codes = counts_in_registers(context, builder, ta, rotated[r])
                     if packs:                   # into the packed row first + r
                         start = builder.mul(rows_of[r], builder.extract_value(qa.shape, 1))
                         store_packed(builder, codes, searched, builder.gep(qa.data, [start]))
@@ -396,6 +410,22 @@ def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms,
 
 
 @numba.jit(**FLAT_JIT)
+def _gridded_rows(x, first_row, per_sign, signs, one, div, width, grid, norms, packed, y):  # pragma: no cover - compiled
+    """_searched_rows for codes of 6 to 8 bits found by the grid (scalar_quantizer_cpu.GridCodes)
+    in registers: grid = (lo, hi, inv_h, origin as float32; grid_tables' combined entries)."""
+    d = x.shape[1]
+    for r in range(x.shape[0]):
+        s = (first_row + r) // per_sign
+        if width == 6:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, grid, packed, 6)
+        elif width == 7:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, grid, packed, 7)
+        else:
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, grid, packed, 8)
+        norms[r] = np.float32(peak * sigma)
+
+
+@numba.jit(**FLAT_JIT)
 def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, one, div,
                  sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out, y, c, held, fused):  # pragma: no cover - compiled
     """out[r] (d) = s ⊙ H(ŷ)/√d · norms[r] with ŷ the centroids of packed[r]'s codes (0 at width
@@ -482,7 +512,10 @@ def _encode_tables(book, dtype: torch.dtype, d: int) -> tuple:
         g = (*grid_scalars(kind, grid.lo, grid.hi, grid.inv_h, grid.origin), *grid_tables(grid.first, grid.cand))
     as_int = np.int32 if kind == np.float32 else np.int64
     root = kind(math.sqrt(d))
-    return t, grid is not None, g, c, kind(1), root, lanes, fma_tail, as_int, as_int(np.iinfo(as_int).max), searched
+    # the grid as the register pass reads it (_gridded_rows), float32 rows
+    in_registers = (np.array(g[:4], np.float32), g[4]) if grid is not None and kind == np.float32 else None
+    return t, grid is not None, g, c, kind(1), root, lanes, fma_tail, as_int, as_int(np.iinfo(as_int).max), searched, \
+        in_registers
 
 
 def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -492,7 +525,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     uint8 (B, H, S, ⌈d/8⌉). signs (B, H, d) ±1; book the width's Lloyd–Max codebook (None at
     width 0): its thresholds code, its centroids in x's dtype are the residual's reconstruction."""
     b, h, n, d = x.shape
-    t, use_grid, g, c, one, root, lanes, fma_tail, as_int, mask, searched = _encode_tables(book, x.dtype, d)
+    t, use_grid, g, c, one, root, lanes, fma_tail, as_int, mask, searched, register_grid = _encode_tables(book, x.dtype, d)
     x = x.detach().contiguous()
     rows = b * h * n
     sketch = sketch_signs is not None
@@ -517,11 +550,17 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     # a pair's codes would come from the grid (d = 64, 5 bits on a Zen 4: searched single rows 100
     # ns a row against pairs' 116)
     searching = searched is not None and not sketch and in_registers and (use_grid or not paired)
+    # rows one at a time in registers whose codes of 6 to 8 bits the grid finds there
+    gridding = not searching and register_grid is not None and not sketch and in_registers and not paired and width >= 6
 
     def run(start, stop):
         if searching:
             _searched_rows(xr[start:stop], start, n, sr, one, root, width, searched, nr[start:stop], pr[start:stop],
                            _nothing(xr.dtype.type, (1, d)))
+            return
+        if gridding:
+            _gridded_rows(xr[start:stop], start, n, sr, one, root, width, register_grid, nr[start:stop], pr[start:stop],
+                          _nothing(xr.dtype.type, (1, d)))
             return
         held = np.zeros(1, xr.dtype)                        # one per thread
         _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
