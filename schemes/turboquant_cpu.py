@@ -24,8 +24,8 @@ Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_ro
 y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
 8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 2- to 5-bit codes
 (and 6- and 7-bit with AVX-512: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
-instead of counting or the grid (_searched_rows), and those of 6 to 8 bits that are not searched
-take the grid's codes in registers (_gridded_rows); a decode without a sketch of a
+instead of counting or the grid, and those of 6 to 8 bits that are not searched take the grid's
+codes in registers, both packed there (_packed_rows); a decode without a sketch of a
 row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
 and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch thread budget like the
 other loops, K's and V's in one hand-off (compiled.by_row_blocks, deferred to the scheme's
@@ -384,13 +384,15 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 
 
 @numba.jit(**FLAT_JIT)
-def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y):  # pragma: no cover - compiled
+def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y):  # pragma: no cover - compiled
     """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
-    no sketch) whose codes of a width in SEARCHED_WIDTHS (2..7) come from a binary search over the
-    thresholds (table: their search_table): norms[r] and packed[r], packed in registers (y an
-    unused stand-in for the pass's rotated row, not stored). A loop of its own: one
-    compiled with _encode_rows' other paths ran those up to 1.3x slower (one thread, d = 128,
-    1- and 2-bit codes, on an AVX2 EPYC), the search's tables held across the whole loop."""
+    no sketch) whose codes are found and packed in registers: norms[r] and packed[r] (y an unused
+    stand-in for the pass's rotated row, not stored). Codes of a width in SEARCHED_WIDTHS (2..7)
+    by a binary search over the thresholds, table their search_table; codes of 6 to 8 bits that
+    are not searched by the grid (scalar_quantizer_cpu.GridCodes), table = (lo, hi, inv_h, origin
+    as float32; grid_tables' combined entries). A loop of its own: one compiled with
+    _encode_rows' other paths ran those up to 1.3x slower (one thread, d = 128, 1- and 2-bit
+    codes, on an AVX2 EPYC), the tables held across the whole loop."""
     d = x.shape[1]
     for r in range(x.shape[0]):
         s = (first_row + r) // per_sign
@@ -404,24 +406,10 @@ def _searched_rows(x, first_row, per_sign, signs, one, div, width, table, norms,
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 5)
         elif width == 6:
             peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 6)
-        else:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 7)
-        norms[r] = np.float32(peak * sigma)
-
-
-@numba.jit(**FLAT_JIT)
-def _gridded_rows(x, first_row, per_sign, signs, one, div, width, grid, norms, packed, y):  # pragma: no cover - compiled
-    """_searched_rows for codes of 6 to 8 bits found by the grid (scalar_quantizer_cpu.GridCodes)
-    in registers: grid = (lo, hi, inv_h, origin as float32; grid_tables' combined entries)."""
-    d = x.shape[1]
-    for r in range(x.shape[0]):
-        s = (first_row + r) // per_sign
-        if width == 6:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, grid, packed, 6)
         elif width == 7:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, grid, packed, 7)
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 7)
         else:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, grid, packed, 8)
+            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 8)
         norms[r] = np.float32(peak * sigma)
 
 
@@ -512,7 +500,7 @@ def _encode_tables(book, dtype: torch.dtype, d: int) -> tuple:
         g = (*grid_scalars(kind, grid.lo, grid.hi, grid.inv_h, grid.origin), *grid_tables(grid.first, grid.cand))
     as_int = np.int32 if kind == np.float32 else np.int64
     root = kind(math.sqrt(d))
-    # the grid as the register pass reads it (_gridded_rows), float32 rows
+    # the grid as the register pass reads it (_packed_rows), float32 rows
     in_registers = (np.array(g[:4], np.float32), g[4]) if grid is not None and kind == np.float32 else None
     return t, grid is not None, g, c, kind(1), root, lanes, fma_tail, as_int, as_int(np.iinfo(as_int).max), searched, \
         in_registers
@@ -554,13 +542,9 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     gridding = not searching and register_grid is not None and not sketch and in_registers and not paired and width >= 6
 
     def run(start, stop):
-        if searching:
-            _searched_rows(xr[start:stop], start, n, sr, one, root, width, searched, nr[start:stop], pr[start:stop],
-                           _nothing(xr.dtype.type, (1, d)))
-            return
-        if gridding:
-            _gridded_rows(xr[start:stop], start, n, sr, one, root, width, register_grid, nr[start:stop], pr[start:stop],
-                          _nothing(xr.dtype.type, (1, d)))
+        if searching or gridding:
+            _packed_rows(xr[start:stop], start, n, sr, one, root, width, searched if searching else register_grid,
+                         nr[start:stop], pr[start:stop], _nothing(xr.dtype.type, (1, d)))
             return
         held = np.zeros(1, xr.dtype)                        # one per thread
         _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
