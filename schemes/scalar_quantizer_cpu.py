@@ -223,8 +223,7 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
     candidates of level k, 2^(k−1) of them: one broadcast, two by a select on the first
     comparison, four and more by permutes (_permuted on c's high bits). With SEARCH_LANES 16, two
     vectors of 8 go as one of 16 (an even count of them, from WIDE_SEARCH_MIN_WIDTH bits on).
-    sa: search_table's array struct for
-    the width, a literal w in SEARCHED_WIDTHS."""
+    sa: search_table's array struct for the width, a literal w in SEARCHED_WIDTHS."""
     int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
     n_lanes = SEARCH_LANES if len(vectors) % 2 == 0 and width >= WIDE_SEARCH_MIN_WIDTH else 8
     lanes, vector = llvmlite.ir.VectorType(int32, n_lanes), llvmlite.ir.VectorType(llvmlite.ir.FloatType(), n_lanes)

@@ -88,10 +88,11 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     None) also step 3's codes into q's row k from the row still in registers: at `width` 0 by
     counting them (scalar_quantizer_cpu's counts_in_registers), at a width of
     scalar_quantizer_cpu.SEARCHED_WIDTHS (a literal; t then its search_table) by a binary search
-    (searches_in_registers). Where q is the packed rows (uint8), the codes are packed in registers
-    into its rows first, first + 1, and y is not stored: searched ones by
-    scalar_quantizer_cpu.store_packed, and at `width` 1 (t its one threshold) the 1-bit codes a
-    byte a vector of 8. Two rows go step by step side by side: a row's chain of dependent
+    (searches_in_registers), with t the grid's (scalars, entries) tuple of _packed_rows (float32)
+    by the grid (scalar_quantizer_cpu.GridCodes). Where q is the packed rows (uint8), the codes
+    are packed in registers into its rows first, first + 1, and y is not stored: searched and
+    gridded ones by scalar_quantizer_cpu.store_packed, and at `width` 1 (t its one threshold) the
+    1-bit codes a byte a vector of 8. Two rows go step by step side by side: a row's chain of dependent
     steps (its norm's sum is 23 additions in a fixed order) leaves the CPU's units idle that the
     other row's steps fill. Returns (p, σ) of each row, flattened. x,
     signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
