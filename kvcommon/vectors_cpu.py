@@ -89,6 +89,18 @@ def splat(builder: ir.IRBuilder, value: ir.Value, lanes: int) -> ir.Value:
     return builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
 
 
+def joined(builder: ir.IRBuilder, vectors: list) -> list:
+    """Consecutive pairs of `vectors` (of 8 lanes; an even count) as vectors of 16: a, b -> a ‖ b."""
+    order = ir.Constant(ir.VectorType(ir.IntType(32), 16), list(range(16)))
+    return [builder.shuffle_vector(a, b, order) for a, b in zip(vectors[::2], vectors[1::2])]
+
+
+def halved(builder: ir.IRBuilder, vectors: list) -> list:
+    """Vectors of 16 lanes as twice as many of 8, each one's low half first (joined undone)."""
+    halves = [ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(h, h + 8))) for h in (0, 8)]
+    return [builder.shuffle_vector(v, v, half) for v in vectors for half in halves]
+
+
 def vector_pointer(context, builder: ir.IRBuilder, array, index: ir.Value, vector: ir.VectorType) -> ir.Value:
     """A pointer to the vector of `vector`'s lanes starting at element `index` of the numba array
     struct `array` (contiguous)."""

@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
-from kvcommon.vectors_cpu import by_size, counted_loop, gather, has_feature, load_vector, splat, store_vector
+from kvcommon.vectors_cpu import by_size, counted_loop, gather, halved, has_feature, joined, load_vector, splat, store_vector
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
 # each element (_count_blocks: a block of 8 elements against each threshold in turn, the count in
@@ -60,11 +60,20 @@ def _pack_groups(typingctx, q, groups, width, out):
 
 def store_packed(builder, codes: list, width: int, at) -> None:
     """IR: the codes of a row held in registers (`codes`: vectors of 8 int32, each below 2^width,
-    2 <= width <= 8) stored packed big-endian (packing.pack_bits' layout) from the byte pointer
-    `at` on, exactly len(codes)·width bytes: each vector's codes shifted into one word (32 bits
+    1 <= width <= 8) stored packed big-endian (packing.pack_bits' layout) from the byte pointer
+    `at` on, exactly len(codes)·width bytes. 1-bit codes: a vector's 8 bits, lanes reversed (lane
+    0 the highest), read as one byte. Wider: each vector's codes shifted into one word (32 bits
     for widths up to 4, else 64) and or-ed together, its bytes in memory order by a byte swap; the
     word stored whole (its bytes past the group's `width` are the next group's, which overwrites
     them) but for the last group, stored in pieces of 8, 4, 2 and 1 bytes."""
+    if width == 1:
+        bits8 = llvmlite.ir.VectorType(llvmlite.ir.IntType(1), 8)
+        reverse = llvmlite.ir.Constant(llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8), list(range(7, -1, -1)))
+        for g, code in enumerate(codes):
+            lanes = builder.trunc(code, bits8)
+            byte = builder.bitcast(builder.shuffle_vector(lanes, lanes, reverse), llvmlite.ir.IntType(8))
+            builder.store(byte, builder.gep(at, [llvmlite.ir.Constant(llvmlite.ir.IntType(64), g)]))
+        return
     bits = 32 if 8 * width <= 32 else 64
     word_type = llvmlite.ir.IntType(bits)
     words = llvmlite.ir.VectorType(word_type, 8)
@@ -238,8 +247,7 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
                            for m in range(max(n // n_lanes, 1))])
         start += max(n, SEARCH_LANES)
     if n_lanes == 16:
-        joined = llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 16), list(range(16)))
-        vectors = [builder.shuffle_vector(a, b, joined) for a, b in zip(vectors[::2], vectors[1::2])]
+        vectors = joined(builder, vectors)
     zero = llvmlite.ir.Constant(lanes, None)
     out = []
     for v in vectors:
@@ -257,10 +265,7 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
             c = builder.or_(c, builder.and_(taken, llvmlite.ir.Constant(lanes, [step] * n_lanes)))
         top = llvmlite.ir.Constant(lanes, [(1 << width) - 1] * n_lanes)
         out.append(builder.select(builder.fcmp_unordered("uno", v, v), top, c))
-    if n_lanes == 16:
-        halves = [llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 8), list(range(h, h + 8))) for h in (0, 8)]
-        out = [builder.shuffle_vector(c, c, half) for c in out for half in halves]
-    return out
+    return halved(builder, out) if n_lanes == 16 else out
 
 
 # the row lengths _count_in_registers holds in registers
@@ -532,17 +537,10 @@ def looked_up_row(context, builder, reader, starts: list) -> list:
     codes = [reader.codes(builder, start, long_row=True) for start in starts]
     if not (has_feature("avx512f") and reader.held >= WIDE_LOOKUP_MIN_ENTRIES and len(codes) % 2 == 0):
         return [reader.looked_up(builder, c) for c in codes]
-    int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
     wide = llvmlite.ir.VectorType(reader.element, 16)
-    table = [load_vector(context, builder, reader.ta, llvmlite.ir.Constant(int64, 16 * k), wide)
+    table = [load_vector(context, builder, reader.ta, llvmlite.ir.Constant(llvmlite.ir.IntType(64), 16 * k), wide)
              for k in range(reader.held // 16)]
-    joined = llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 16), list(range(16)))
-    halves = [llvmlite.ir.Constant(llvmlite.ir.VectorType(int32, 8), list(range(h, h + 8))) for h in (0, 8)]
-    out = []
-    for a, b in zip(codes[::2], codes[1::2]):
-        values = _permuted(builder, table, builder.shuffle_vector(a, b, joined), reader.held)
-        out.extend(builder.shuffle_vector(values, values, half) for half in halves)
-    return out
+    return halved(builder, [_permuted(builder, table, pair, reader.held) for pair in joined(builder, codes)])
 
 
 @intrinsic(prefer_literal=True)

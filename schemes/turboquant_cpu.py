@@ -91,8 +91,8 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     (searches_in_registers), with t the grid's (scalars, entries) tuple of _packed_rows (float32)
     by the grid (scalar_quantizer_cpu.GridCodes). Where q is the packed rows (uint8), the codes
     are packed in registers into its rows first, first + 1, and y is not stored: searched and
-    gridded ones by scalar_quantizer_cpu.store_packed, and at `width` 1 (t its one threshold) the
-    1-bit codes a byte a vector of 8. Two rows go step by step side by side: a row's chain of dependent
+    gridded ones and, at `width` 1 (t its one threshold), 1-bit codes, by
+    scalar_quantizer_cpu.store_packed. Two rows go step by step side by side: a row's chain of dependent
     steps (its norm's sum is 23 additions in a fixed order) leaves the CPU's units idle that the
     other row's steps fill. Returns (p, σ) of each row, flattened. x,
     signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
@@ -168,19 +168,7 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
                     rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
                     if not packs:           # y is read after the pass only where the codes are not packed here
                         store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
-            if counted and packs_bits:
-                # one threshold: the code is [t < v] (NaN: 1, the top index), a bit a lane, lane 0
-                # the byte's highest bit (packing.pack_bits' order), one byte a vector of 8
-                ta = context.make_array(signature.args[10])(context, builder, args[10])
-                threshold = splat(builder, builder.load(ta.data), 8)
-                reverse = llvmlite.ir.Constant(llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8), list(range(7, -1, -1)))
-                for r in range(rows):
-                    start = builder.mul(rows_of[r], builder.extract_value(qa.shape, 1))
-                    for k, value in enumerate(rotated[r]):
-                        above = builder.fcmp_unordered("<", threshold, value)
-                        byte = builder.bitcast(builder.shuffle_vector(above, above, reverse), llvmlite.ir.IntType(8))
-                        builder.store(byte, builder.gep(qa.data, [builder.add(start, llvmlite.ir.Constant(int64, k))]))
-            elif counted:
+            if counted:
                 if gridded:             # t = (lo, hi, inv_h, origin as float32; grid_tables' combined entries)
                     scalars, entries = (context.make_array(kind)(context, builder, builder.extract_value(args[10], k))
                                         for k, kind in enumerate(t.types))
@@ -189,9 +177,13 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
                     grid = GridCodes(builder, lo, hi, inv_h, builder.fptosi(origin, llvmlite.ir.IntType(32)), entries.data)
                 else:
                     ta = context.make_array(signature.args[10])(context, builder, args[10])
+                    threshold = splat(builder, builder.load(ta.data), 8) if packs_bits else None
                 for r in range(rows):
                     if gridded:
                         codes = [grid.codes(builder, value) for value in rotated[r]]
+                    elif packs_bits:    # one threshold: the code is [t < v], 1 for NaN (the top index)
+                        codes = [builder.zext(builder.fcmp_unordered("<", threshold, value), llvmlite.ir.VectorType(
+                            llvmlite.ir.IntType(32), 8)) for value in rotated[r]]
                     elif searched:
                         codes = searches_in_registers(context, builder, ta, rotated[r], searched)
                     else:
@@ -502,9 +494,9 @@ def _encode_tables(book, dtype: torch.dtype, d: int) -> tuple:
     as_int = np.int32 if kind == np.float32 else np.int64
     root = kind(math.sqrt(d))
     # the grid as the register pass reads it (_packed_rows), float32 rows
-    in_registers = (np.array(g[:4], np.float32), g[4]) if grid is not None and kind == np.float32 else None
+    register_grid = (np.array(g[:4], np.float32), g[4]) if grid is not None and kind == np.float32 else None
     return t, grid is not None, g, c, kind(1), root, lanes, fma_tail, as_int, as_int(np.iinfo(as_int).max), searched, \
-        in_registers
+        register_grid
 
 
 def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs: torch.Tensor | None) -> dict[str, torch.Tensor]:
