@@ -190,22 +190,39 @@ def counts_in_registers(context, builder, ta, vectors: list) -> list:
 # bits (32 candidates on the last level, four permutes) no faster than the grid. With AVX-512's
 # two-table permutes, on a Zen 4 EPYC, 16 x 1024 rows against the grid: 6 bits 222 -> 176 ns a
 # row at d = 128 and 416 -> 341 at d = 256 (vectors of 8), 7 bits 221 -> 175 at d = 128 and
-# 466 -> 365 at d = 256 (vectors of 16: SEARCH_LANES), while 8 bits took 225 against 205. 2 bits
+# 466 -> 365 at d = 256 (vectors of 16: SEARCH_LANES), while 8 bits took 225 against 205 (since folded: FOLDED_WIDTHS). 2 bits
 # (a broadcast and a select; the codes then packed in registers, turboquant_cpu) 125 -> 109 ns a
 # row against counting, d = 128 (AVX2 code on the same CPU 148 -> 117).
-SEARCHED_WIDTHS = (2, 3, 4, 5, 6, 7) if has_feature("avx512vl") else (2, 3, 4, 5)
+SEARCHED_WIDTHS = (2, 3, 4, 5, 6, 7, 8) if has_feature("avx512vl") else (2, 3, 4, 5, 6)
+# The widths whose search goes over the thresholds' positive half alone, one level fewer
+# (searches_in_registers), where the codebook is symmetric about 0 as Lloyd–Max's of a symmetric
+# density is; search_table declines any other. One thread, encode of 16 x 1024 rows of 128 on a
+# Zen 4 EPYC (the searches level by level): 8 bits 164 ns a row by the full search, 156 folded,
+# 189 by the grid; 7 bits 147 -> 145 and 6 bits 137 -> 144 folded, so not folded. AVX2 code on
+# the same CPU: 6 bits 193 by the full search, 173-176 folded, about 190 by the grid; 7 bits
+# folded 208-245 against the grid's 177-184.
+FOLDED_WIDTHS = (8,) if has_feature("avx512vl") else (6,)
 
 
 def search_table(thresholds: np.ndarray) -> np.ndarray | None:
     """The 2^w − 1 thresholds of a width w in SEARCHED_WIDTHS (float32, ascending) as
     searches_in_registers reads them, level by level: level k = 1..w holds the 2^(k−1)
     thresholds t[(2j + 1)·2^(w−k) − 1] (j < 2^(k−1)) its comparisons can take, padded with zeros
-    to at least SEARCH_LANES entries. None where the search does not apply: another count or dtype,
-    thresholds out of order, or no AVX2 (permutes pick the candidates)."""
+    to at least SEARCH_LANES entries. At a width of FOLDED_WIDTHS, the levels of the w − 1 bits
+    of the positive half t[h + 1:] (h = 2^(w−1) − 1), which must mirror the negative one exactly
+    about t[h] = 0 (t[h + 1 + j] = −t[h − 1 − j]), all finite. None where the search does not
+    apply: another count or dtype, thresholds out of order, a folded width's thresholds not so,
+    or no AVX2 (permutes pick the candidates)."""
     width = len(thresholds).bit_length()
     if thresholds.dtype != np.float32 or len(thresholds) != (1 << width) - 1 or width not in SEARCHED_WIDTHS or \
             not np.all(thresholds[1:] >= thresholds[:-1]) or not has_feature("avx2"):
         return None
+    if width in FOLDED_WIDTHS:
+        h = len(thresholds) // 2
+        if thresholds[h] != 0 or not np.all(np.isfinite(thresholds)) or \
+                not np.array_equal(thresholds[h + 1:], -thresholds[:h][::-1]):
+            return None
+        thresholds, width = thresholds[h + 1:], width - 1
     levels = []
     for k in range(1, width + 1):
         step = 1 << (width - k)
@@ -237,8 +254,17 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
     dependent steps (a shift, a permute, a comparison, an or), and the CPU runs independent ones
     side by side only as far as it sees ahead — one thread, a row of 128 on a Zen 4 EPYC, 7 bits
     164 -> 147 ns a row and 6 bits 145 -> 137 (vectors of 8 gain nothing: 5 bits 132 -> 136).
+    At a width of FOLDED_WIDTHS the search goes over the positive half P of the thresholds
+    (search_table's; the middle one 0, the halves mirrored), w − 1 levels, with a key in place of
+    v: for v > 0, |v|, and the code 2^(w−1) + #{P < v} (every threshold ≤ 0 lies below v); for
+    v ≤ 0, the next float above |v| (its bits + 1; +inf kept), #{P < next(|v|)} = #{P ≤ |v|},
+    and the code #{P > |v|} = 2^(w−1) − 1 − #{P ≤ |v|} (t = −p lies below v exactly where p > −v);
+    both an exclusive or of the count with 2^(w−1) or 2^(w−1) − 1. NaN takes the top index.
     sa: search_table's array struct for the width, a literal w in SEARCHED_WIDTHS."""
     int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
+    folded = width in FOLDED_WIDTHS
+    top = (1 << width) - 1
+    width -= folded                 # the levels searched
     n_lanes = SEARCH_LANES if len(vectors) % 2 == 0 and width >= WIDE_SEARCH_MIN_WIDTH else 8
     lanes, vector = llvmlite.ir.VectorType(int32, n_lanes), llvmlite.ir.VectorType(llvmlite.ir.FloatType(), n_lanes)
     levels, start = [], 0
@@ -254,13 +280,26 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
     if n_lanes == 16:
         vectors = joined(builder, vectors)
     zero = llvmlite.ir.Constant(lanes, None)
-    top = llvmlite.ir.Constant(lanes, [(1 << width) - 1] * n_lanes)
+
+    def constant(value):
+        return llvmlite.ir.Constant(lanes, [value] * n_lanes)
+
+    def keyed(v):
+        """(the value the levels compare, whether v > 0)."""
+        if not folded:
+            return v, None
+        above = builder.fcmp_ordered(">", v, llvmlite.ir.Constant(vector, None))
+        size = builder.and_(builder.bitcast(v, lanes), constant(0x7FFFFFFF))
+        up = builder.add(size, constant(1))
+        up = builder.select(builder.icmp_unsigned("<", up, constant(0x7F800000)), up, constant(0x7F800000))
+        return builder.bitcast(builder.select(above, size, up), vector), above
     out = []
     for block in ([vectors] if n_lanes == 16 else [[v] for v in vectors]):
+        keys = [keyed(v) for v in block]
         codes = [zero] * len(block)
         for k, candidates in enumerate(levels, start=1):
-            step = llvmlite.ir.Constant(lanes, [1 << (width - k)] * n_lanes)
-            for i, (v, c) in enumerate(zip(block, codes)):
+            step = constant(1 << (width - k))
+            for i, ((v, _), c) in enumerate(zip(keys, codes)):
                 if k == 1:
                     threshold = candidates[0]
                 elif k == 2:
@@ -269,7 +308,10 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
                     index = builder.lshr(c, llvmlite.ir.Constant(lanes, [width - k + 1] * n_lanes))   # c / 2s
                     threshold = _permuted(builder, candidates, index, max(n_lanes, 1 << (k - 1)))
                 codes[i] = builder.or_(c, builder.and_(builder.sext(builder.fcmp_ordered("<", threshold, v), lanes), step))
-        out += [builder.select(builder.fcmp_unordered("uno", v, v), top, c) for v, c in zip(block, codes)]
+        if folded:
+            codes = [builder.xor(c, builder.select(above, constant(1 << width), constant((1 << width) - 1)))
+                     for c, (_, above) in zip(codes, keys)]
+        out += [builder.select(builder.fcmp_unordered("uno", v, v), constant(top), c) for v, c in zip(block, codes)]
     return halved(builder, out) if n_lanes == 16 else out
 
 

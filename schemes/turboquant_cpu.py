@@ -22,8 +22,8 @@ the codec runs its chain.
 
 Steps 1 and 2, and 3's counting, run with the row in registers (_unit_rotated_rows: loaded once,
 y stored once, two rows side by side where both fit in the registers: paired_rows) for rows of
-8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 2- to 5-bit codes
-(and 6- and 7-bit with AVX-512: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
+8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 2- to 6-bit codes
+(2- to 8-bit with AVX-512: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
 instead of counting or the grid, and those of 6 to 8 bits that are not searched take the grid's
 codes in registers, both packed there (_packed_rows); a decode without a sketch of a
 row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
@@ -380,7 +380,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y):  # pragma: no cover - compiled
     """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
     no sketch) whose codes are found and packed in registers: norms[r] and packed[r] (y an unused
-    stand-in for the pass's rotated row, not stored). Codes of a width in SEARCHED_WIDTHS (2..7)
+    stand-in for the pass's rotated row, not stored). Codes of a width in SEARCHED_WIDTHS (2..6; 2..8 with AVX-512)
     by a binary search over the thresholds, table their search_table; codes of 6 to 8 bits that
     are not searched by the grid (scalar_quantizer_cpu.GridCodes), table = (lo, hi, inv_h, origin
     as float32; grid_tables' combined entries). A loop of its own: one compiled with

@@ -21,7 +21,8 @@ from schemes.packing import pack_bits, unpack_bits, unpack_codes
 def _edge_values(thresholds: torch.Tensor) -> torch.Tensor:
     """The thresholds themselves, their float neighbours, ±0, ±inf, NaN and far-out values."""
     up, down = torch.full_like(thresholds, 10.0), torch.full_like(thresholds, -10.0)
-    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 3e38, -3e38])
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 3e38, -3e38,
+                            1e-45, -1e-45, 1e-39, -1e-39])      # subnormal in float32
     return torch.cat((thresholds, torch.nextafter(thresholds, up), torch.nextafter(thresholds, down),
                       special.to(thresholds.dtype)))
 
@@ -202,8 +203,10 @@ def _searched(y, table, width, q):
             _searched_block(y[start:start + 64], table, 5, q[start:start + 64])
         elif width == 6:
             _searched_block(y[start:start + 64], table, 6, q[start:start + 64])
-        else:
+        elif width == 7:
             _searched_block(y[start:start + 64], table, 7, q[start:start + 64])
+        else:
+            _searched_block(y[start:start + 64], table, 8, q[start:start + 64])
 
 
 @pytest.mark.skipif(not scalar_quantizer_cpu.has_feature("avx2"), reason="the search's permutes are AVX2's")
@@ -211,13 +214,19 @@ def _searched(y, table, width, q):
 @pytest.mark.parametrize("book", ["beta-128", "gaussian", "ties"])
 def test_the_binary_search_gives_the_count_of_thresholds_below(book, width):
     """searches_in_registers' codes are #{j : t_j < y} (NaN: the top index), bucketize's, on the
-    thresholds themselves, their neighbours, ±0, ±inf, NaN and far-out values, and on Gaussian
-    values: for a Lloyd–Max codebook and for ascending thresholds with runs of equal ones; and
-    search_table declines thresholds out of order, other counts and float64."""
+    thresholds themselves, their neighbours, ±0, ±inf, NaN, subnormal and far-out values, and on
+    Gaussian values: for a Lloyd–Max codebook and for ascending thresholds with runs of equal ones
+    (at a folded width mirrored about 0, zeros in the middle run); and search_table declines
+    thresholds out of order, other counts and float64, and at a folded width (FOLDED_WIDTHS)
+    thresholds not mirrored exactly or not finite."""
+    folded = width in scalar_quantizer_cpu.FOLDED_WIDTHS
     if book == "ties":
         t = np.sort(np.random.default_rng(width).normal(size=(1 << width) - 1)).astype(np.float32)
         t[1], t[-2] = t[0], t[-1]                            # runs of two at both ends, of three in the middle
         t[len(t) // 2 - 1:len(t) // 2 + 2] = t[len(t) // 2]
+        if folded:                                           # the middle run 0, the lower half the upper's mirror
+            t[len(t) // 2 - 1:len(t) // 2 + 2] = 0
+            t[:len(t) // 2] = -t[len(t) // 2 + 1:][::-1]
     else:
         cb = beta_codebook(128, width) if book == "beta-128" else gaussian_codebook(width, 1.0)
         t = torch.tensor(cb.thresholds, dtype=torch.float64).to(torch.float32).numpy()
@@ -232,6 +241,12 @@ def test_the_binary_search_gives_the_count_of_thresholds_below(book, width):
     assert scalar_quantizer_cpu.search_table(out_of_order) is None
     assert scalar_quantizer_cpu.search_table(t[1:]) is None
     assert scalar_quantizer_cpu.search_table(t.astype(np.float64)) is None
+    if folded:
+        low, high = t.copy(), t.copy()
+        low[0] = np.nextafter(t[0], np.float32(-np.inf))            # the lowest one an ulp off its mirror
+        high[0], high[-1] = -np.inf, np.inf                         # mirrored, the ends not finite
+        for lopsided in (t + np.float32(1e-3), low, high):          # shifted: the middle one not 0
+            assert np.all(lopsided[1:] >= lopsided[:-1]) and scalar_quantizer_cpu.search_table(lopsided) is None
 
 
 @numba.extending.intrinsic(prefer_literal=True)

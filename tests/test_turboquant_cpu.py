@@ -152,16 +152,16 @@ def test_fused_passes_give_the_bits_of_the_torch_reference_and_of_the_chain(
 @pytest.mark.parametrize("dim", [8, 16, 32, 64, 128, 256, 512])
 def test_every_row_length_of_the_register_pass_gives_the_chains_bits(dim, dtype, paired):
     """The lengths the encode holds a row in registers for (float32 with vector_norm's 8 lanes,
-    d = 8..256) and the first one past them, at 1-bit codes, at searched widths (single rows: 2, 3, 5 bits
-    and 7 with AVX-512, scalar_quantizer_cpu.SEARCHED_WIDTHS) and a grid width (8 bits; 7 without
-    AVX-512), with and without a sketch, on the
+    d = 8..256) and the first one past them, at 1-bit codes, at searched widths (single rows: 2, 3, 5 bits;
+    7 and 8 with AVX-512, 6 without, scalar_quantizer_cpu.SEARCHED_WIDTHS; 8 and 6 folded) and,
+    without AVX-512, grid widths (7 and 8 bits), with and without a sketch, on the
     special rows and rows of scales 1e-20..1e20: the chain's bits, with rows two at a time side
     by side and one at a time whatever this CPU's registers hold (paired_rows). Paired,
     25 tokens a head puts pairs across heads' (and trials') sign rows, 3 × 7 tokens an odd row
     count (a last row alone)."""
     for shape in ((2, 2, 25, dim), (1, 3, 7, dim)):
         x = _cache(shape, dtype, seed=dim)
-        for name, budget in (("tq-kv", 1), ("tq-kv", 2), ("tq-kv", 3), ("tq-kv", 5), ("tq-kv", 7), ("tq-kv", 8), ("tq-qkv", 4)):
+        for name, budget in (("tq-kv", 1), ("tq-kv", 2), ("tq-kv", 3), ("tq-kv", 5), ("tq-kv", 6), ("tq-kv", 7), ("tq-kv", 8), ("tq-qkv", 4)):
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(turboquant_cpu, "paired_rows", lambda d, itemsize: paired)
                 enc, k_hat, v_hat = _coded(name, budget, x, True, mp)
