@@ -116,8 +116,6 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
         int64 = llvmlite.ir.IntType(64)
         element = context.get_value_type(x.dtype)
         vector = llvmlite.ir.VectorType(element, 8)
-        whole = llvmlite.ir.IntType(context.get_abi_sizeof(element) * 8)         # the float's bits as an integer
-        as_int = llvmlite.ir.VectorType(whole, 8)
 
         def build(size):
             """The rows' steps for rows of `size` entries (size/8 vectors): [p, σ] a row."""
@@ -131,63 +129,17 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
             s_at = [places(sa, r) for r in (args[5], args[6])[:rows]]
             y_at = [places(ya, llvmlite.ir.Constant(int64, k)) for k in range(rows)]
             v = [[load_vector(context, builder, xa, i, vector) for i in at] for at in x_at]
-            # the peaks: the integer maximum of the bits with the sign cleared, a tree log2(d/8) deep
-            sign_off = llvmlite.ir.Constant(as_int, [(1 << (whole.width - 1)) - 1] * 8)
-            reduce_max = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(whole, [as_int]),
-                                                        intrinsic_name("llvm.vector.reduce.smax", as_int))
-            peaks = []
-            for row in v:
-                level = [builder.and_(builder.bitcast(value, as_int), sign_off) for value in row]
-                while len(level) > 1:
-                    level = [builder.select(builder.icmp_signed(">", a, b), a, b) for a, b in zip(level[::2], level[1::2])]
-                peak = builder.bitcast(builder.call(reduce_max, [level[0]]), element)
-                peaks.append(builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one))
-            # u = x / peak and its sum of squares in 8 accumulators, then added in order, row by row side by side
-            inverse = [reciprocal(builder, p) for p in peaks]
-            u = [[None] * n for _ in range(rows)]
-            acc = [llvmlite.ir.Constant(vector, None)] * rows
-            for k in range(n):
-                for r in range(rows):
-                    u[r][k] = quotients(builder, [v[r][k]], peaks[r], inverse[r])[0]
-                    acc[r] = builder.fadd(acc[r], builder.fmul(u[r][k], u[r][k]))   # no contraction: two roundings
-            sqrt = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(element, [element]),
-                                                  intrinsic_name("llvm.sqrt", element))
-            sigmas = [builder.call(sqrt, [lane_total(builder, a, 8)]) for a in acc]
-            held = [builder.select(builder.fcmp_ordered(">", sg, llvmlite.ir.Constant(element, 0.0)), sg, one) for sg in sigmas]
-            inverse = [reciprocal(builder, h) for h in held]
-            w = [[None] * n for _ in range(rows)]
-            for k in range(n):
-                for r in range(rows):
-                    w[r][k] = builder.fmul(quotients(builder, [u[r][k]], held[r], inverse[r])[0],
-                                           load_vector(context, builder, sa, s_at[r][k], vector))
-            stages = [stages_in_registers(builder, row) for row in w]
-            rd = reciprocal(builder, div)
-            rotated = [[None] * n for _ in range(rows)]
-            for k in range(n):
-                for r in range(rows):
-                    rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
-                    if not packs:           # y is read after the pass only where the codes are not packed here
-                        store_vector(context, builder, rotated[r][k], ya, y_at[r][k])
+            peaks, u, sigmas = _unit_steps(builder, v, one)
+
+            def stored(r, k, value):  # y is read after the pass only where the codes are not packed here
+                if not packs:
+                    store_vector(context, builder, value, ya, y_at[r][k])
+            rotated = _rotated_steps(builder, u, sigmas, lambda r, k: load_vector(context, builder, sa, s_at[r][k], vector),
+                                     div, one, stored)
             if counted:
-                if gridded:             # t = (lo, hi, inv_h, origin as float32; grid_tables' combined entries)
-                    scalars, entries = (context.make_array(kind)(context, builder, builder.extract_value(args[10], k))
-                                        for k, kind in enumerate(t.types))
-                    lo, hi, inv_h, origin = (builder.load(builder.gep(scalars.data, [llvmlite.ir.Constant(int64, k)]))
-                                             for k in range(4))
-                    grid = GridCodes(builder, lo, hi, inv_h, builder.fptosi(origin, llvmlite.ir.IntType(32)), entries.data)
-                else:
-                    ta = context.make_array(signature.args[10])(context, builder, args[10])
-                    threshold = splat(builder, builder.load(ta.data), 8) if packs_bits else None
+                codes_of = _code_finder(context, builder, t, args[10], searched)
                 for r in range(rows):
-                    if gridded:
-                        codes = [grid.codes(builder, value) for value in rotated[r]]
-                    elif packs_bits:    # one threshold: the code is [t < v], 1 for NaN (the top index)
-                        codes = [builder.zext(builder.fcmp_unordered("<", threshold, value), llvmlite.ir.VectorType(
-                            llvmlite.ir.IntType(32), 8)) for value in rotated[r]]
-                    elif searched:
-                        codes = searches_in_registers(context, builder, ta, rotated[r], searched)
-                    else:
-                        codes = counts_in_registers(context, builder, ta, rotated[r])
+                    codes = codes_of(rotated[r])
                     if packs:                   # into the packed row first + r
                         start = builder.mul(rows_of[r], builder.extract_value(qa.shape, 1))
                         store_packed(builder, codes, searched, builder.gep(qa.data, [start]))
@@ -200,6 +152,83 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
         values = by_size(builder, args[3], REGISTER_ROWS, build, [zero] * (2 * rows))
         return context.make_tuple(builder, signature.return_type, values)
     return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q, width), codegen
+
+
+def _unit_steps(builder, v, one) -> tuple[list, list, list]:
+    """IR: step 1 for rows held in registers side by side (v: each row's vectors of 8; one the
+    dtype's 1): (the peaks p, the rows u = x/p, the norms σ = √Σu²), as _unit_rotated_rows
+    describes them, each step taken for every row in turn."""
+    rows, n = len(v), len(v[0])
+    vector = v[0][0].type
+    element = vector.element
+    whole = llvmlite.ir.IntType(32 if isinstance(element, llvmlite.ir.FloatType) else 64)   # the float's bits as an integer
+    as_int = llvmlite.ir.VectorType(whole, 8)
+    # the peaks: the integer maximum of the bits with the sign cleared, a tree log2(d/8) deep
+    sign_off = llvmlite.ir.Constant(as_int, [(1 << (whole.width - 1)) - 1] * 8)
+    reduce_max = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(whole, [as_int]),
+                                                intrinsic_name("llvm.vector.reduce.smax", as_int))
+    peaks = []
+    for row in v:
+        level = [builder.and_(builder.bitcast(value, as_int), sign_off) for value in row]
+        while len(level) > 1:
+            level = [builder.select(builder.icmp_signed(">", a, b), a, b) for a, b in zip(level[::2], level[1::2])]
+        peak = builder.bitcast(builder.call(reduce_max, [level[0]]), element)
+        peaks.append(builder.select(builder.fcmp_ordered(">", peak, llvmlite.ir.Constant(element, 0.0)), peak, one))
+    # u = x / peak and its sum of squares in 8 accumulators, then added in order, row by row side by side
+    inverse = [reciprocal(builder, p) for p in peaks]
+    u = [[None] * n for _ in range(rows)]
+    acc = [llvmlite.ir.Constant(vector, None)] * rows
+    for k in range(n):
+        for r in range(rows):
+            u[r][k] = quotients(builder, [v[r][k]], peaks[r], inverse[r])[0]
+            acc[r] = builder.fadd(acc[r], builder.fmul(u[r][k], u[r][k]))   # no contraction: two roundings
+    sqrt = cgutils.get_or_insert_function(builder.module, llvmlite.ir.FunctionType(element, [element]),
+                                          intrinsic_name("llvm.sqrt", element))
+    return peaks, u, [builder.call(sqrt, [lane_total(builder, a, 8)]) for a in acc]
+
+
+def _rotated_steps(builder, u, sigmas, signs, div, one, each=None) -> list:
+    """IR: step 2 for rows held side by side: y = H((u/σ') ⊙ s)/div, σ' = σ (1 where not > 0),
+    s's vector k of row r `signs(r, k)` (loaded where it is used), as _unit_rotated_rows describes
+    it; each(r, k, y's vector k of row r) as it is made, where given."""
+    rows, n = len(u), len(u[0])
+    element = u[0][0].type.element
+    held = [builder.select(builder.fcmp_ordered(">", sg, llvmlite.ir.Constant(element, 0.0)), sg, one) for sg in sigmas]
+    inverse = [reciprocal(builder, h) for h in held]
+    w = [[None] * n for _ in range(rows)]
+    for k in range(n):
+        for r in range(rows):
+            w[r][k] = builder.fmul(quotients(builder, [u[r][k]], held[r], inverse[r])[0], signs(r, k))
+    stages = [stages_in_registers(builder, row) for row in w]
+    rd = reciprocal(builder, div)
+    rotated = [[None] * n for _ in range(rows)]
+    for k in range(n):
+        for r in range(rows):
+            rotated[r][k] = quotients(builder, [stages[r][k]], div, rd)[0]
+            if each is not None:
+                each(r, k, rotated[r][k])
+    return rotated
+
+
+def _code_finder(context, builder, t, value, width: int):
+    """IR: a function from a rotated row held in registers to its codes (vectors of 8 int32), by
+    step 3 as _unit_rotated_rows says: t the Numba type of the thresholds argument and value its
+    LLVM value; width 1 (one threshold), a searched width (t its search_table) or 0 (counting)."""
+    if isinstance(t, types.BaseTuple):     # the grid's (lo, hi, inv_h, origin as float32; combined entries)
+        int64 = llvmlite.ir.IntType(64)
+        scalars, entries = (context.make_array(kind)(context, builder, builder.extract_value(value, k))
+                            for k, kind in enumerate(t.types))
+        lo, hi, inv_h, origin = (builder.load(builder.gep(scalars.data, [llvmlite.ir.Constant(int64, k)])) for k in range(4))
+        grid = GridCodes(builder, lo, hi, inv_h, builder.fptosi(origin, llvmlite.ir.IntType(32)), entries.data)
+        return lambda row: [grid.codes(builder, v) for v in row]
+    ta = context.make_array(t)(context, builder, value)
+    if width == 1:                          # one threshold: the code is [t < v], 1 for NaN (the top index)
+        threshold = splat(builder, builder.load(ta.data), 8)
+        codes = llvmlite.ir.VectorType(llvmlite.ir.IntType(32), 8)
+        return lambda row: [builder.zext(builder.fcmp_unordered("<", threshold, v), codes) for v in row]
+    if width:
+        return lambda row: searches_in_registers(context, builder, ta, row, width)
+    return lambda row: counts_in_registers(context, builder, ta, row)
 
 
 def _in_registers(lanes: int, fma_tail: bool, d: int) -> bool:
