@@ -25,7 +25,8 @@ y stored once, two rows side by side where both fit in the registers: paired_row
 8..256 entries where vector_norm sums in 8 lanes; single rows of float32 with 2- to 6-bit codes
 (2- to 8-bit with AVX-512: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
 instead of counting or the grid, and those of 6 to 8 bits that are not searched take the grid's
-codes in registers, both packed there (_packed_rows); a decode without a sketch of a
+codes in registers, both packed there (_packed_rows: step 1 of the next row, _unit_row, taken
+before steps 2 and 3 of this one, _coded_row, u handed over in a scratch row); a decode without a sketch of a
 row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
 and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch thread budget like the
 other loops, K's and V's in one hand-off (compiled.by_row_blocks, deferred to the scheme's
@@ -86,13 +87,10 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
     norm_order), σ = √Σ, then y = H((u/σ') ⊙ s)/div with σ' = σ (1 where not > 0) and s the row
     s0 (s1) of signs: every operation that of _scaled_row and the chain; with thresholds t (not
     None) also step 3's codes into q's row k from the row still in registers: at `width` 0 by
-    counting them (scalar_quantizer_cpu's counts_in_registers), at a width of
-    scalar_quantizer_cpu.SEARCHED_WIDTHS (a literal; t then its search_table) by a binary search
-    (searches_in_registers), with t the grid's (scalars, entries) tuple of _packed_rows (float32)
-    by the grid (scalar_quantizer_cpu.GridCodes). Where q is the packed rows (uint8), the codes
-    are packed in registers into its rows first, first + 1, and y is not stored: searched and
-    gridded ones and, at `width` 1 (t its one threshold), 1-bit codes, by
-    scalar_quantizer_cpu.store_packed. Two rows go step by step side by side: a row's chain of dependent
+    counting them (scalar_quantizer_cpu's counts_in_registers); at `width` 1 (a literal, t its one
+    threshold) q is the packed rows (uint8), the 1-bit codes packed in registers into its rows
+    first, first + 1 (scalar_quantizer_cpu.store_packed), and y is not stored. Two rows go step
+    by step side by side: a row's chain of dependent
     steps (its norm's sum is 23 additions in a fixed order) leaves the CPU's units idle that the
     other row's steps fill. Returns (p, σ) of each row, flattened. x,
     signs, y, q C-contiguous 2-d arrays, t contiguous; x, signs, y, t of one dtype; div, one
@@ -101,12 +99,9 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
             x.layout != "C" or signs.layout != "C" or y.layout != "C" or q.layout != "C":
         return None
     counted = t is not types.none
-    searched = width.literal_value
-    packs = q.dtype == types.uint8           # q the packed rows: codes of width 1, searched or gridded ones packed there
-    packs_bits = searched == 1
-    gridded = isinstance(t, types.BaseTuple)
-    if packs != (packs_bits or searched >= 2) or (packs and not counted) or \
-            (gridded and (x.dtype != types.float32 or not packs)):
+    bits = width.literal_value
+    packs = q.dtype == types.uint8           # q the packed rows: 1-bit codes packed there
+    if bits not in (0, 1) or packs != (bits == 1) or (packs and not counted) or isinstance(t, types.BaseTuple):
         return None
     rows = count.literal_value
 
@@ -137,12 +132,12 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
             rotated = _rotated_steps(builder, u, sigmas, lambda r, k: load_vector(context, builder, sa, s_at[r][k], vector),
                                      div, one, stored)
             if counted:
-                codes_of = _code_finder(context, builder, t, args[10], searched)
+                codes_of = _code_finder(context, builder, t, args[10], bits)
                 for r in range(rows):
                     codes = codes_of(rotated[r])
                     if packs:                   # into the packed row first + r
                         start = builder.mul(rows_of[r], builder.extract_value(qa.shape, 1))
-                        store_packed(builder, codes, searched, builder.gep(qa.data, [start]))
+                        store_packed(builder, codes, bits, builder.gep(qa.data, [start]))
                         continue
                     q_at = places(qa, llvmlite.ir.Constant(int64, r))
                     for code, i in zip(codes, q_at, strict=True):
@@ -153,6 +148,71 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
         return context.make_tuple(builder, signature.return_type, values)
     return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q, width), codegen
 
+
+def _row_places(builder, array, row, n: int) -> list:
+    """IR: the element indices of row `row`'s n vectors of 8 in a C-contiguous 2-d array."""
+    int64 = llvmlite.ir.IntType(64)
+    start = builder.mul(row, builder.extract_value(array.shape, 1))
+    return [builder.add(start, llvmlite.ir.Constant(int64, 8 * k)) for k in range(n)]
+
+
+@intrinsic
+def _unit_row(typingctx, x, r, d, one, u, slot):
+    """Step 1 of the module docstring for row r of x (n, d: d one of hadamard_cpu.REGISTER_ROWS,
+    else nothing is written and zeros returned), held in registers as _unit_rotated_rows holds
+    it: u's row `slot` = x/p, returns (p, σ). x, u C-contiguous 2-d arrays of one dtype; one a
+    scalar of it."""
+    if x.layout != "C" or u.layout != "C" or x.dtype != u.dtype:
+        return None
+
+    def codegen(context, builder, signature, args):
+        xa, ua = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 4))
+        element = context.get_value_type(x.dtype)
+        vector = llvmlite.ir.VectorType(element, 8)
+
+        def build(size):
+            v = [load_vector(context, builder, xa, i, vector) for i in _row_places(builder, xa, args[1], size // 8)]
+            peaks, unit, sigmas = _unit_steps(builder, [v], args[3])
+            for value, i in zip(unit[0], _row_places(builder, ua, args[5], size // 8), strict=True):
+                store_vector(context, builder, value, ua, i)
+            return [peaks[0], sigmas[0]]
+        zero = llvmlite.ir.Constant(element, 0.0)
+        return context.make_tuple(builder, signature.return_type, by_size(builder, args[2], REGISTER_ROWS, build, [zero] * 2))
+    return types.UniTuple(x.dtype, 2)(x, r, d, one, u, slot), codegen
+
+
+@intrinsic(prefer_literal=True)
+def _coded_row(typingctx, u, slot, d, signs, s, sigma, div, one, t, q, r, width):
+    """Steps 2 and 3 of the module docstring for u's row `slot` (x/p from _unit_row, σ its norm;
+    d as there), held in registers as _unit_rotated_rows holds it: y = H((u/σ') ⊙ s)/div with s
+    the row s of signs, its codes found (_code_finder: a `width` of 1 with t its one threshold, of
+    scalar_quantizer_cpu.SEARCHED_WIDTHS with t its search_table, or t the grid's (scalars,
+    entries) tuple of _packed_rows, float32) and packed in registers into q's row r
+    (scalar_quantizer_cpu.store_packed); y is not stored. u, signs, q (uint8) C-contiguous 2-d
+    arrays; u, signs of one dtype, sigma, div, one scalars of it; width a literal."""
+    if not isinstance(width, types.IntegerLiteral) or width.literal_value < 1 or u.layout != "C" or \
+            signs.layout != "C" or q.layout != "C" or q.dtype != types.uint8 or \
+            (isinstance(t, types.BaseTuple) and u.dtype != types.float32):
+        return None
+    bits = width.literal_value
+
+    def codegen(context, builder, signature, args):
+        ua, sa, qa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 9))
+        vector = llvmlite.ir.VectorType(context.get_value_type(u.dtype), 8)
+
+        def build(size):
+            n = size // 8
+            unit = [load_vector(context, builder, ua, i, vector) for i in _row_places(builder, ua, args[1], n)]
+            s_at = _row_places(builder, sa, args[4], n)
+            rotated = _rotated_steps(builder, [unit], [args[5]], lambda _, k: load_vector(context, builder, sa, s_at[k], vector),
+                                     args[6], args[7])
+            codes = _code_finder(context, builder, t, args[8], bits)(rotated[0])
+            start = builder.mul(args[10], builder.extract_value(qa.shape, 1))
+            store_packed(builder, codes, bits, builder.gep(qa.data, [start]))
+            return []
+        by_size(builder, args[2], REGISTER_ROWS, build)
+        return context.get_dummy_value()
+    return types.void(u, slot, d, signs, s, sigma, div, one, t, q, r, width), codegen
 
 def _unit_steps(builder, v, one) -> tuple[list, list, list]:
     """IR: step 1 for rows held in registers side by side (v: each row's vectors of 8; one the
@@ -406,33 +466,46 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 
 
 @numba.jit(**FLAT_JIT)
-def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, y):  # pragma: no cover - compiled
+def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, u):  # pragma: no cover - compiled
     """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
-    no sketch) whose codes are found and packed in registers: norms[r] and packed[r] (y an unused
-    stand-in for the pass's rotated row, not stored). Codes of a width in SEARCHED_WIDTHS (2..6; 2..8 with AVX-512)
-    by a binary search over the thresholds, table their search_table; codes of 6 to 8 bits that
-    are not searched by the grid (scalar_quantizer_cpu.GridCodes), table = (lo, hi, inv_h, origin
-    as float32; grid_tables' combined entries). A loop of its own: one compiled with
-    _encode_rows' other paths ran those up to 1.3x slower (one thread, d = 128, 1- and 2-bit
-    codes, on an AVX2 EPYC), the tables held across the whole loop."""
-    d = x.shape[1]
-    for r in range(x.shape[0]):
-        s = (first_row + r) // per_sign
+    no sketch) whose codes are found and packed in registers: norms[r] and packed[r]. Codes of a
+    width in SEARCHED_WIDTHS (2..6; 2..8 with AVX-512) by a binary search over the thresholds,
+    table their search_table; codes of 6 to 8 bits that are not searched by the grid
+    (scalar_quantizer_cpu.GridCodes), table = (lo, hi, inv_h, origin as float32; grid_tables'
+    combined entries). Row r + 1's step 1 (_unit_row, into u's row (r + 1) mod 2) comes before
+    row r's steps 2 and 3 (_coded_row): the norm's chain of dependent additions, a square root
+    and a division then overlap the previous row's work instead of stalling its own (one thread,
+    16 x 1024 rows of a Zen 4 EPYC against the row's steps in turn: d = 128 8 / 4 bits 156 -> 149
+    and 115 -> 108 ns a row, d = 64 103 -> 89 and 74 -> 59; d = 256, whose rows spill from the
+    registers anyway, 359 -> 312 and 241 -> 229 with u through memory). u (2, d): scratch in x's
+    dtype. A loop of its own: one compiled with _encode_rows' other paths ran those up to 1.3x
+    slower (one thread, d = 128, 1- and 2-bit codes, on an AVX2 EPYC), the tables held across the
+    whole loop."""
+    n, d = x.shape
+    if n == 0:
+        return
+    peak, sigma = _unit_row(x, 0, d, one, u, 0)
+    for r in range(n):
+        peak_next, sigma_next = one, one
+        if r + 1 < n:
+            peak_next, sigma_next = _unit_row(x, r + 1, d, one, u, (r + 1) % 2)
+        s, slot = (first_row + r) // per_sign, r % 2
         if width == 2:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 2)
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 2)
         elif width == 3:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 3)
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 3)
         elif width == 4:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 4)
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 4)
         elif width == 5:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 5)
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 5)
         elif width == 6:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 6)
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 6)
         elif width == 7:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 7)
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 7)
         else:
-            peak, sigma = _unit_rotated_rows(x, r, 1, d, signs, s, s, div, one, y, table, packed, 8)
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 8)
         norms[r] = np.float32(peak * sigma)
+        peak, sigma = peak_next, sigma_next
 
 
 @numba.jit(**FLAT_JIT)
@@ -566,7 +639,7 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     def run(start, stop):
         if searching or gridding:
             _packed_rows(xr[start:stop], start, n, sr, one, root, width, searched if searching else register_grid,
-                         nr[start:stop], pr[start:stop], _nothing(xr.dtype.type, (1, d)))
+                         nr[start:stop], pr[start:stop], np.empty((2, d), xr.dtype))
             return
         held = np.zeros(1, xr.dtype)                        # one per thread
         _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
