@@ -467,12 +467,12 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 
 @numba.jit(**FLAT_JIT)
 def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, u):  # pragma: no cover - compiled
-    """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, float32,
-    no sketch) whose codes are found and packed in registers: norms[r] and packed[r]. Codes of a
-    width in SEARCHED_WIDTHS (2..6; 2..8 with AVX-512) by a binary search over the thresholds,
-    table their search_table; codes of 6 to 8 bits that are not searched by the grid
-    (scalar_quantizer_cpu.GridCodes), table = (lo, hi, inv_h, origin as float32; grid_tables'
-    combined entries). Row r + 1's step 1 (_unit_row, into u's row (r + 1) mod 2) comes before
+    """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, no sketch)
+    whose codes are found and packed in registers: norms[r] and packed[r]. 1-bit codes by their
+    one threshold, table the thresholds (x's dtype); codes of a width in SEARCHED_WIDTHS (2..6;
+    2..8 with AVX-512) by a binary search over the thresholds, table their search_table; codes of
+    6 to 8 bits that are not searched by the grid (scalar_quantizer_cpu.GridCodes), table = (lo,
+    hi, inv_h, origin as float32; grid_tables' combined entries); both float32. Row r + 1's step 1 (_unit_row, into u's row (r + 1) mod 2) comes before
     row r's steps 2 and 3 (_coded_row): the norm's chain of dependent additions, a square root
     and a division then overlap the previous row's work instead of stalling its own (one thread,
     16 x 1024 rows of a Zen 4 EPYC against the row's steps in turn: d = 128 8 / 4 bits 156 -> 149
@@ -490,7 +490,9 @@ def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, p
         if r + 1 < n:
             peak_next, sigma_next = _unit_row(x, r + 1, d, one, u, (r + 1) % 2)
         s, slot = (first_row + r) // per_sign, r % 2
-        if width == 2:
+        if width == 1:
+            _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 1)
+        elif width == 2:
             _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 2)
         elif width == 3:
             _coded_row(u, slot, d, signs, s, sigma, div, one, table, packed, r, 3)
@@ -629,16 +631,19 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
     xr, pr, nr = x.reshape(rows, d).numpy(), packed.numpy(), norms.numpy()
     sr, kr = _sign_rows(signs, x.dtype, d), _sign_rows(sketch_signs, x.dtype, d)
     in_registers, paired = _in_registers(lanes, fma_tail, d), paired_rows(d, x.element_size())
-    # rows one at a time in registers whose codes a search finds: where no pairs are held, or where
-    # a pair's codes would come from the grid (d = 64, 5 bits on a Zen 4: searched single rows 100
-    # ns a row against pairs' 116)
-    searching = searched is not None and not sketch and in_registers and (use_grid or not paired)
-    # rows one at a time in registers whose codes of 6 to 8 bits the grid finds there
+    # rows one at a time in registers (_packed_rows) whose codes a search finds, even where pairs
+    # are held (one thread, 16 x 1024 rows on a Zen 4 EPYC, b = 2 / 3 / 4 against pairs that
+    # count: d = 64 59.7 / 78.6 / 72.8 -> 54.3 / 57.3 / 61.0 ns a row, d = 32 0.68-0.89x, d = 8
+    # 0.53-0.60x); whose codes of 6 to 8 bits the grid finds there; and 1-bit rows where no pairs
+    # are held (d = 128 96.1 -> 84.2; pairs of 64 46.5 against 49.1 alone)
+    searching = searched is not None and not sketch and in_registers
     gridding = not searching and register_grid is not None and not sketch and in_registers and not paired and width >= 6
+    one_bit = width == 1 and not sketch and in_registers and not paired
 
     def run(start, stop):
-        if searching or gridding:
-            _packed_rows(xr[start:stop], start, n, sr, one, root, width, searched if searching else register_grid,
+        if searching or gridding or one_bit:
+            _packed_rows(xr[start:stop], start, n, sr, one, root, width,
+                         t if one_bit else searched if searching else register_grid,
                          nr[start:stop], pr[start:stop], np.empty((2, d), xr.dtype))
             return
         held = np.zeros(1, xr.dtype)                        # one per thread
