@@ -54,7 +54,7 @@ from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 from . import qjl, scalar_quantizer
 from .hadamard_cpu import REGISTER_ROW_MAX, REGISTER_ROWS, _butterflies, stages_in_registers, transform
 from .scalar_quantizer_cpu import GridCodes, GroupReader, counts_in_registers, looked_up_row, store_packed, _count_row, _dequantize_row, _grid_row, _pack_row, \
-    grid_scalars, grid_tables, lookup_table, search_table, searches_in_registers
+    folded_table, grid_scalars, grid_tables, lookup_table, search_table, searches_in_registers
 
 # the dtypes the fused passes take (tests empty it to run TurboQuant's chain of passes on the CPU
 # instead; emptying compiled.DTYPES turns off every compiled loop)
@@ -316,21 +316,22 @@ DECODED_ROWS = (64, 128, REGISTER_ROW_MAX)
 
 
 @intrinsic(prefer_literal=True)
-def _decoded_row(typingctx, packed, d, width, table, entries, div, signs, m, out):
+def _decoded_row(typingctx, packed, d, width, table, entries, folded, div, signs, m, out):
     """out[:] = ((H ŷ) / div ⊙ signs) · m for ŷ the centroids of the packed row's codes, with the
     row in registers: the d/8 groups of codes looked up into vectors (scalar_quantizer_cpu's
-    GroupReader; entries a literal as there), the butterflies (hadamard_cpu.stages_in_registers),
+    GroupReader; entries a literal as there; folded, a literal: table is folded_table's half, as
+    looked_up_row takes it), the butterflies (hadamard_cpu.stages_in_registers),
     the quotient (zero lanes kept: a few centroids' butterflies cancel to exact zeros; unchecked:
     the caller has checked the table with quotients_cpu.in_range_sums, and div = √d is in range)
     and the products, each rounded once, stored once — _dequantize_row then transform in one. d
     one of DECODED_ROWS (any other: nothing is written); packed, table, signs, out contiguous."""
-    if not isinstance(entries, types.IntegerLiteral) or \
+    if not isinstance(entries, types.IntegerLiteral) or not isinstance(folded, types.BooleanLiteral) or \
             packed.layout != "C" or table.layout != "C" or signs.layout != "C" or out.layout != "C":
         return None
 
     def codegen(context, builder, signature, args):
-        pa, ta, sa, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 6, 8))
-        w, div, m = args[2], args[5], args[7]
+        pa, ta, sa, oa = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 3, 7, 9))
+        w, div, m = args[2], args[6], args[8]
         int64 = llvmlite.ir.IntType(64)
         element = context.get_value_type(out.dtype)
         vector = llvmlite.ir.VectorType(element, 8)
@@ -338,7 +339,7 @@ def _decoded_row(typingctx, packed, d, width, table, entries, div, signs, m, out
         def build(size):
             reader = GroupReader(context, builder, pa, ta, w, element, entries.literal_value, out.dtype == types.float32)
             v = looked_up_row(context, builder, reader, [builder.mul(llvmlite.ir.Constant(int64, g), w)   # d·w/8 ≥ 8
-                                                         for g in range(size // 8)])
+                                                         for g in range(size // 8)], folded.literal_value)
             v = quotients(builder, stages_in_registers(builder, v), div, reciprocal(builder, div), zeros=True, checked=False)
             for g, value in enumerate(v):
                 at = llvmlite.ir.Constant(int64, 8 * g)
@@ -346,27 +347,29 @@ def _decoded_row(typingctx, packed, d, width, table, entries, div, signs, m, out
             return []
         by_size(builder, args[1], DECODED_ROWS, build)
         return context.get_dummy_value()
-    return types.void(packed, d, width, table, entries, div, signs, m, out), codegen
+    return types.void(packed, d, width, table, entries, folded, div, signs, m, out), codegen
 
 
 @numba.jit(**FLAT_JIT)
 def _decoded(packed, d, width, table, div, signs, m, out):  # pragma: no cover - compiled
     """_decoded_row with the table's literal entries as _dequantize_row chooses them (lookup_table's
-    padded tables)."""
+    padded tables), or folded_table's half of 128 entries at 8 bits."""
     if width <= 3 and table.shape[0] == 8:
-        _decoded_row(packed, d, width, table, 8, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 8, False, div, signs, m, out)
     elif width == 4 and table.shape[0] == 16:
-        _decoded_row(packed, d, width, table, 16, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 16, False, div, signs, m, out)
     elif width == 5 and table.shape[0] == 32:
-        _decoded_row(packed, d, width, table, 32, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 32, False, div, signs, m, out)
     elif width == 6 and table.shape[0] == 64:
-        _decoded_row(packed, d, width, table, 64, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 64, False, div, signs, m, out)
     elif width == 7 and table.shape[0] == 128:
-        _decoded_row(packed, d, width, table, 128, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 128, False, div, signs, m, out)
+    elif width == 8 and table.shape[0] == 128:          # folded_table's half (FOLDED_LOOKUP_WIDTH 8)
+        _decoded_row(packed, d, width, table, 128, True, div, signs, m, out)
     elif width == 8 and table.shape[0] == 256:
-        _decoded_row(packed, d, width, table, 256, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 256, False, div, signs, m, out)
     else:
-        _decoded_row(packed, d, width, table, 0, div, signs, m, out)
+        _decoded_row(packed, d, width, table, 0, False, div, signs, m, out)
 
 
 @numba.jit(**FLAT_JIT)
@@ -511,7 +514,7 @@ def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, p
 
 
 @numba.jit(**FLAT_JIT)
-def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, one, div,
+def _decode_rows(packed, centroids, lookup, width, norms, first_row, per_sign, signs, one, div,
                  sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out, y, c, held, fused):  # pragma: no cover - compiled
     """out[r] (d) = s ⊙ H(ŷ)/√d · norms[r] with ŷ the centroids of packed[r]'s codes (0 at width
     0), plus with `sketch` the correction (scale·residual_norms[r]) · (H(2·bit − 1 of
@@ -519,7 +522,7 @@ def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, on
     Signs as in _encode_rows; one, div = √d, scale = √(π/2)/d and mult = √d in out's dtype; y, c
     (d) and held (2: the float32 norms in out's dtype, as .to(dtype) gives them) the caller's
     scratch; fused: rows of 64..256 without a sketch may take _decoded (the codebook passed
-    quotients_cpu.in_range_sums)."""
+    quotients_cpu.in_range_sums), with `lookup` as their table (the centroids, or their folded_table)."""
     n_rows, d = out.shape
     zero, minus_one = one - one, -one
     in_registers = fused and width >= 1 and not sketch and 64 <= d <= REGISTER_ROW_MAX
@@ -527,7 +530,7 @@ def _decode_rows(packed, centroids, width, norms, first_row, per_sign, signs, on
         s = (first_row + r) // per_sign
         if in_registers:
             held[1] = norms[r]
-            _decoded(packed[r], d, width, centroids, div, signs[s], held[1], out[r])
+            _decoded(packed[r], d, width, lookup, div, signs[s], held[1], out[r])
             continue
         if width >= 1:
             _dequantize_row(packed[r], centroids, width, y)
@@ -663,15 +666,17 @@ def _decode_tables(centroids: bytes, stored: str, dtype: torch.dtype, d: int) ->
     """The arguments of _decode_rows that depend on the stored codebook (its bytes, of NumPy dtype
     `stored`; none at 0 MSE bits), the dtype and d alone, remembered (never written): the centroids as
     _decoded_row looks them up (lookup_table, in dtype), whether its unchecked quotients hold for
-    them (quotients_cpu.in_range_sums), and the scalars one and √d. (The sketch's scale is read
+    them (quotients_cpu.in_range_sums), its table (their folded_table where there is one, else
+    them), and the scalars one and √d. (The sketch's scale is read
     from qjl.sketch_scale on each call, never remembered.)"""
     kind = _numpy_dtype(dtype)
     if centroids:
         c = lookup_table(torch.from_numpy(np.frombuffer(centroids, np.dtype(stored)).copy()).to(dtype).numpy())
         fused = in_range_sums(c, d)
+        half = folded_table(c)
     else:
-        c, fused = np.zeros(1, kind), False
-    return c, fused, kind(1), kind(math.sqrt(d))
+        c, fused, half = np.zeros(1, kind), False, None
+    return c, fused, c if half is None else half, kind(1), kind(math.sqrt(d))
 
 
 def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Tensor, signs: torch.Tensor,
@@ -691,10 +696,10 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
     if width >= 1:
         pr = packed.contiguous().reshape(-1, packed.shape[-1]).numpy()
         stored = centroids.detach().contiguous().numpy()
-        c, fused, one, root = _decode_tables(stored.tobytes(), stored.dtype.str, dtype, d)
+        c, fused, lookup, one, root = _decode_tables(stored.tobytes(), stored.dtype.str, dtype, d)
     else:
         pr = _nothing(np.uint8, (0, 1))
-        c, fused, one, root = _decode_tables(b"", "", dtype, d)
+        c, fused, lookup, one, root = _decode_tables(b"", "", dtype, d)
     scale = _numpy_dtype(dtype)(qjl.sketch_scale(d))   # rounded to dtype as torch's product rounds it
     if sketch is not None:
         bits, residual_norms, sketch_signs = sketch
@@ -705,7 +710,7 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
         br, rr, kr = _nothing(np.uint8, (0, 1)), _nothing(np.float32, (0,)), _sign_rows(None, dtype, d)
 
     def run(start, stop):
-        _decode_rows(pr[start:stop] if width >= 1 else pr, c, width, nr[start:stop], start, n, sr, one, root,
+        _decode_rows(pr[start:stop] if width >= 1 else pr, c, lookup, width, nr[start:stop], start, n, sr, one, root,
                      sketch is not None, br[start:stop] if sketch is not None else br,
                      rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop],
                      np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype), fused)

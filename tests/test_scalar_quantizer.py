@@ -249,6 +249,22 @@ def test_the_binary_search_gives_the_count_of_thresholds_below(book, width):
             assert np.all(lopsided[1:] >= lopsided[:-1]) and scalar_quantizer_cpu.search_table(lopsided) is None
 
 
+@pytest.mark.skipif(not scalar_quantizer_cpu.has_feature("avx512vl"), reason="tables are folded with AVX-512VL only")
+def test_folded_table_takes_only_a_table_mirrored_bit_for_bit():
+    """folded_table is the upper half of an 8-bit Lloyd–Max lookup table, whose lower half is its
+    mirror; None where one entry differs from its mirror by an ulp or by a zero's sign, for
+    another length and for float64."""
+    c = scalar_quantizer_cpu.lookup_table(torch.tensor(beta_codebook(128, 8).centroids, dtype=torch.float64)
+                                          .to(torch.float32).numpy())
+    assert np.array_equal(scalar_quantizer_cpu.folded_table(c), c[128:])
+    off = c.copy()
+    off[3] = np.nextafter(off[3], np.float32(0))
+    zeros = np.concatenate([-c[129:][::-1], [np.float32(0.0), np.float32(0.0)], c[129:]]).astype(np.float32)
+    assert np.array_equal(zeros[:128], -zeros[128:][::-1])             # equal as values, not as bits
+    for table in (off, zeros, c[:128], c.astype(np.float64)):
+        assert scalar_quantizer_cpu.folded_table(table) is None
+
+
 @numba.extending.intrinsic(prefer_literal=True)
 def _stored_packed(typingctx, q, groups, width, out):
     """store_packed of the first `groups` vectors of 8 codes of q (int32; literals groups, width)
