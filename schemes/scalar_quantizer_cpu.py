@@ -259,7 +259,8 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
     v: for v > 0, |v|, and the code 2^(w−1) + #{P < v} (every threshold ≤ 0 lies below v); for
     v ≤ 0, the next float above |v| (its bits + 1; +inf kept), #{P < next(|v|)} = #{P ≤ |v|},
     and the code #{P > |v|} = 2^(w−1) − 1 − #{P ≤ |v|} (t = −p lies below v exactly where p > −v);
-    both an exclusive or of the count with 2^(w−1) or 2^(w−1) − 1. NaN takes the top index.
+    both an exclusive or of the count with 2^(w−1) or 2^(w−1) − 1. A NaN's key is +inf (the key's
+    bits at most +inf's), taken as above 0: the top index, 2^(w−1) + 2^(w−1) − 1.
     sa: search_table's array struct for the width, a literal w in SEARCHED_WIDTHS."""
     int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
     folded = width in FOLDED_WIDTHS
@@ -285,14 +286,14 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
         return llvmlite.ir.Constant(lanes, [value] * n_lanes)
 
     def keyed(v):
-        """(the value the levels compare, whether v > 0)."""
+        """(the value the levels compare, whether v > 0 or NaN)."""
         if not folded:
             return v, None
-        above = builder.fcmp_ordered(">", v, llvmlite.ir.Constant(vector, None))
-        size = builder.and_(builder.bitcast(v, lanes), constant(0x7FFFFFFF))
-        up = builder.add(size, constant(1))
-        up = builder.select(builder.icmp_unsigned("<", up, constant(0x7F800000)), up, constant(0x7F800000))
-        return builder.bitcast(builder.select(above, size, up), vector), above
+        above = builder.fcmp_unordered(">", v, llvmlite.ir.Constant(vector, None))
+        size = builder.add(builder.and_(builder.bitcast(v, lanes), constant(0x7FFFFFFF)),
+                           builder.zext(builder.not_(above), lanes))
+        infinity = constant(0x7F800000)
+        return builder.bitcast(builder.select(builder.icmp_unsigned("<", size, infinity), size, infinity), vector), above
     out = []
     for block in ([vectors] if n_lanes == 16 else [[v] for v in vectors]):
         keys = [keyed(v) for v in block]
@@ -309,8 +310,9 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
                     threshold = _permuted(builder, candidates, index, max(n_lanes, 1 << (k - 1)))
                 codes[i] = builder.or_(c, builder.and_(builder.sext(builder.fcmp_ordered("<", threshold, v), lanes), step))
         if folded:
-            codes = [builder.xor(c, builder.select(above, constant(1 << width), constant((1 << width) - 1)))
-                     for c, (_, above) in zip(codes, keys)]
+            out += [builder.xor(c, builder.select(above, constant(1 << width), constant((1 << width) - 1)))
+                    for c, (_, above) in zip(codes, keys)]
+            continue
         out += [builder.select(builder.fcmp_unordered("uno", v, v), constant(top), c) for v, c in zip(block, codes)]
     return halved(builder, out) if n_lanes == 16 else out
 
