@@ -244,8 +244,9 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
     """IR: counts_in_registers' codes #{j : t[j] < v} (NaN: len(t)) of each vector of 8 of
     `vectors` (float32), by a binary search: for thresholds in ascending order those below v are
     a prefix of them, and w halvings find its length. The code c starts at 0; level k = 1..w
-    compares v with t[c + s − 1], s = 2^(w−k), and adds s where that threshold lies below v (an
-    ordered comparison: NaN adds nothing, then takes the top index as counting does). The
+    compares v with t[c + s − 1], s = 2^(w−k), and adds s where that threshold lies below v or v
+    is NaN (an unordered comparison: a NaN adds every step, the top index, as counting gives it;
+    search_table's thresholds are in order, so none is NaN). The
     candidates of level k, 2^(k−1) of them: one broadcast, two by a select on the first
     comparison, four and more by permutes (_permuted on c's high bits). With SEARCH_LANES 16, two
     vectors of 8 go as one of 16 (an even count of them, from WIDE_SEARCH_MIN_WIDTH bits on).
@@ -264,7 +265,6 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
     sa: search_table's array struct for the width, a literal w in SEARCHED_WIDTHS."""
     int32, int64 = llvmlite.ir.IntType(32), llvmlite.ir.IntType(64)
     folded = width in FOLDED_WIDTHS
-    top = (1 << width) - 1
     width -= folded                 # the levels searched
     n_lanes = SEARCH_LANES if len(vectors) % 2 == 0 and width >= WIDE_SEARCH_MIN_WIDTH else 8
     lanes, vector = llvmlite.ir.VectorType(int32, n_lanes), llvmlite.ir.VectorType(llvmlite.ir.FloatType(), n_lanes)
@@ -308,12 +308,11 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
                 else:
                     index = builder.lshr(c, llvmlite.ir.Constant(lanes, [width - k + 1] * n_lanes))   # c / 2s
                     threshold = _permuted(builder, candidates, index, max(n_lanes, 1 << (k - 1)))
-                codes[i] = builder.or_(c, builder.and_(builder.sext(builder.fcmp_ordered("<", threshold, v), lanes), step))
+                codes[i] = builder.or_(c, builder.and_(builder.sext(builder.fcmp_unordered("<", threshold, v), lanes), step))
         if folded:
-            out += [builder.xor(c, builder.select(above, constant(1 << width), constant((1 << width) - 1)))
-                    for c, (_, above) in zip(codes, keys)]
-            continue
-        out += [builder.select(builder.fcmp_unordered("uno", v, v), constant(top), c) for v, c in zip(block, codes)]
+            codes = [builder.xor(c, builder.select(above, constant(1 << width), constant((1 << width) - 1)))
+                     for c, (_, above) in zip(codes, keys)]
+        out += codes
     return halved(builder, out) if n_lanes == 16 else out
 
 
