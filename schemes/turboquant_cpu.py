@@ -339,7 +339,8 @@ def _decoded_row(typingctx, packed, d, width, table, entries, folded, div, signs
         def build(size):
             reader = GroupReader(context, builder, pa, ta, w, element, entries.literal_value, out.dtype == types.float32)
             v = looked_up_row(context, builder, reader, [builder.mul(llvmlite.ir.Constant(int64, g), w)   # d·w/8 ≥ 8
-                                                         for g in range(size // 8)], folded.literal_value)
+                                                         for g in range(size // 8)], folded.literal_value,
+                              bytewise=folded.literal_value or entries.literal_value == 256)   # 8-bit codes
             v = quotients(builder, stages_in_registers(builder, v), div, reciprocal(builder, div), zeros=True, checked=False)
             for g, value in enumerate(v):
                 at = llvmlite.ir.Constant(int64, 8 * g)
