@@ -212,10 +212,11 @@ SEARCHED_WIDTHS = (2, 3, 4, 5, 6, 7, 8) if has_feature("avx512vl") else (2, 3, 4
 # (searches_in_registers), where the codebook is symmetric about 0 as Lloyd–Max's of a symmetric
 # density is; search_table declines any other. One thread, encode of 16 x 1024 rows of 128 on a
 # Zen 4 EPYC (the searches level by level): 8 bits 164 ns a row by the full search, 156 folded,
-# 189 by the grid; 7 bits 147 -> 145 and 6 bits 137 -> 144 folded, so not folded. AVX2 code on
-# the same CPU: 6 bits 193 by the full search, 173-176 folded, about 190 by the grid; 7 bits
-# folded 208-245 against the grid's 177-184.
-FOLDED_WIDTHS = (8,) if has_feature("avx512vl") else (6,)
+# 189 by the grid; 6 bits 137 -> 144 folded, so not folded; 7 bits, with a NaN's key and
+# unordered comparisons (no NaN check after the levels), 141.9 -> 136.7 (d = 64 86.0 -> 82.9,
+# d = 256 288.3 -> 290.0). AVX2 code on the same CPU: 6 bits 193 by the full search, 173-176
+# folded, about 190 by the grid; 7 bits folded 208-245 against the grid's 177-184.
+FOLDED_WIDTHS = (7, 8) if has_feature("avx512vl") else (6,)
 
 
 def search_table(thresholds: np.ndarray) -> np.ndarray | None:

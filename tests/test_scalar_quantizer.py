@@ -220,13 +220,14 @@ def test_the_binary_search_gives_the_count_of_thresholds_below(book, width):
     thresholds out of order, other counts and float64, and at a folded width (FOLDED_WIDTHS)
     thresholds not mirrored exactly or not finite."""
     folded = width in scalar_quantizer_cpu.FOLDED_WIDTHS
-    if book == "ties":
+    if book == "ties" and folded:                            # mirrored about 0: runs of zeros, in the middle, at the ends
+        p = np.sort(np.abs(np.random.default_rng(width).normal(size=(1 << (width - 1)) - 1))).astype(np.float32)
+        p[0], p[-2], p[len(p) // 2 + 1] = 0, p[-1], p[len(p) // 2]
+        t = np.concatenate([-p[::-1], [np.float32(0)], p])
+    elif book == "ties":
         t = np.sort(np.random.default_rng(width).normal(size=(1 << width) - 1)).astype(np.float32)
         t[1], t[-2] = t[0], t[-1]                            # runs of two at both ends, of three in the middle
         t[len(t) // 2 - 1:len(t) // 2 + 2] = t[len(t) // 2]
-        if folded:                                           # the middle run 0, the lower half the upper's mirror
-            t[len(t) // 2 - 1:len(t) // 2 + 2] = 0
-            t[:len(t) // 2] = -t[len(t) // 2 + 1:][::-1]
     else:
         cb = beta_codebook(128, width) if book == "beta-128" else gaussian_codebook(width, 1.0)
         t = torch.tensor(cb.thresholds, dtype=torch.float64).to(torch.float32).numpy()

@@ -153,7 +153,7 @@ def test_fused_passes_give_the_bits_of_the_torch_reference_and_of_the_chain(
 def test_every_row_length_of_the_register_pass_gives_the_chains_bits(dim, dtype, paired):
     """The lengths the encode holds a row in registers for (float32 with vector_norm's 8 lanes,
     d = 8..256) and the first one past them, at 1-bit codes, at searched widths (single rows: 2, 3, 5 bits;
-    7 and 8 with AVX-512, 6 without, scalar_quantizer_cpu.SEARCHED_WIDTHS; 8 and 6 folded) and,
+    7 and 8 with AVX-512, 6 without, scalar_quantizer_cpu.SEARCHED_WIDTHS; 7, 8 and 6 folded) and,
     without AVX-512, grid widths (7 and 8 bits), with and without a sketch, on the
     special rows and rows of scales 1e-20..1e20: the chain's bits, with rows two at a time side
     by side and one at a time whatever this CPU's registers hold (paired_rows). Paired,
