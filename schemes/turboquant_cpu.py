@@ -214,6 +214,7 @@ def _coded_row(typingctx, u, slot, d, signs, s, sigma, div, one, t, q, r, width)
         return context.get_dummy_value()
     return types.void(u, slot, d, signs, s, sigma, div, one, t, q, r, width), codegen
 
+
 def _unit_steps(builder, v, one) -> tuple[list, list, list]:
     """IR: step 1 for rows held in registers side by side (v: each row's vectors of 8; one the
     dtype's 1): (the peaks p, the rows u = x/p, the norms σ = √Σu²), as _unit_rotated_rows
@@ -476,13 +477,13 @@ def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, p
     one threshold, table the thresholds (x's dtype); codes of a width in SEARCHED_WIDTHS (2..6;
     2..8 with AVX-512) by a binary search over the thresholds, table their search_table; codes of
     6 to 8 bits that are not searched by the grid (scalar_quantizer_cpu.GridCodes), table = (lo,
-    hi, inv_h, origin as float32; grid_tables' combined entries); both float32. Row r + 1's step 1 (_unit_row, into u's row (r + 1) mod 2) comes before
-    row r's steps 2 and 3 (_coded_row): the norm's chain of dependent additions, a square root
-    and a division then overlap the previous row's work instead of stalling its own (one thread,
-    16 x 1024 rows of a Zen 4 EPYC against the row's steps in turn: d = 128 8 / 4 bits 156 -> 149
-    and 115 -> 108 ns a row, d = 64 103 -> 89 and 74 -> 59; d = 256, whose rows spill from the
-    registers anyway, 359 -> 312 and 241 -> 229 with u through memory). u (2, d): scratch in x's
-    dtype. A loop of its own: one compiled with _encode_rows' other paths ran those up to 1.3x
+    hi, inv_h, origin as float32; grid_tables' combined entries); both float32. Row r + 1's step
+    1 (_unit_row, into u's row (r + 1) mod 2) comes before row r's steps 2 and 3 (_coded_row):
+    the norm's chain of dependent additions, a square root and a division then overlap the
+    previous row's work instead of stalling its own (one thread, 16 x 1024 rows of a Zen 4 EPYC
+    against the row's steps in turn: d = 128 8 / 4 bits 156 -> 149 and 115 -> 108 ns a row, d = 64
+    103 -> 89 and 74 -> 59; d = 256, whose rows spill from the registers anyway, 359 -> 312 and
+    241 -> 229 with u through memory). u (2, d): scratch in x's dtype. A loop of its own: one compiled with _encode_rows' other paths ran those up to 1.3x
     slower (one thread, d = 128, 1- and 2-bit codes, on an AVX2 EPYC), the tables held across the
     whole loop."""
     n, d = x.shape
