@@ -204,9 +204,10 @@ def counts_in_registers(context, builder, ta, vectors: list) -> list:
 # bits (32 candidates on the last level, four permutes) no faster than the grid. With AVX-512's
 # two-table permutes, on a Zen 4 EPYC, 16 x 1024 rows against the grid: 6 bits 222 -> 176 ns a
 # row at d = 128 and 416 -> 341 at d = 256 (vectors of 8), 7 bits 221 -> 175 at d = 128 and
-# 466 -> 365 at d = 256 (vectors of 16: SEARCH_LANES), while 8 bits took 225 against 205 (since folded: FOLDED_WIDTHS). 2 bits
-# (a broadcast and a select; the codes then packed in registers, turboquant_cpu) 125 -> 109 ns a
-# row against counting, d = 128 (AVX2 code on the same CPU 148 -> 117).
+# 466 -> 365 at d = 256 (vectors of 16: SEARCH_LANES), while 8 bits took 225 against 205 (since
+# folded: FOLDED_WIDTHS). 2 bits (a broadcast and a select; the codes then packed in registers,
+# turboquant_cpu) 125 -> 109 ns a row against counting, d = 128 (AVX2 code on the same CPU 148 ->
+# 117).
 SEARCHED_WIDTHS = (2, 3, 4, 5, 6, 7, 8) if has_feature("avx512vl") else (2, 3, 4, 5, 6)
 # The widths whose search goes over the thresholds' positive half alone, one level fewer
 # (searches_in_registers), where the codebook is symmetric about 0 as Lloyd–Max's of a symmetric
@@ -217,6 +218,15 @@ SEARCHED_WIDTHS = (2, 3, 4, 5, 6, 7, 8) if has_feature("avx512vl") else (2, 3, 4
 # d = 256 288.3 -> 290.0). AVX2 code on the same CPU: 6 bits 193 by the full search, 173-176
 # folded, about 190 by the grid; 7 bits folded 208-245 against the grid's 177-184.
 FOLDED_WIDTHS = (7, 8) if has_feature("avx512vl") else (6,)
+
+
+def mirrored(builder, c, upper, half: int):
+    """IR: c xor h where `upper`, else c xor (h − 1), h = `half` (a power of two), lane by lane
+    (int32 vectors): a count or code c < h of a folded half's upper side as c + h, of its lower
+    side as h − 1 − c — the folded search's code, the folded lookup's index."""
+    lanes = c.type
+    return builder.xor(c, builder.select(upper, llvmlite.ir.Constant(lanes, [half] * lanes.count),
+                                         llvmlite.ir.Constant(lanes, [half - 1] * lanes.count)))
 
 
 def search_table(thresholds: np.ndarray) -> np.ndarray | None:
@@ -325,8 +335,7 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
                     threshold = _permuted(builder, candidates, index, max(n_lanes, 1 << (k - 1)))
                 codes[i] = builder.or_(c, builder.and_(builder.sext(builder.fcmp_unordered("<", threshold, v), lanes), step))
         if folded:
-            codes = [builder.xor(c, builder.select(above, constant(1 << width), constant((1 << width) - 1)))
-                     for c, (_, above) in zip(codes, keys)]
+            codes = [mirrored(builder, c, above, 1 << width) for c, (_, above) in zip(codes, keys)]
         out += codes
     return halved(builder, out) if n_lanes == 16 else out
 
@@ -522,8 +531,9 @@ class GroupReader:
     held in registers (_permuted; the table at least that long), with 0 or more than
     PERMUTED_MAX_ENTRIES by AVX2's gather (float32: AVX2 code on a Zen 4 EPYC, one thread, decode
     of 16 x 1024 rows of 128, 7 / 8 bits 131.2 -> 101.4 and 179.7 -> 91.0 ns a row against
-    permutes of 128 / 256 entries), or — in float64 or without AVX2 — by a load a code. pa, ta: the packed row's and the table's array
-    structs; w the width (i64); element the values' LLVM type."""
+    permutes of 128 / 256 entries), or — in float64 or without AVX2 — by a load a code. pa, ta:
+    the packed row's and the table's array structs; w the width (i64); element the values' LLVM
+    type."""
 
     def __init__(self, context, builder, pa, ta, w, element, entries: int, float32: bool):
         int64 = llvmlite.ir.IntType(64)
@@ -624,9 +634,7 @@ def looked_up_row(context, builder, reader, starts: list, folded: bool = False, 
         n = lanes.count
         upper = builder.icmp_unsigned("!=", builder.and_(code, llvmlite.ir.Constant(lanes, [reader.held] * n)),
                                       llvmlite.ir.Constant(lanes, None))
-        index = builder.xor(code, builder.select(upper, llvmlite.ir.Constant(lanes, [reader.held] * n),
-                                                 llvmlite.ir.Constant(lanes, [reader.held - 1] * n)))
-        value = lookup(index)
+        value = lookup(mirrored(builder, code, upper, reader.held))
         bits = 32 if isinstance(reader.element, llvmlite.ir.FloatType) else 64
         whole = llvmlite.ir.VectorType(llvmlite.ir.IntType(bits), n)
         sign = builder.select(upper, llvmlite.ir.Constant(whole, None), llvmlite.ir.Constant(whole, [-(1 << (bits - 1))] * n))

@@ -26,8 +26,8 @@ y stored once, two rows side by side where both fit in the registers: paired_row
 (2- to 8-bit with AVX-512: scalar_quantizer_cpu.SEARCHED_WIDTHS) find them by a binary search
 instead of counting or the grid, and those of 6 to 8 bits that are not searched take the grid's
 codes in registers, both packed there (_packed_rows: step 1 of the next row, _unit_row, taken
-before steps 2 and 3 of this one, _coded_row, u handed over in a scratch row); a decode without a sketch of a
-row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
+before steps 2 and 3 of this one, _coded_row, u handed over in a scratch row); a decode without
+a sketch of a row of 64..256, likewise (_decoded_row). The divisions are IEEE division's bits by a reciprocal
 and two fma's (kvcommon/quotients_cpu.py). Rows are split across the torch thread budget like the
 other loops, K's and V's in one hand-off (compiled.by_row_blocks, deferred to the scheme's
 compiled.batched).
@@ -116,9 +116,7 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
             """The rows' steps for rows of `size` entries (size/8 vectors): [p, σ] a row."""
             n = size // 8
             def places(array, row):
-                """The element indices of row `row`'s vectors of 8 in a C-contiguous 2-d array."""
-                start = builder.mul(row, builder.extract_value(array.shape, 1))
-                return [builder.add(start, llvmlite.ir.Constant(int64, 8 * k)) for k in range(n)]
+                return _row_places(builder, array, row, n)
             rows_of = [args[1]] + ([builder.add(args[1], llvmlite.ir.Constant(int64, 1))] if rows == 2 else [])
             x_at = [places(xa, r) for r in rows_of]
             s_at = [places(sa, r) for r in (args[5], args[6])[:rows]]
