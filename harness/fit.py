@@ -165,18 +165,20 @@ def family_distances(layer: dict[str, float], families: dict[str, dict[str, floa
 
 
 def rope_from_capture(cap: Capture) -> tuple[np.ndarray, float] | None:
-    """(inv_freq (d/2,), scaling) of the capture's RoPE, measured from its pre- and post-RoPE queries
-    at position 1: rotate-half RoPE multiplies the complex pair z = x_i + i·x_{i+d/2} by
-    scaling·e^{i·θ_i·p}, so at p = 1 θ_i = arg(z_rope / z) and scaling = |z_rope| / |z| (medians over
-    tokens, heads and layers). None without RoPE; ValueError when no token sits at position 1."""
+    """(inv_freq (r/2,), scaling) of the capture's RoPE, measured from its pre- and post-RoPE queries
+    at position 1: rotate-half RoPE on the first r coordinates (the file's rope_dims, d when absent)
+    multiplies the complex pair z = x_i + i·x_{i+r/2} by scaling·e^{i·θ_i·p}, so at p = 1
+    θ_i = arg(z_rope / z) and scaling = |z_rope| / |z| (medians over tokens, heads and layers). None
+    without RoPE; ValueError when no token sits at position 1."""
     if not cap.has_rope:
         return None
     at_one = np.flatnonzero(cap.positions == 1)
     if at_one.size == 0:
         raise ValueError(f"{cap.path}: no token at position 1 to measure the RoPE frequencies from")
-    half = cap.dim // 2
-    x = cap.q[:, :, at_one].astype(np.float64)
-    y = cap.q_rope[:, :, at_one].astype(np.float64)
+    rotated = cap.rope_dims
+    half = rotated // 2
+    x = cap.q[:, :, at_one, :rotated].astype(np.float64)
+    y = cap.q_rope[:, :, at_one, :rotated].astype(np.float64)
     z, z_rope = x[..., :half] + 1j * x[..., half:], y[..., :half] + 1j * y[..., half:]
     ok = np.abs(z) > 1e-6 * np.abs(z).max()
     ratio = z_rope[ok.all(-1)] / z[ok.all(-1)]

@@ -52,13 +52,18 @@ def undo_rope(x: torch.Tensor, positions: torch.Tensor, *, base: float = DEFAULT
 
 def apply_rope_numpy(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, scaling: float = 1.0) -> np.ndarray:
     """RoPE (Su et al., arXiv 2104.09864, eq. 34 in the rotate-half layout) in NumPy, with a model's
-    own frequencies inv_freq (d/2,) and attention scaling (a capture's: harness/capture.py reads them
-    from the model, scenarios/fitted.py draws with them), of x (..., N, d) at positions (N,):
-    (x·cos θ + rotate_half(x)·sin θ)·scaling, θ = position·inv_freq repeated over both halves."""
-    if 2 * inv_freq.shape[0] != x.shape[-1]:
-        raise ValueError(f"rotary dim {2 * inv_freq.shape[0]} != head_dim {x.shape[-1]} (partial RoPE unsupported)")
+    own frequencies inv_freq (r/2,) and attention scaling (a capture's: harness/capture.py reads them
+    from the model, scenarios/fitted.py draws with them), of x (..., N, d) at positions (N,): the
+    first r coordinates become (x·cos θ + rotate_half(x)·sin θ)·scaling, θ = position·inv_freq repeated
+    over both halves of those r; the other d − r pass unchanged (partial RoPE, as GPT-NeoX's
+    rotary_pct and Phi-3's partial_rotary_factor set it; r = d is full RoPE)."""
+    r = 2 * inv_freq.shape[0]
+    if not 0 < r <= x.shape[-1]:
+        raise ValueError(f"rotary dim {r} must lie in [2, head_dim {x.shape[-1]}]")
     angles = np.asarray(positions, dtype=np.float64)[:, None] * np.asarray(inv_freq, dtype=np.float64)[None, :]
     angles = np.concatenate([angles, angles], axis=-1)
-    half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)   # rotate_half: [a, b] -> [-b, a]
-    return x * (np.cos(angles) * scaling) + rotated * (np.sin(angles) * scaling)
+    part = x[..., :r]
+    half = r // 2
+    rotated = np.concatenate([-part[..., half:], part[..., :half]], axis=-1)   # rotate_half: [a, b] -> [-b, a]
+    out = part * (np.cos(angles) * scaling) + rotated * (np.sin(angles) * scaling)
+    return out if r == x.shape[-1] else np.concatenate([out, x[..., r:]], axis=-1)

@@ -134,8 +134,8 @@ def _check_spec(path: Path, data) -> Spec:
     if dim < 1 or n_kv < 1 or n_heads % n_kv or not isinstance(layers, list) or not layers:
         raise bad(f"head_dim {dim}, heads {n_heads}, kv_heads {n_kv}, {len(layers) if isinstance(layers, list) else 0}"
                   f" layers")
-    if rope is not None and 2 * rope[0].shape[0] != dim:
-        raise bad(f"rope has {rope[0].shape[0]} frequencies for head_dim {dim}")
+    if rope is not None and not 0 < 2 * rope[0].shape[0] <= dim:
+        raise bad(f"rope has {rope[0].shape[0]} frequencies for head_dim {dim} (at most {dim // 2})")
     n = 3 * dim
     for i, layer in enumerate(layers):
         heads = layer.get("heads") if isinstance(layer, dict) else None

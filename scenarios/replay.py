@@ -2,7 +2,8 @@
 
 A capture file holds, for L layers, Hq query heads, Hkv key/value heads, N tokens and head
 dimension d: q (L, Hq, N, d), k and v (L, Hkv, N, d), and where the model has RoPE also
-q_rope and k_rope (the same after the rotation, what a KV cache stores); positions (N,) and
+q_rope and k_rope (the same after the rotation, what a KV cache stores; metadata rope_dims, when
+present, says how many leading coordinates of a head the rotation touches); positions (N,) and
 segments (N,) (tokens of one segment were one forward pass, positions restart per segment).
 Query head h reads key/value head h // (Hq / Hkv) (grouped-query attention).
 
@@ -74,6 +75,11 @@ class Capture:
     @property
     def has_rope(self) -> bool:
         return self.k_rope is not None
+
+    @property
+    def rope_dims(self) -> int:
+        """How many leading coordinates of a head the RoPE rotates (metadata rope_dims; d when absent)."""
+        return int(self.metadata.get("rope_dims", self.dim))
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -186,6 +192,10 @@ def _check(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str])
     for key, value in expected.items():
         if metadata[key] != str(value):
             raise ValueError(f"{path}: metadata {key}={metadata[key]!r} disagrees with the tensors ({value})")
+    rotated = metadata.get("rope_dims", str(dim))
+    if not (rotated.isdigit() and 2 <= int(rotated) <= dim and int(rotated) % 2 == 0):
+        raise ValueError(f"{path}: metadata rope_dims={rotated!r}; valid: an even number of rotated coordinates in "
+                         f"[2, head_dim {dim}]")
     for name in names:
         if name not in INDEX_TENSORS and not np.all(np.isfinite(tensors[name])):
             raise ValueError(f"{path}: tensor {name} holds NaN or Inf")
