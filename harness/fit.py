@@ -7,8 +7,12 @@ part replay:FILE calibrates on, so the replayed windows stay held out):
   coordinates (`fit_dof`); the capture's rotary frequencies and scaling (`rope_from_capture`);
 - statistics that say what the scenarios are made of (`layer_statistics`): participation ratio
   and power-law decay of the K and V spectra, channel kurtosis, outlier channels, mean offsets,
-  K/V alignment, and for RoPE captures how much RoPE spreads the layer's keys;
-- the nearest of the six scenario families (`FEATURES`, `family_distances`).
+  K/V alignment, and for RoPE captures how much RoPE spreads the layer's keys; and the sequence's
+  structure on each segment (harness/structure.py: attention sinks, recency, heavy hitters,
+  neighbour correlation, logit spread);
+- per query head the order along the sequence (`transition`: a VAR(1) of the joint tokens) and the
+  tail law under which its whitened tokens are likelier (`tail_law`);
+- the nearest of the scenario families (`FAMILIES`, `FEATURES`, `family_distances`).
 """
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ import scenarios
 from kvcommon.rng import generator
 from kvcommon.threads import small_linalg
 from scenarios.base import TrialShape, participation_ratio
-from scenarios.fitted import FORMAT, N_SCALE_QUANTILES, tril
+from scenarios.fitted import FORMAT, N_SCALE_QUANTILES, head_model, tril
 from scenarios.replay import Capture
+
+from .structure import segment_statistics
 
 # Family features: each in [0, 1], computed by `features` the same way on a real layer and on a
 # draw of each family. The distance of a layer to a family is the root-mean-square difference of
@@ -38,9 +44,12 @@ FEATURES = {
     "k_mean": "|E k|^2 / E|k|^2 (mean offset's share of K's energy)",
 }
 FAMILIES = ("gaussian", "spectral_decay", "heavy_tail", "lowrank_aligned", "lowrank_misaligned", "outlier_channels",
-            "rope_lowrank")
+            "rope_lowrank", "structured")
 _DOF_GRID = np.geomspace(2.05, 200.0, 48)
 _DOF_SAMPLE = 20_000
+# The VAR(1) transition's largest singular value in whitened coordinates: below 1, so the
+# innovations' covariance I − AAᵀ stays positive definite (a stationary process of covariance Σ).
+MAX_TRANSITION_GAIN = 0.999
 
 
 def fit_dof(x: np.ndarray) -> float | None:
@@ -185,6 +194,53 @@ def rope_from_capture(cap: Capture) -> tuple[np.ndarray, float] | None:
     return np.median(np.angle(ratio), axis=0), float(np.median(np.abs(ratio)))
 
 
+def transition(joint: np.ndarray, segments: np.ndarray, model) -> np.ndarray | None:
+    """B (3d, 3d) of the VAR(1) x_t − μ = B (x_{t−1} − μ) + η_t fitted to a query head's tokens
+    joint (n, 3d) = (k, v, q) in sequence order, segment ids (n,), and model, the head's TokenModel
+    as the spec stores it: in its whitened coordinates w = Λ^−½ Uᵀ(x − μ) (unit covariance)
+    A = E[w_t w_{t−1}ᵀ] over the consecutive pairs inside one segment (Yule–Walker with Var w = I),
+    its singular components within the sampling noise dropped and the others capped at
+    MAX_TRANSITION_GAIN, then B = U Λ^½ A Λ^−½ Uᵀ. None without a consecutive pair."""
+    same = segments[1:] == segments[:-1]
+    if not same.any():
+        return None
+    lam, vec = model.basis
+    keep = lam > 1e-10 * max(float(lam.max()), 1e-300)
+    basis = vec[:, keep]
+    white = (joint - model.mean) @ basis / np.sqrt(lam[keep])
+    n_pairs = int(same.sum())
+    lagged = white[1:][same].T @ white[:-1][same] / n_pairs
+    with small_linalg():
+        u, sv, vt = np.linalg.svd(lagged)
+    # Sampling noise alone puts singular values up to ≈ 2√(p/n) into a p × p lag covariance of n
+    # pairs (entries of sd 1/√n); components at or below the optimal hard threshold for a square
+    # matrix, (4/√3)·√p·(1/√n) (Gavish & Donoho 2014, IEEE Trans. Inf. Theory 60(8), known noise
+    # level), are dropped, so the order the draws get is the one the data show beyond their noise.
+    threshold = 4 / math.sqrt(3) * math.sqrt(lagged.shape[0] / n_pairs)
+    gain = (u * np.where(sv > threshold, np.minimum(sv, MAX_TRANSITION_GAIN), 0.0)) @ vt
+    return (basis * np.sqrt(lam[keep])) @ gain @ (basis / np.sqrt(lam[keep])).T
+
+
+def tail_law(white: np.ndarray, dof: float | None, scale2: np.ndarray) -> str:
+    """The tail law of scenarios/fitted.py under which the whitened tokens white (n, p) are more
+    likely: "coordinate" (i.i.d. unit-variance Student-t(dof) coordinates, Gaussian for dof None)
+    or "token" (w = s·g, g standard normal, s² from the quantiles scale2, each quantile an atom
+    of weight 1/64, the two ends 1/128)."""
+    from scipy.special import gammaln, logsumexp
+    if dof is None:
+        coordinate = float(np.sum(-0.5 * math.log(2 * math.pi) - 0.5 * white ** 2))
+    else:
+        s2 = (dof - 2) / dof
+        coordinate = float(np.sum(gammaln((dof + 1) / 2) - gammaln(dof / 2) - 0.5 * math.log(dof * math.pi * s2)
+                                  - (dof + 1) / 2 * np.log1p(white ** 2 / (s2 * dof))))
+    atoms = np.maximum(np.asarray(scale2, dtype=float), 1e-6)
+    weights = np.full(atoms.size, 1 / (atoms.size - 1))
+    weights[[0, -1]] /= 2
+    p = white.shape[1]
+    terms = np.log(weights) - 0.5 * p * np.log(2 * math.pi * atoms) - np.sum(white ** 2, 1)[:, None] / (2 * atoms)
+    return "token" if float(logsumexp(terms, axis=1).sum()) > coordinate else "coordinate"
+
+
 def _digits(x: np.ndarray) -> list[float]:
     """Values rounded to 7 significant digits (a spec's size; float32 captures hold no more)."""
     return [float(f"{v:.7g}") for v in x]
@@ -257,9 +313,13 @@ def fit_capture(cap: Capture, *, fit_fraction: float = 0.5, progress=None) -> di
             joint = np.hstack((k_pre[kv], v[kv], q_pre[qh]))
             white = whitened(joint)
             dof = fit_dof(white)
-            heads.append({"query_head": qh, "kv_head": kv, "mean": _digits(joint.mean(0)),
-                          "cov": _digits(np.asarray(tril(np.cov(joint, rowvar=False)))), "dof": dof,
-                          "scale2_quantiles": _digits(scale2_quantiles(white))})
+            scale2 = scale2_quantiles(white)
+            head = {"query_head": qh, "kv_head": kv, "mean": _digits(joint.mean(0)),
+                    "cov": _digits(np.asarray(tril(np.cov(joint, rowvar=False)))), "dof": dof,
+                    "scale2_quantiles": _digits(scale2), "tail": tail_law(white, dof, scale2)}
+            fitted = transition(joint, cap.segments[part], head_model(head))
+            head["transition"] = None if fitted is None else _digits(fitted.ravel())
+            heads.append(head)
             dofs.append(dof)
             spreads.append(norm_overdispersion(white))
         feats = features(k_cache, v, k_pre if rope is not None else None)
@@ -267,6 +327,8 @@ def fit_capture(cap: Capture, *, fit_fraction: float = 0.5, progress=None) -> di
         closest = min(distances, key=distances.get)
         statistics = layer_statistics(k_cache, v, q_cache, k_pre if rope is not None else None, dofs)
         statistics["token_norm_overdispersion"] = float(np.mean(spreads))
+        statistics["structure"] = segment_statistics(k_cache, v, q_cache, cap.positions[part], cap.segments[part],
+                                                     causal=cap.metadata.get("kind", "").startswith("decoder"))
         out_layers.append({"layer": layer, "statistics": statistics,
                            "features": feats, "family": {"closest": closest, "distance": distances[closest],
                                                          "distances": distances},

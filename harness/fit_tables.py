@@ -16,13 +16,20 @@ Written by the command that ran the sweep into --out, all in one transaction
   priori), best_generic (chosen afterwards), generic (each family).
 - predictivity_flips: codec pair whose order the fitted scenario flips at a storage level
   (real and fitted mean d2_t of both); quantisers = 1 where both codecs are quantisers.
+- predictivity_codecs: (layer, codec) — the fitted/real ratio at equal storage of its d2_t, logit
+  error and (evicting codecs) evicted attention mass.
+- predictivity_structure: (layer, statistic) — the sequence structure of the real and the fitted
+  windows (harness/structure.py: sink share, recency ratio, heavy-hitter share, lag-1 correlation
+  of K and V, logit sd) and their ratio.
 - recommendation (recommend): layer — the codec and width chosen on the first half of the
   capture's windows, its mean storage and d2_t there, and on the held-out half its d2_t beside
-  the uniform codec's at the recommendation's average storage, with the per-layer gain and CI.
+  the uniform codec's at the recommendation's average storage, with the per-layer gain and CI;
+  uniform_halving_bits: the bits per element that halve the uniform codec's d2_t in that layer.
 - recommendation_judged: baseline — the whole recommendation against it on the held-out half:
   equal_storage (the best single codec at the same measured storage) and best_cell (the best
   single measured cell within the budget), gain 1 − Σ e_rec / Σ e_base with its CI, the paired
-  difference per window with its standard error.
+  difference per window with its standard error; conclusion: the one-line verdict (per-layer
+  choice, or uniform as good and why).
 - recommendation_effect (harness effect --recommendation DIR): setting — the sentence-embedding
   cosine to the uncompressed model of the per-layer recommendation and of the uniform settings
   beside it, with the paired difference per passage.
@@ -34,7 +41,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from stats.predictivity import DIAGNOSTIC_METRICS
+from stats.predictivity import CODEC_METRICS, DIAGNOSTIC_METRICS
 
 # name -> ((column, type), ...): the column order and sqlite type of each table
 TABLES = {
@@ -48,15 +55,19 @@ TABLES = {
     "predictivity_flips": (("layer", "INTEGER"), ("level", "REAL"), ("a", "TEXT"), ("b", "TEXT"),
                            ("real_a", "REAL"), ("real_b", "REAL"), ("fitted_a", "REAL"), ("fitted_b", "REAL"),
                            ("quantisers", "INTEGER")),
+    "predictivity_codecs": (("layer", "INTEGER"), ("scheme", "TEXT"))
+    + tuple((f"fitted_over_real_{m}", "REAL") for m in CODEC_METRICS),
+    "predictivity_structure": (("layer", "INTEGER"), ("statistic", "TEXT"), ("real", "REAL"), ("fitted", "REAL"),
+                               ("fitted_over_real", "REAL")),
     "recommendation": (("layer", "INTEGER"), ("scheme", "TEXT"), ("budget", "INTEGER"), ("storage", "REAL"),
                        ("error_choose", "REAL"), ("error_recommended", "REAL"), ("uniform", "TEXT"),
                        ("error_uniform", "REAL"), ("gain", "REAL"), ("gain_ci_low", "REAL"),
-                       ("gain_ci_high", "REAL"), ("n_trials", "INTEGER")),
+                       ("gain_ci_high", "REAL"), ("n_trials", "INTEGER"), ("uniform_halving_bits", "REAL")),
     "recommendation_judged": (("baseline", "TEXT"), ("bits", "REAL"), ("scheme", "TEXT"), ("budget", "INTEGER"),
                               ("storage_recommended", "REAL"), ("storage_baseline", "REAL"),
                               ("error_recommended", "REAL"), ("error_baseline", "REAL"), ("gain", "REAL"),
                               ("gain_ci_low", "REAL"), ("gain_ci_high", "REAL"), ("paired_difference", "REAL"),
-                              ("paired_difference_se", "REAL"), ("n_trials", "INTEGER")),
+                              ("paired_difference_se", "REAL"), ("n_trials", "INTEGER"), ("conclusion", "TEXT")),
     "recommendation_effect": (("setting", "TEXT"), ("schemes", "TEXT"), ("bits_per_element", "REAL"),
                               ("emb_cos_mean", "REAL"), ("emb_cos_min", "REAL"), ("difference", "REAL"),
                               ("difference_ci_low", "REAL"), ("difference_ci_high", "REAL"),
@@ -128,8 +139,18 @@ def predictivity_frames(result: dict, spec_data: dict) -> dict[str, pd.DataFrame
                       for f in entry["all"]["fitted"]["flipped"]]
     for codecs in ("all", "quantisers"):
         tau_rows += [tau_row(None, codecs, candidate, None, r) for candidate, r in result["pooled"][codecs].items()]
+    codec_rows = [{"layer": entry["layer"], "scheme": scheme,
+                   **{f"fitted_over_real_{m}": ratios.get(m) for m in CODEC_METRICS}}
+                  for entry in result["layers"] for scheme, ratios in entry.get("fitted_over_real_by_codec", {}).items()]
+    structure_rows = [{"layer": entry["layer"], "statistic": name, "real": value,
+                       "fitted": entry["structure"]["fitted"][name],
+                       "fitted_over_real": entry["structure"]["fitted_over_real"][name]}
+                      for entry in result["layers"] if "structure" in entry
+                      for name, value in entry["structure"]["real"].items()]
     return {"fit_layers": frame("fit_layers", fit_rows), "predictivity": frame("predictivity", tau_rows),
-            "predictivity_flips": frame("predictivity_flips", flip_rows)}
+            "predictivity_flips": frame("predictivity_flips", flip_rows),
+            "predictivity_codecs": frame("predictivity_codecs", codec_rows),
+            "predictivity_structure": frame("predictivity_structure", structure_rows)}
 
 
 def recommendation_frames(result: dict) -> dict[str, pd.DataFrame]:
@@ -142,7 +163,8 @@ def recommendation_frames(result: dict) -> dict[str, pd.DataFrame]:
         rows.append({**row, "error_recommended": p.get("error_recommended"), "uniform": result["uniform"],
                      "error_uniform": p.get("error_uniform"), "gain": p.get("gain"),
                      "gain_ci_low": p.get("gain_ci", [None, None])[0], "gain_ci_high": p.get("gain_ci", [None, None])[1],
-                     "n_trials": p.get("n_trials")})
+                     "n_trials": p.get("n_trials"),
+                     "uniform_halving_bits": result.get("conclusion", {}).get("halving_bits", {}).get(str(row["layer"]))})
 
     def judged(baseline, j, scheme, budget, storage_rec, storage_base):
         return {"baseline": baseline, "bits": result["bits"], "scheme": scheme, "budget": budget,
@@ -150,7 +172,7 @@ def recommendation_frames(result: dict) -> dict[str, pd.DataFrame]:
                 "error_recommended": j["error_recommended"], "error_baseline": j["error_uniform"], "gain": j["gain"],
                 "gain_ci_low": j["gain_ci"][0], "gain_ci_high": j["gain_ci"][1],
                 "paired_difference": j["paired_difference"], "paired_difference_se": j["paired_difference_se"],
-                "n_trials": j["n_trials"]}
+                "n_trials": j["n_trials"], "conclusion": result.get("conclusion", {}).get("line")}
 
     judged_rows = [judged("equal_storage", j, result["uniform"], None, j["storage"], j["storage"])]
     if "judged_cell" in result:

@@ -21,6 +21,10 @@ them) and mean error e (d2_t) on the choose half.
   bootstrap interval over trials (resampled jointly for both settings, 2000 resamples); and the
   same per layer (where the gain comes from: each layer's recommended cell, at its own storage,
   against the uniform codec at the recommendation's average storage).
+- Conclusion: the per-layer choice where it beats the uniform codec by GAIN_GOAL with the
+  interval above 0, else "uniform is as good" with the layers' error curves as the reason (how
+  many bits per element halve the uniform codec's error in each layer: alike curves leave nothing
+  for a per-layer choice to trade).
 """
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ from stats.equal_storage import at_storage
 METRIC = "d2_t"
 STORAGE = "storage_bits_per_element"
 N_BOOT = 2000
+# what a per-layer choice must win to be worth deploying over one codec everywhere: this much less
+# summed d2_t at the same measured storage, with the interval's lower end above 0 (a stated product
+# rule, not a fit to a model)
+GAIN_GOAL = 0.15
 
 
 def options(trials: pd.DataFrame, scenario_of_layer: dict[int, str]) -> dict[int, pd.DataFrame]:
@@ -152,3 +160,47 @@ def judge_cell(trials: pd.DataFrame, scenario_of_layer: dict[int, str], recommen
     uni, store_uni = _cells(trials, scenario_of_layer, {layer: cell for layer in scenario_of_layer})
     return {**compare(rec, uni, n_boot=n_boot, seed=seed), "storage_recommended": float(np.mean(store_rec)),
             "storage_uniform": float(np.mean(store_uni))}
+
+
+def halving_bits(opts: dict[int, pd.DataFrame], scheme: str) -> dict[int, float]:
+    """Per layer, the measured storage (bits per element) over which `scheme`'s mean error halves: a
+    least-squares line through log2 of METRIC against storage over its cells in that layer's options,
+    −1/slope (inf where the error does not fall; NaN with fewer than two cells)."""
+    out = {}
+    for layer, frame in sorted(opts.items()):
+        cells = frame.loc[scheme] if scheme in frame.index.get_level_values(0) else frame.iloc[:0]
+        cells = cells[cells[METRIC] > 0]
+        if len(cells) < 2:
+            out[layer] = float("nan")
+            continue
+        slope = np.polyfit(cells[STORAGE].to_numpy(float), np.log2(cells[METRIC].to_numpy(float)), 1)[0]
+        out[layer] = float(-1 / slope) if slope < 0 else float("inf")
+    return out
+
+
+def conclusion(judged: dict, baseline: str, curves: dict[int, float]) -> dict:
+    """The recommendation's verdict in one line: "per-layer" where it beats `baseline` at the same
+    storage by GAIN_GOAL with the interval above 0, else "uniform" with why, read off the layers'
+    error curves (`curves`: halving_bits of the baseline)."""
+    gain, (low, high) = judged["gain"], judged["gain_ci"]
+    shown = ", ".join(f"{v:.2f}" for v in curves.values())
+    if gain >= GAIN_GOAL and low > 0:
+        line = (f"per-layer choice: {100 * gain:.1f} % [{100 * low:.1f}, {100 * high:.1f}] less d2_t than {baseline} "
+                f"in every layer at the same {judged['storage']:.3f} bits/element, on held-out windows")
+        return {"kind": "per-layer", "line": line, "halving_bits": _json_ready(curves)}
+    finite = [v for v in curves.values() if np.isfinite(v)]
+    spread = max(finite) / min(finite) if finite and min(finite) > 0 else float("nan")
+    why = (f"because the layers' error curves fall alike with storage ({baseline}'s d2_t halves every {shown} "
+           f"bits/element in layers {', '.join(map(str, curves))}: no layer repays a bit much more than another)"
+           if spread <= 1.5 else
+           f"although the layers' error curves differ ({baseline}'s d2_t halves every {shown} bits/element in layers "
+           f"{', '.join(map(str, curves))}): the widths on offer do not turn that into a gain at this storage")
+    line = (f"uniform is as good on this model: the per-layer choice gains {100 * gain:+.1f} % [{100 * low:+.1f}, "
+            f"{100 * high:+.1f}] d2_t over {baseline} in every layer at the same {judged['storage']:.3f} bits/element "
+            f"(short of {100 * GAIN_GOAL:.0f} % with the interval above 0), {why}")
+    return {"kind": "uniform", "line": line, "halving_bits": _json_ready(curves)}
+
+
+def _json_ready(curves: dict[int, float]) -> dict[str, float | None]:
+    return {str(layer): (v if np.isfinite(v) else None) for layer, v in curves.items()}
+

@@ -1,5 +1,6 @@
 """The report's tables of a predictivity or recommend run (Findings.tables, read from the run's
-fit_layers, predictivity, predictivity_flips, recommendation, recommendation_judged and
+fit_layers, predictivity, predictivity_flips, predictivity_codecs, predictivity_structure,
+recommendation, recommendation_judged and
 recommendation_effect tables: harness/fit_tables.py): plain strings, shared by html.py and pdf.py.
 Each function returns (title, header, rows, note) sections, none where the run lacks the table."""
 from __future__ import annotations
@@ -71,6 +72,27 @@ def fit_rows(findings: Findings) -> list[tuple[str, ...]]:
     return rows
 
 
+CODEC_HEADER = ("layer", "codec", "fitted / real d₂(T)", "logit error", "evicted mass")
+STRUCTURE_HEADER = ("layer", "statistic", "real windows", "fitted", "fitted / real")
+
+
+def codec_rows(findings: Findings) -> list[tuple[str, ...]]:
+    codecs = findings.tables.get("predictivity_codecs")
+    if codecs is None:
+        return []
+    return [(str(c.layer), c.scheme, num(c.fitted_over_real_d2_t), num(c.fitted_over_real_logit_rel_mse),
+             "—" if _missing(c.fitted_over_real_evicted_mass) else num(c.fitted_over_real_evicted_mass))
+            for c in codecs.itertuples(index=False)]
+
+
+def structure_rows(findings: Findings) -> list[tuple[str, ...]]:
+    structure = findings.tables.get("predictivity_structure")
+    if structure is None:
+        return []
+    return [(str(r.layer), r.statistic, num(r.real), num(r.fitted), num(r.fitted_over_real))
+            for r in structure.itertuples(index=False)]
+
+
 def flip_rows(findings: Findings) -> list[tuple[str, ...]]:
     flips = findings.tables.get("predictivity_flips")
     if flips is None:
@@ -95,6 +117,14 @@ def recommendation_rows(findings: Findings) -> list[tuple[str, ...]]:
         rows.append((f"all, ≤ {j.bits:g}", "", f"{j.storage_recommended:.3f}", "", num(j.error_recommended),
                      f"{base}: {num(j.error_baseline)}", _percent(j.gain, j.gain_ci_low, j.gain_ci_high)))
     return rows
+
+
+def _conclusion(findings: Findings) -> str:
+    """The recommendation's one-line verdict (recommendation_judged.conclusion) and a space, or ''."""
+    judged = findings.tables.get("recommendation_judged")
+    if judged is None or "conclusion" not in judged.columns or judged.empty or _missing(judged["conclusion"].iloc[0]):
+        return ""
+    return f"{judged['conclusion'].iloc[0]}. "
 
 
 def effect_rows(findings: Findings) -> list[tuple[str, ...]]:
@@ -129,8 +159,15 @@ def sections(findings: Findings) -> list[tuple[str, str, tuple, list, str]]:
              fit_rows(findings), FIT_NOTE),
             ("predictivity-flips", "Codec pairs the fitted scenario orders differently from the real windows",
              FLIP_HEADER, flip_rows(findings), "Each at one storage level; mean d₂(T) of a and b."),
+            ("predictivity-codecs", "Each codec's error on the fitted scenario over its error on the real windows",
+             CODEC_HEADER, codec_rows(findings), "Geometric mean over the storage levels of the fitted scenario's mean "
+             "over the real windows' at equal storage; 1: reproduced. Evicted mass: evicting codecs only."),
+            ("predictivity-structure", "The sequence structure of the real and the fitted windows", STRUCTURE_HEADER,
+             structure_rows(findings), "Means over windows and heads (harness/structure.py): sink share on the first "
+             "4 keys, recency ratio (attention per key on the nearest 1/16 of keys over the mean), heavy-hitter share "
+             "(the top 1 % of keys' share of the mass), lag-1 correlation of K and V, logit sd."),
             ("recommendation", "Recommended codec and width per layer", RECOMMENDATION_HEADER,
-             recommendation_rows(findings), RECOMMENDATION_NOTE),
+             recommendation_rows(findings), _conclusion(findings) + RECOMMENDATION_NOTE),
             ("recommendation-effect", "The recommendation inside the model", EFFECT_HEADER, effect_rows(findings),
              EFFECT_NOTE)):
         if rows:

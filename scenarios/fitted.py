@@ -10,24 +10,32 @@ when the capture has RoPE; the spec then also holds the rotary frequencies and s
 from the capture (`rope`), and draws apply that RoPE, as a cache stores keys.
 
 A token is x = μ + U diag(√λ) z, with `tail`:
-- "coordinate" (default): z i.i.d. Student-t(dof) scaled to unit variance (as heavy_tail's latents);
+- "fitted" (default): each head's own choice, `tail` in the spec: the law under which the fit's
+  whitened tokens are likelier (harness/fit.py, tail_law), "coordinate" for specs without one;
+- "coordinate": z i.i.d. Student-t(dof) scaled to unit variance (as heavy_tail's latents);
 - "token": z = s·g, g standard normal, s² drawn from the fitted quantiles (inverse CDF, linear
   between quantiles): an elliptical scale mixture whose token norms spread as the real ones do
   (real KV has tokens far larger than others in every direction at once);
 - "gaussian": z standard normal.
-On all-MiniLM-L6-v2 (layers 0, 3, 5; harness predictivity) three independent draws of
-"coordinate" gave pooled Kendall τ 0.87, 0.89, 0.90 against the real windows over 10 codecs
-(0.78, 0.82, 0.84 within the quantisers); one draw of "token" 0.87 / 0.78 although it reproduces
-the real token-norm spread, of "gaussian" 0.85 / 0.64: the tails' differences are within the
-draw-to-draw spread except the Gaussian's within the quantisers.
-Each has mean μ and covariance Σ (E s² = 1). Tokens are independent: the model keeps each token's
-K/V/Q correlation (same-token q·k, K/V alignment, outlier channels, mean offsets) and not the
-order of the sequence. Per trial, as replay:FILE draws: `shape.n_heads` key/value heads of
-`layer` (heads="random": without replacement; "first": 0..H−1), a query head of each one's
-group, S window tokens at positions 0..S−1, Nq evaluated queries — the q of window tokens drawn
-at random, as replay takes real queries from the window — and n_cal calibration tokens of their
-own draw at positions 0..n_cal−1. `temperature` and `drift` are unused (queries come from the
-fit; no decode tokens).
+Each has mean μ and covariance Σ (E s² = 1).
+
+Sequence structure. Real tokens are not exchangeable: neighbours are alike, a query attends more
+to keys near it (through position embeddings or RoPE, seen in the tokens as slowly varying
+components), and which keys draw attention follows from that. With `order` "fitted" (default) and
+a `transition` B in the spec, a head's tokens form a stationary VAR(1) along the sequence,
+x_t − μ = B (x_{t−1} − μ) + η_t, η_t = R z_t with R Rᵀ = Σ − BΣBᵀ and z_t of the tail law, from
+x_0 = μ + U diag(√λ) z_0: every token keeps mean μ and covariance Σ, and the lag-1
+cross-covariance of (k, v, q) is BΣ, so E[q_i·k_j] depends on the distance i − j as the capture's
+does — attention against distance, the heavy hitters that recency leaves, the neighbour
+correlation. B is fitted across all 3d coordinates at once (harness/fit.py, `transition`), so it
+can rotate as well as decay (position embeddings oscillate with distance, which no set of
+per-coordinate decays expresses). order="iid", or a spec without a transition (written before
+it), draws independent tokens, as before. Per trial, as replay:FILE draws: `shape.n_heads`
+key/value heads of `layer` (heads="random": without replacement; "first": 0..H−1), a query head of
+each one's group, S window tokens at positions 0..S−1, Nq evaluated queries — the q of window
+tokens drawn at random, as replay takes real queries from the window — and n_cal calibration
+tokens of their own draw (another sequence of the same law) at positions 0..n_cal−1.
+`temperature` and `drift` are unused (queries come from the fit; no decode tokens).
 """
 from __future__ import annotations
 
@@ -47,36 +55,68 @@ from .base import Scenario
 
 FORMAT = "kvharness-fitted/1"
 N_SCALE_QUANTILES = 65
+ORDERS = ("fitted", "iid")
 TAILS = ("token", "coordinate", "gaussian")
 
 
 @dataclass(frozen=True)
 class TokenModel:
     """One query head's joint token law: mean (3d,), covariance (3d, 3d), dof (None: Gaussian),
-    scale2_quantiles (N_SCALE_QUANTILES,) of s² (module docstring)."""
+    scale2_quantiles (N_SCALE_QUANTILES,) of s² (module docstring); transition (3d, 3d): B of its
+    order along the sequence (None: tokens independent, as specs written before it held); tail: the
+    tail law the fit chose ("coordinate" where a spec names none)."""
     mean: np.ndarray
     cov: np.ndarray
     dof: float | None
     scale2_quantiles: np.ndarray
+    transition: np.ndarray | None = None
+    tail: str = "coordinate"
+
+    @functools.cached_property
+    def basis(self) -> tuple[np.ndarray, np.ndarray]:
+        """(λ (3d,) ascending, clipped at 0; U (3d, 3d)): the covariance's eigen-decomposition."""
+        with small_linalg():
+            lam, vec = np.linalg.eigh(self.cov)
+        return np.clip(lam, 0, None), vec
 
     @functools.cached_property
     def root(self) -> np.ndarray:
         """U diag(√λ) (3d, 3d) with negative rounding eigenvalues clipped to 0."""
-        with small_linalg():
-            lam, vec = np.linalg.eigh(self.cov)
-        return vec * np.sqrt(np.clip(lam, 0, None))
+        lam, vec = self.basis
+        return vec * np.sqrt(lam)
 
-    def sample(self, gen: np.random.Generator, n: int, tail: str = "coordinate") -> np.ndarray:
-        """(n, 3d) float64 tokens x = μ + root z, z of the `tail` law (module docstring)."""
+    def _latent(self, gen: np.random.Generator, n: int, tail: str) -> np.ndarray:
+        """(n, 3d) latent entries z of the `tail` law (module docstring), unit variance."""
         p = self.mean.shape[0]
         if tail == "coordinate" and self.dof is not None:
-            z = gen.standard_t(self.dof, (n, p)) * math.sqrt((self.dof - 2) / self.dof)
-        else:
-            z = gen.standard_normal((n, p))
-            if tail == "token":
-                probs = np.linspace(0, 1, self.scale2_quantiles.shape[0])
-                z *= np.sqrt(np.interp(gen.random(n), probs, self.scale2_quantiles))[:, None]
-        return self.mean + z @ self.root.T
+            return gen.standard_t(self.dof, (n, p)) * math.sqrt((self.dof - 2) / self.dof)
+        z = gen.standard_normal((n, p))
+        if tail == "token":
+            probs = np.linspace(0, 1, self.scale2_quantiles.shape[0])
+            z *= np.sqrt(np.interp(gen.random(n), probs, self.scale2_quantiles))[:, None]
+        return z
+
+    @functools.cached_property
+    def innovation_root(self) -> np.ndarray:
+        """A square root (3d, 3d) of the VAR(1) innovations' covariance Σ − BΣBᵀ (negative rounding
+        eigenvalues clipped to 0), B the transition."""
+        with small_linalg():
+            lam, vec = np.linalg.eigh(self.cov - self.transition @ self.cov @ self.transition.T)
+        return vec * np.sqrt(np.clip(lam, 0, None))
+
+    def sample(self, gen: np.random.Generator, n: int, tail: str = "fitted", order: str = "fitted") -> np.ndarray:
+        """(n, 3d) float64 tokens x = μ + root z, z of the `tail` law ("fitted": the head's own),
+        independent (order="iid" or no transition fitted), else in sequence order (module docstring,
+        "Sequence structure")."""
+        z = self._latent(gen, n, self.tail if tail == "fitted" else tail)
+        if order == "iid" or self.transition is None:
+            return self.mean + z @ self.root.T
+        centred = np.empty((n, self.mean.shape[0]))
+        centred[0] = self.root @ z[0]
+        noise = z[1:] @ self.innovation_root.T
+        for t in range(1, n):
+            centred[t] = self.transition @ centred[t - 1] + noise[t - 1]
+        return self.mean + centred
 
 
 @dataclass(frozen=True)
@@ -105,13 +145,21 @@ class Spec:
         return self._models[key]
 
     def _build(self, layer: int, query_head: int) -> TokenModel:
-        entry = self.data["layers"][layer]["heads"][query_head]
-        n = 3 * self.dim
-        cov = np.zeros((n, n))
-        cov[np.tril_indices(n)] = entry["cov"]
-        cov = cov + np.tril(cov, -1).T
-        return TokenModel(np.asarray(entry["mean"], dtype=float), cov, entry["dof"],
-                          np.asarray(entry["scale2_quantiles"], dtype=float))
+        return head_model(self.data["layers"][layer]["heads"][query_head])
+
+
+def head_model(entry: dict) -> TokenModel:
+    """The TokenModel of a spec's head entry (mean, the covariance's lower triangle, dof,
+    scale2_quantiles, and the transition and tail where present), from the numbers as the spec stores them."""
+    n = len(entry["mean"])
+    cov = np.zeros((n, n))
+    cov[np.tril_indices(n)] = entry["cov"]
+    cov = cov + np.tril(cov, -1).T
+    transition = entry.get("transition")
+    return TokenModel(np.asarray(entry["mean"], dtype=float), cov, entry["dof"],
+                      np.asarray(entry["scale2_quantiles"], dtype=float),
+                      None if transition is None else np.asarray(transition, dtype=float).reshape(n, n),
+                      entry.get("tail", "coordinate"))
 
 
 def tril(cov: np.ndarray) -> list[float]:
@@ -153,6 +201,16 @@ def _check_spec(path: Path, data) -> Spec:
             if not ok or not np.all(np.isfinite(values)):
                 raise bad(f"layer {i} head {h}: mean of {n} numbers, cov of {n * (n + 1) // 2} (lower triangle), "
                           f"dof > 2 or null and {N_SCALE_QUANTILES} non-decreasing scale2_quantiles expected")
+            transition = entry.get("transition")
+            try:
+                ok = transition is None or (len(transition) == n * n and np.all(np.isfinite(np.asarray(transition,
+                                                                                                       dtype=float))))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise bad(f"layer {i} head {h}: transition must be null or {n * n} finite numbers ({n} x {n}, row by row)")
+            if entry.get("tail", "coordinate") not in TAILS:
+                raise bad(f"layer {i} head {h}: tail {entry.get('tail')!r}; valid: {', '.join(TAILS)}")
     return Spec(str(path), data, dim, len(layers), n_heads, n_kv, rope)
 
 
@@ -189,13 +247,16 @@ class Fitted(Scenario):
     source: str = ""
     layer: int = -1
     heads: str = "random"
-    tail: str = "coordinate"
+    tail: str = "fitted"
+    order: str = "fitted"
 
     def validate(self) -> None:
         if not self.source:
             raise ValueError("scenario fitted: give the spec as fitted:SPEC.json")
-        if self.tail not in TAILS:
-            raise ValueError(f"scenario fitted: tail={self.tail!r}; valid: {', '.join(TAILS)}")
+        if self.tail not in TAILS + ("fitted",):
+            raise ValueError(f"scenario fitted: tail={self.tail!r}; valid: fitted, {', '.join(TAILS)}")
+        if self.order not in ORDERS:
+            raise ValueError(f"scenario fitted: order={self.order!r}; valid: {', '.join(ORDERS)}")
         if self.heads not in ("random", "first"):
             raise ValueError(f"scenario fitted: heads={self.heads!r}; valid: random, first")
         spec = load_spec(self.source)
@@ -236,8 +297,8 @@ class Fitted(Scenario):
         for i, head in enumerate(heads):
             query_head = int(head) * spec.group_size + int(streams("query_head", i).integers(spec.group_size))
             model = spec.token_model(layer, query_head)
-            window = model.sample(streams("tokens", i), s, self.tail)
-            cal = model.sample(streams("calibration", i), n_cal, self.tail)
+            window = model.sample(streams("tokens", i), s, self.tail, self.order)
+            cal = model.sample(streams("calibration", i), n_cal, self.tail, self.order)
             k, v, q_own = window[:, :d], window[:, d:2 * d], window[:, 2 * d:]
             k_cal = cal[:, :d]
             if spec.rope is not None:

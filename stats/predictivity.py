@@ -127,6 +127,21 @@ def agreement(pairs: list[tuple[Table, Table]], schemes=None, *, n_boot: int = N
 
 DIAGNOSTIC_METRICS = ("rel_mse_k", "rel_mse_v", "logit_rel_mse", "kl_attn", "t_rel_mse_konly", "t_rel_mse_vonly",
                       "d2_t")
+# per codec: the ranked error, the logit error (quantisers' part) and the evicted attention mass
+# (evicting codecs': NaN for the others, so absent from their ratios)
+CODEC_METRICS = ("d2_t", "logit_rel_mse", "evicted_mass")
+
+
+def codec_ratios(trials: pd.DataFrame, reference: str, candidate: str, levels, schemes,
+                 metrics=CODEC_METRICS) -> dict[str, dict[str, float]]:
+    """Per codec and metric, the geometric mean over the storage levels where the codec is placed
+    in both scenarios of candidate mean / reference mean (error_ratios for one codec at a time);
+    a metric a codec does not report (NaN, zero) is left out of its entry."""
+    out = {}
+    for scheme in schemes:
+        ratios = error_ratios(trials, reference, candidate, levels, [scheme], metrics)
+        out[scheme] = {m: r for m, r in ratios.items() if np.isfinite(r)}
+    return out
 
 
 def error_ratios(trials: pd.DataFrame, reference: str, candidate: str, levels, schemes,

@@ -114,11 +114,12 @@ def test_fit_recovers_the_known_law(known):
 
 
 def test_fitted_scenario_draws_the_spec_and_a_refit_recovers_it(known):
-    """Draw many tokens from fitted:SPEC (tail=coordinate, heads first, one query head of each group at random),
+    """Draw many tokens from fitted:SPEC (heads first, one query head of each group at random),
     re-estimate the joint moments of (k, v, q_prefill) and the tail: equal to the spec within sampling error."""
     spec = scenarios.fitted.load_spec(known["spec_path"])
     scenario = scenarios.create(f"fitted:{known['spec_path']}", heads="first", layer=0)
-    assert scenario.tail == "coordinate"   # the default: the tail that ranked MiniLM's codecs best
+    assert scenario.tail == "fitted"   # the default: each head's likelier law, Student-t coordinates here
+    assert {head["tail"] for head in known["spec"]["layers"][0]["heads"]} == {"coordinate"}
     n = 6000
     shape = TrialShape(n_heads=2, seq_len=n, n_queries=16, dim=DIM, n_calib=64, prefill_queries=True)
     draw = scenario.draw(lambda *labels: generator("pcg64", 3, *labels), shape)
@@ -196,7 +197,7 @@ def test_token_scale_tail_is_recovered_and_redrawn(tmp_path):
             lambda *labels: generator("pcg64", 4, *labels), shape)
         redrawn = np.hstack((draw["k"][0], draw["v"][0], draw["q_prefill"][0]))
         assert norm_overdispersion(whitened(redrawn)) == pytest.approx(want, rel=tol), tail
-    with pytest.raises(ValueError, match="tail='x'; valid: token, coordinate, gaussian"):
+    with pytest.raises(ValueError, match="tail='x'; valid: fitted, token, coordinate, gaussian"):
         scenarios.create(f"fitted:{spec_path}:tail=x")
 
 
@@ -515,7 +516,8 @@ def test_recommend_cli_runs_and_its_gain_matches_the_stored_rows(tmp_path, capsy
     argv = ["recommend", str(cap), "--bits", "3.6", "--scheme", "tq-kv,svd,h2o", "--budget", "2,3,4", "--trials", "4",
             "--seq-len", "32", "--queries", "8", "--calib-tokens", "64", "--out", str(out)]
     assert main(argv) == 0
-    assert "gain" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "gain" in printed
     result = json.loads((out / "recommendation.json").read_text())
     frame = RunStore(out).trials()
     judge = frame[frame["scenario"].str.endswith("part=second")]
@@ -551,5 +553,120 @@ def test_recommend_cli_runs_and_its_gain_matches_the_stored_rows(tmp_path, capsy
     cell_err = judge[(judge["scheme"] == cell[0]) & (judge["budget"] == cell[1])].groupby("scenario")["d2_t"].mean().sum()
     assert result["judged_cell"]["gain"] == pytest.approx(1 - rec / cell_err, rel=1e-9)
     assert result["judged_cell"]["storage_uniform"] <= 3.6 + 1e-9
+    choose_half = frame[frame["scenario"].str.endswith("part=first")]
+    for layer in (0, 1):   # the uniform codec's error curve per layer: scipy's regression of log2 d2_t on storage
+        from scipy.stats import linregress
+        cells = choose_half[(choose_half["scenario"] == f"replay:{cap}:layer={layer}:part=first")
+                            & (choose_half["scheme"] == result["uniform"])].groupby("budget")[
+            ["storage_bits_per_element", "d2_t"]].mean()
+        slope = linregress(cells["storage_bits_per_element"], np.log2(cells["d2_t"])).slope
+        assert result["conclusion"]["halving_bits"][str(layer)] == pytest.approx(-1 / slope, rel=1e-9)
+    j = result["judged"]
+    assert result["conclusion"]["kind"] == ("per-layer" if j["gain"] >= 0.15 and j["gain_ci"][0] > 0 else "uniform")
+    assert result["conclusion"]["line"] in printed.splitlines()
+    assert RunStore(out).table("recommendation_judged")["conclusion"].iloc[0] == result["conclusion"]["line"]
     assert main([*argv[:2], "--bits", "0.5", *argv[4:]]) == 2
     assert "below what these codecs reach" in capsys.readouterr().err
+
+
+def test_the_recommendation_verdict_follows_the_gain_rule_and_gives_the_curves_as_reason():
+    """A gain of at least 15 % with its interval above 0 is a per-layer verdict; anything else says
+    uniform is as good, with the layers' halving bits, alike (within 1.5x) or not."""
+    from harness.recommend import conclusion
+    judged = {"gain": 0.2, "gain_ci": [0.05, 0.3], "storage": 3.5}
+    assert conclusion(judged, "tq-kv", {0: 1.0, 1: 3.0})["kind"] == "per-layer"
+    for gain, ci in ((0.2, [-0.01, 0.4]), (0.1, [0.05, 0.15]), (-0.03, [-0.13, 0.05])):
+        alike = conclusion({**judged, "gain": gain, "gain_ci": ci}, "tq-kv", {0: 1.0, 1: 1.2, 2: float("inf")})
+        assert alike["kind"] == "uniform" and "fall alike" in alike["line"] and "1.00, 1.20, inf" in alike["line"]
+        assert alike["halving_bits"] == {"0": 1.0, "1": 1.2, "2": None} and "\n" not in alike["line"]
+    differ = conclusion({**judged, "gain": 0.0, "gain_ci": [-0.1, 0.1]}, "tq-kv", {0: 1.0, 1: 2.0})
+    assert differ["kind"] == "uniform" and "differ" in differ["line"]
+
+
+# ---------------------------------------------------------------- the order along the sequence
+
+def var1_tokens(gen, mean, cov, transition, n, segment_len):
+    """A stationary VAR(1) of covariance cov along each segment (restarted from its stationary law):
+    x_t − μ = B (x_{t−1} − μ) + η_t, Cov η = Σ − BΣBᵀ (drawn here with Cholesky factors, not the
+    eigen-roots scenarios.fitted uses)."""
+    p = len(mean)
+    start = np.linalg.cholesky(cov)
+    noise = np.linalg.cholesky(cov - transition @ cov @ transition.T)
+    out = np.empty((n, p))
+    for t in range(n):
+        if t % segment_len == 0:
+            out[t] = start @ gen.standard_normal(p)
+        else:
+            out[t] = transition @ out[t - 1] + noise @ gen.standard_normal(p)
+    return mean + out
+
+
+def known_transition(p, seed=2):
+    """A transition B = c·R, R a random rotation, c 0.8: stationary with Σ = I (BΣBᵀ = 0.64 I)."""
+    gen = np.random.default_rng(seed)
+    q, r = np.linalg.qr(gen.standard_normal((p, p)))
+    return 0.8 * q * np.sign(np.diag(r))
+
+
+def test_the_fitted_transition_is_the_generating_var1_and_draws_keep_it(tmp_path):
+    """A capture drawn from a known VAR(1) (an oscillating one: a scaled rotation, which no set of
+    per-coordinate decays can express) gives back its B within sampling error, never mixing
+    segments; the fitted scenario then draws tokens with lag-1 cross-covariance BΣ and covariance Σ."""
+    from harness.fit import transition
+    from scenarios.fitted import head_model
+    gen = np.random.default_rng(4)
+    p, n = 3 * DIM, 6000
+    b_true = known_transition(p)
+    x = var1_tokens(gen, np.zeros(p), np.eye(p), b_true, n, segment_len=500)
+    k, v, q = (x[None, None, :, i * DIM:(i + 1) * DIM] for i in range(3))
+    path = write_capture(tmp_path / "var.npz", k, v, q, segment_len=500)
+    spec = fit_capture(load_capture(path), fit_fraction=1.0)
+    head = spec["layers"][0]["heads"][0]
+    fitted = np.asarray(head["transition"]).reshape(p, p)
+    se = 1 / math.sqrt(n)                       # a lag-1 covariance of unit-variance coordinates
+    assert np.abs(fitted - b_true).max() < 6 * se
+    segments = np.arange(n) // 500
+    assert np.abs(transition(x, segments, head_model(head)) - fitted).max() < 1e-6   # what the spec stores
+    shuffled = transition(x, np.arange(n), head_model(head))   # every token its own segment: no pair
+    assert shuffled is None
+    model = head_model(head)
+    draws = model.sample(np.random.default_rng(5), 20000, tail="gaussian")
+    centred = draws - draws.mean(0)
+    lag1 = centred[1:].T @ centred[:-1] / (len(draws) - 1)
+    np.testing.assert_allclose(lag1, b_true @ model.cov, atol=8 / math.sqrt(20000))
+    np.testing.assert_allclose(np.cov(draws, rowvar=False), model.cov, atol=0.1)
+    iid = model.sample(np.random.default_rng(5), 20000, tail="gaussian", order="iid")
+    centred = iid - iid.mean(0)
+    assert np.abs(centred[1:].T @ centred[:-1] / 19999).max() < 6 / math.sqrt(20000)
+
+
+def test_the_tail_law_is_the_likelier_one():
+    """Tokens scaled as a whole (an elliptical scale mixture) are "token"; i.i.d. Student-t
+    coordinates along the covariance's eigenvectors (distinct variances, so whitening finds those
+    axes: the basis the scenario draws in) are "coordinate" (the fit's own estimates handed in)."""
+    from harness.fit import scale2_quantiles, tail_law
+    gen = np.random.default_rng(6)
+    p, n = 24, 4000
+    scale = np.sqrt(gen.chisquare(4, (n, 1)) / 4)
+    mixture = gen.standard_normal((n, p)) / scale
+    mixture = whitened(mixture)
+    assert tail_law(mixture, fit_dof(mixture), scale2_quantiles(mixture)) == "token"
+    coordinates = whitened(gen.standard_t(4, (n, p)) * np.linspace(1, 4, p))
+    assert tail_law(coordinates, fit_dof(coordinates), scale2_quantiles(coordinates)) == "coordinate"
+
+
+def test_a_spec_without_order_or_tail_draws_as_before(known, tmp_path):
+    """Specs written before the sequence model (no transition, no tail) draw i.i.d. tokens with
+    Student-t coordinates, exactly as then: x = μ + root·z from the "tokens" stream."""
+    data = json.loads(known["spec_path"].read_text())
+    for head in data["layers"][0]["heads"]:
+        head.pop("transition", None)
+        head.pop("tail", None)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    shape = TrialShape(n_heads=1, seq_len=64, n_queries=8, dim=DIM, n_calib=16)
+    draw = scenarios.create(f"fitted:{old}", heads="first").draw(lambda *labels: generator("pcg64", 7, *labels), shape)
+    model = scenarios.fitted.load_spec(old).token_model(0, int(generator("pcg64", 7, "query_head", 0).integers(2)))
+    gen = generator("pcg64", 7, "tokens", 0)
+    z = gen.standard_t(model.dof, (64, 3 * DIM)) * math.sqrt((model.dof - 2) / model.dof)
+    np.testing.assert_array_equal(draw["k"][0], (model.mean + z @ model.root.T)[:, :DIM])

@@ -5,12 +5,15 @@ in the HTML report.
 Independent sources: Kendall's τ recomputed with scipy from the stored trial rows, the fitted
 spec's own families and statistics, and the per-layer gains recomputed by hand from the rows."""
 import json
+import math
 import sqlite3
 
 import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.fit import FAMILIES
+from harness.structure import STATISTICS
 from harness.store import RunStore
 from test_fit import llama_capture, write_capture
 
@@ -77,7 +80,17 @@ def test_predictivity_tables_hold_the_study(study, capsys):
         flips = store.table("predictivity_flips")
         assert (flips["layer"] == layer).sum() == dd   # one row per discordant pair
         generic = taus[(taus["layer"] == layer) & (taus["codecs"] == "all") & (taus["candidate"] == "generic")]
-        assert len(generic) == 7 and generic["n_pairs"].gt(0).all()
+        assert len(generic) == len(FAMILIES) and generic["n_pairs"].gt(0).all()
+        per_codec = store.table("predictivity_codecs").set_index(["layer", "scheme"])
+        for scheme in SCHEMES:   # geometric mean over the two levels of fitted / real mean d2_t, from the rows
+            ratios = [means[f"fitted:{study['spec']}:layer={layer}", budget][scheme]
+                      / means[f"replay:{study['cap']}:layer={layer}", budget][scheme] for budget in (2, 3)]
+            assert per_codec.loc[(layer, scheme), "fitted_over_real_d2_t"] == pytest.approx(math.sqrt(ratios[0] * ratios[1]))
+            assert per_codec.loc[(layer, scheme), "fitted_over_real_evicted_mass"] is None   # no evicting codec here
+        structure = store.table("predictivity_structure")
+        at = structure[structure["layer"] == layer]
+        assert set(at["statistic"]) == set(STATISTICS)
+        np.testing.assert_allclose(at["fitted_over_real"], at["fitted"] / at["real"])
     pooled = taus[taus["layer"].isna() & (taus["codecs"] == "all") & (taus["candidate"] == "fitted")].iloc[0]
     assert pooled["tau"] == pytest.approx((c_all - d_all) / (c_all + d_all))
     for f in store.table("predictivity_flips").itertuples():   # real and fitted orders differ, as the rows say

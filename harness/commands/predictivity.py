@@ -28,6 +28,12 @@ NAME = "predictivity"
 HELP = "rank codecs at equal storage on fitted/generic scenarios and on replayed real windows: Kendall's tau per layer"
 
 DEFAULT_SCHEMES = ("plain-kv", "tq-kv", "tq-qkv", "tq-kqv", "sq-kv", "sq-qkv", "squ-kv", "svd", "h2o", "streaming")
+# kvpress's attention-scored and window presses beside h2o and streaming, where kvpress is installed
+KVPRESS_SCHEMES = ("kvpress:SnapKVPress", "kvpress:StreamingLLMPress")
+
+
+def default_schemes() -> tuple[str, ...]:
+    return DEFAULT_SCHEMES + tuple(name for name in KVPRESS_SCHEMES if schemes.is_registered(name))
 QUANTISER_NAMES = ("plain-kv", "kivi", "int4", "int8")
 QUANTISER_PREFIXES = ("tq-", "sq-", "squ-")
 METRIC = "d2_t"
@@ -44,7 +50,8 @@ def add_arguments(p):
     p.add_argument("--spec", type=Path, required=True, help="its fitted spec SPEC.json (harness fit --out)")
     p.add_argument("--layers", type=comma_list(int), default=None, help="layers (default: all of the spec)")
     p.add_argument("--scheme", type=comma_list(str, schemes.registry.all_schemes, known=schemes.is_registered),
-                   default=DEFAULT_SCHEMES, help=f"codecs (default {','.join(DEFAULT_SCHEMES)})")
+                   default=None, help=f"codecs (default {','.join(DEFAULT_SCHEMES + KVPRESS_SCHEMES)}, "
+                                      f"the kvpress presses where kvpress is installed)")
     p.add_argument("--budget", type=comma_list(int), default=(2, 3, 4, 5), help="nominal bits (default 2,3,4,5)")
     p.add_argument("--levels", default="3.5,4.5", help="storage levels, bits per element (default 3.5,4.5)")
     p.add_argument("--trials", type=int, default=20, help="trials per cell (default 20)")
@@ -64,13 +71,14 @@ def _config(args, spec) -> SweepConfig:
         raise UsageError(f"harness predictivity: --layers {bad[0]} is not a layer of the spec (0..{spec.n_layers - 1})")
     names = tuple(f"replay:{args.capture}:layer={n}" for n in layers) + \
         tuple(f"fitted:{args.spec}:layer={n}" for n in layers) + FAMILIES
-    return SweepConfig(scenarios=names, schemes=tuple(args.scheme), budgets=tuple(args.budget), dims=(spec.dim,),
+    return SweepConfig(scenarios=names, schemes=tuple(args.scheme or default_schemes()), budgets=tuple(args.budget), dims=(spec.dim,),
                        seq_lens=(args.seq_len,), queries=(args.queries,), trials=args.trials, seed=args.seed,
                        calib_tokens=(args.calib_tokens,))
 
 
-def study(trials, layers, capture, spec_path, spec, levels, schemes_run, n_boot=None) -> dict:
-    """The per-layer and pooled agreements (module doc) as a JSON-ready dict."""
+def study(trials, layers, capture, spec_path, spec, levels, schemes_run, n_boot=None, structure=None) -> dict:
+    """The per-layer and pooled agreements (module doc) as a JSON-ready dict; structure: per layer
+    {"real": ..., "fitted": ...} statistics of the windows (harness/structure.py), where measured."""
     from stats import predictivity as pr
 
     from ..fit import FAMILIES
@@ -92,6 +100,13 @@ def study(trials, layers, capture, spec_path, spec, levels, schemes_run, n_boot=
         closest = spec.layer(n)["family"]["closest"]
         entry = {"layer": n, "closest_family": closest}
         entry["fitted_over_real"] = pr.error_ratios(trials, real.scenario, fitted.scenario, levels, quantisers)
+        entry["fitted_over_real_by_codec"] = pr.codec_ratios(trials, real.scenario, fitted.scenario, levels,
+                                                             schemes_run)
+        if structure and n in structure:
+            measured = structure[n]
+            entry["structure"] = {**measured, "fitted_over_real": {
+                name: (measured["fitted"][name] / value if value else float("nan"))
+                for name, value in measured["real"].items()}}
         for group, names in (("all", None), ("quantisers", quantisers)):
             generic = {f: pr.agreement([(real, tables[f])], names, **boot) for f in FAMILIES}
             best = max(generic, key=lambda f: (generic[f].tau if not math.isnan(generic[f].tau) else -2))
@@ -130,6 +145,18 @@ def format_result(result: dict) -> str:
     lines.append("fitted / real mean error at equal storage (geometric mean over the quantisers and levels):")
     for entry in result["layers"]:
         lines.append(f"  layer {entry['layer']}: " + ", ".join(f"{m} {r:.2f}" for m, r in entry["fitted_over_real"].items()))
+    lines.append("fitted / real per codec at equal storage (d2_t, logit_rel_mse; evicted_mass for evicting codecs):")
+    for entry in result["layers"]:
+        per_codec = entry.get("fitted_over_real_by_codec", {})
+        lines.append(f"  layer {entry['layer']}: " + "; ".join(
+            f"{codec} " + " ".join(f"{r:.2f}" for r in ratios.values()) for codec, ratios in per_codec.items()))
+    if any("structure" in entry for entry in result["layers"]):
+        lines.append("sequence structure of the windows, real -> fitted (sink share, recency ratio, heavy share, "
+                     "lag-1 K, lag-1 V, logit sd):")
+        for entry in result["layers"]:
+            if "structure" in entry:
+                real, fitted = entry["structure"]["real"], entry["structure"]["fitted"]
+                lines.append(f"  layer {entry['layer']}: " + ", ".join(f"{real[k]:.3g} -> {fitted[k]:.3g}" for k in real))
     lines.append("flipped pairs, fitted vs real (level: a, b — real d2_t a/b; fitted a/b):")
     for entry in result["layers"]:
         flips = entry["all"]["fitted"]["flipped"]
@@ -141,7 +168,10 @@ def format_result(result: dict) -> str:
 
 def run(args) -> int:
     from scenarios.fitted import load_spec
+    from scenarios.replay import load_capture
     from stats.equal_storage import parse_levels
+
+    from ..structure import window_statistics
 
     from ..fit_tables import predictivity_frames
 
@@ -155,7 +185,15 @@ def run(args) -> int:
     config = _config(args, spec)
     store = sweep_into(config, args.out, "predictivity")
     layers = args.layers if args.layers is not None else tuple(range(spec.n_layers))
-    result = study(store.trials(), layers, args.capture, args.spec, spec, levels, tuple(args.scheme))
+    causal = load_capture(args.capture).metadata.get("kind", "").startswith("decoder")
+    heads = min(4, spec.n_kv_heads)
+    structure = {n: {side: window_statistics(name, dim=spec.dim, seq_len=args.seq_len, n_heads=heads, causal=causal,
+                                             seed=args.seed)
+                     for side, name in (("real", f"replay:{args.capture}:layer={n}"),
+                                        ("fitted", f"fitted:{args.spec}:layer={n}"))}
+                 for n in layers}
+    result = study(store.trials(), layers, args.capture, args.spec, spec, levels, tuple(config.schemes),
+                   structure=structure)
     store.write_tables(predictivity_frames(result, spec.data))   # results.sqlite: fit_layers, predictivity, ...
     tmp = args.out / (RESULT_FILE + ".partial")
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")

@@ -56,6 +56,8 @@ def format_result(result: dict) -> str:
                      f"{result['bits']}): {c['error_recommended']:.4g} at {c['storage_recommended']:.3f} against "
                      f"{c['error_uniform']:.4g}; gain {100 * c['gain']:.1f} % [{100 * c['gain_ci'][0]:.1f}, "
                      f"{100 * c['gain_ci'][1]:.1f}]")
+    if "conclusion" in result:
+        lines.append(result["conclusion"]["line"])
     return "\n".join(lines)
 
 
@@ -63,7 +65,7 @@ def run(args) -> int:
     from scenarios.replay import load_capture
 
     from ..fit_tables import recommendation_frames
-    from ..recommend import choose, judge, judge_cell, options, uniform, uniform_cell
+    from ..recommend import choose, conclusion, halving_bits, judge, judge_cell, options, uniform, uniform_cell
 
     if not args.bits > 0:
         raise UsageError(f"harness recommend: --bits {args.bits} must be a positive number of bits per element")
@@ -100,6 +102,7 @@ def run(args) -> int:
                          f"give --budget values around it")
     try:
         result["uniform"], result["judged"] = base, judge(trials, second, picks, base)
+        result["conclusion"] = conclusion(result["judged"], base, halving_bits(opts, base))
         cell = uniform_cell(opts, args.bits)
         if cell is not None:
             result["uniform_cell"] = [cell[0], int(cell[1])]
