@@ -20,7 +20,7 @@ from matplotlib.textpath import TextToPath  # noqa: E402
 
 from .figures import ReportFigure  # noqa: E402
 from .fitted import sections as fit_sections  # noqa: E402
-from .raster import FIGURE_BOX, FIGURE_PPI, page_image, page_scale  # noqa: E402,F401  (page_scale: re-exported)
+from .raster import FIGURE_BOX, FIGURE_PPI, page_image, page_scale, page_size  # noqa: E402,F401  (page_scale: re-exported)
 from stats.findings import Findings  # noqa: E402
 from .narrative import (CLAIM_DETAIL_HEADER, CLAIM_HEADER, FRONT_HEADER, cell_header, cell_rows,  # noqa: E402
                         claim_detail_rows, claim_rows, crossover_header, crossover_rows, headline_header,
@@ -204,7 +204,7 @@ def _figure_page(pdf: PdfPages, f: ReportFigure) -> None:
     """One figure on an A4 landscape page: its title, the figure scaled to fit FIGURE_BOX (as an
     image of FIGURE_PPI on the page) and its caption."""
     image, _ = page_image(f.figure)
-    width, height = (n / FIGURE_PPI for n in image.size)  # inches on the page
+    width, height = page_size(f.figure)  # inches on the page
     page = plt.figure(figsize=LANDSCAPE)
     page.text(0.04, 0.96, f.title, fontsize=11, fontweight="bold", va="top")
     left = (LANDSCAPE[0] - width) / 2

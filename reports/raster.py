@@ -17,6 +17,10 @@ from .figures import PAGE_FIGURE_BOX
 # and the resolution it is drawn at there; the HTML's resolution.
 FIGURE_BOX, FIGURE_PPI = PAGE_FIGURE_BOX, 200
 PNG_DPI = 110
+# the least resolution a figure is drawn at: a figure so large that fitting its page would draw it
+# coarser (a grid of scores of panels) is drawn at this and shrunk on the page, since FreeType
+# cannot set text below about a pixel per em (a crash, not a blur)
+MIN_PPI = 36
 # a report figure is drawn with math text on, for its log axes' 10^k tick labels (its names are
 # escaped, figures.literal)
 FIGURE_RC = {"text.parse_math": True}
@@ -48,11 +52,17 @@ def _render(figure, dpi: float) -> Image.Image:
     return Image.open(buf).convert("RGB")
 
 
+def page_size(figure) -> tuple[float, float]:
+    """(width, height) in inches that the figure takes on its PDF page: its tight box × page_scale."""
+    box, scale = _tight_box(figure), page_scale(figure)
+    return box.width * scale, box.height * scale
+
+
 def page_image(figure) -> tuple[Image.Image, float]:
-    """The figure as drawn on its PDF page (an RGB image) and the dots per figure inch it was drawn
-    at (FIGURE_PPI × page_scale); drawn once per figure."""
+    """The figure as drawn for its PDF page (an RGB image) and the dots per figure inch it was drawn
+    at (FIGURE_PPI × page_scale, at least MIN_PPI); drawn once per figure."""
     if figure not in _PAGE_RENDERS:
-        dpi = FIGURE_PPI * page_scale(figure)
+        dpi = max(FIGURE_PPI * page_scale(figure), MIN_PPI)
         _PAGE_RENDERS[figure] = (_render(figure, dpi), dpi)
     return _PAGE_RENDERS[figure]
 

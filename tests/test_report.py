@@ -718,3 +718,23 @@ def test_front_labels_do_not_overlap(monkeypatch):
     finally:
         plt.close(placed)
         plt.close(fixed)
+
+
+def test_a_figure_too_tall_for_legible_text_on_its_page_is_drawn_and_fits_the_box():
+    """A grid of 90 panels (a predictivity run's per-scenario figures reach 270 inches) would be drawn
+    at under 5 dots per inch to fit its page, where FreeType cannot set 10-point text (a crash):
+    it is drawn at MIN_PPI and shrunk onto the page box."""
+    import matplotlib.pyplot as plt
+
+    from reports.raster import FIGURE_BOX, MIN_PPI, page_image, page_size
+    fig, axes = plt.subplots(90, 1, figsize=(12, 270))
+    for ax in axes:
+        ax.set_title("panel", fontsize=10)
+        ax.plot([1, 2], [1, 2])
+    try:
+        image, dpi = page_image(fig)
+        width, height = page_size(fig)
+    finally:
+        plt.close(fig)
+    assert dpi == MIN_PPI and image.size[1] > 100 * MIN_PPI
+    assert width <= FIGURE_BOX[0] + 1e-9 and height <= FIGURE_BOX[1] + 1e-9
