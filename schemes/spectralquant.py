@@ -12,7 +12,8 @@ fit(k_cal, v_cal) calibrates, per trial and head and separately for K and V:
      to the iteration's tolerance; the rest of the block is exact with eigh and partly
      converged with the iteration, so its coordinates' σ and widths differ slightly. The
      spectral gap at d_eff. A zero or non-finite C (no information) falls back to the
-     identity basis and d_eff = d. (The NumPy reference takes all d exact eigenvectors.)
+     identity basis and d_eff = d. (The NumPy reference builds the same basis from numpy's eigh
+     and QR: the same leading block, completion and signs.)
   2. The basis is stored as int8 with one float32 scale per column (BASIS_BITS = 8); encoder
      and decoder both use Q = QR(dequantised basis), which is exactly orthonormal, so the
      coarse storage costs only a slight misalignment, never an inconsistency.
