@@ -51,10 +51,13 @@ Verdicts of a cell:
 2. `implementation-variance`: some test is beyond its margin, and every such test is explained
    by a null.
 3. `negligible`: no test beyond its margin, some test significant (family Holm), and every
-   location effect and every significant spread effect shown inside its margin (TOST).
-4. `equivalent`: no test significant, and every location effect shown inside its margin.
+   location effect and every spread effect shown inside its margin (TOST).
+4. `equivalent`: no test significant, and every location effect and every spread effect shown
+   inside its margin (TOST; a spread's on the log ratio of the two sides' spreads): equivalence
+   places the whole distribution of each metric's trials, not only its mean.
 5. `inconclusive` otherwise: a difference beyond the margin with no null to attribute it to (a
-   run without a null cannot attribute), or an effect whose size the trials cannot place.
+   run without a null cannot attribute), or an effect — a mean or a spread — whose size the
+   trials cannot place; the reason names each one unplaced.
 
 Storage. When the frames carry their measured storage, every verdict states both sides' bits
 per element; when they differ by more than the equal-storage tolerance (stats.equal_storage,
@@ -582,7 +585,7 @@ class Validation:
                 "beyond_null": {r["test"]: {k: v for k, v in r.items() if k != "test"} for r in self.beyond},
                 "equivalence": {m: {"difference": main.estimates[m].estimate, "margin": main.margins[m],
                                     "paired": main.paired, "p_value": main.p_inside[m],
-                                    "equivalent": bool(main.p_inside[m] <= self.alpha)} for m in SIX_D},
+                                    "equivalent": bool(main.p_inside[m] <= self.alpha)} for m in TESTS},
                 "null": [c.to_json() for c in self.nulls]}
 
     def to_row(self) -> dict:
@@ -666,18 +669,18 @@ def decide(main: Comparison, nulls: list[Comparison], p_holm: dict, p_holm_beyon
         return Validation("implementation-variance", f"a difference {found}, and a change of an implementation "
                           f"variable alone shows one of that size on each: {said}" + design + unequal,
                           beyond=beyond, **evidence)
-    inside = [t for t in SIX_D if main.p_inside[t] <= alpha]
-    inside_spread = all(main.p_inside[t] <= alpha for t in significant if t in SPREAD_TESTS)
+    # every mean and every spread must be shown inside its margin (TOST; for a spread on the log
+    # ratio of the two sides' spreads, jackknife SE) before a difference is called negligible or none
+    unplaced = [t for t in TESTS if not main.p_inside[t] <= alpha]
     paired = "paired" if main.paired else "Welch"
-    if len(inside) == len(SIX_D) and inside_spread:
+    if not unplaced:
         if significant:
             return Validation("negligible", f"significant ({family}) on {_listed({t: p_holm[t] for t in significant})}"
-                              f", but every effect is shown inside its margin ({margins}; {paired} TOST at "
-                              f"{alpha})" + unequal, **evidence)
+                              f", but every mean and spread effect is shown inside its margin ({margins}; {paired} "
+                              f"TOST at {alpha})" + unequal, **evidence)
         return Validation("equivalent", f"no test significant ({family}) and every mean difference shown inside "
-                          f"{margin:g} sd ({paired} TOST at {alpha})" + unequal, **evidence)
-    unplaced = [t for t in SIX_D if t not in inside] + [t for t in significant if t in SPREAD_TESTS
-                                                          and main.p_inside[t] > alpha]
+                          f"{margin:g} sd and every spread ratio inside {spread_margin:g} ({paired} TOST at {alpha})"
+                          + unequal, **evidence)
     start = (f"significant ({family}) on {', '.join(significant)} but not beyond the margin" if significant
              else f"no test significant ({family})")
     return Validation("inconclusive", f"{start}, and the trials cannot place {', '.join(unplaced)} inside the margin "

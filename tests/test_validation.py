@@ -21,7 +21,7 @@ from harness.runner import run_sweep
 from stats.dominance import amplification, crossovers, pareto_front
 from stats.metrics import SIX_D
 from stats.inference import holm, tost
-from stats.validation import (PAIRED_TESTS, TESTS, UNPAIRED_TESTS, VERDICTS, TrialSample, margin_p_values, compare_runs,
+from stats.validation import (PAIRED_TESTS, SPREAD_TESTS, TESTS, UNPAIRED_TESTS, VERDICTS, TrialSample, margin_p_values, compare_runs,
                               energy_effect, location_effect, same_data, spread_effect, validate_samples)
 
 SMALL = ["--scenario", "gaussian", "--budget", "2", "--dim", "16", "--seq-len", "64", "--queries", "8",
@@ -42,11 +42,32 @@ def sample(gen, n=60, loc=0.3, sd=0.01, shift=0.0, seed=0, scheme="x"):
     return frame
 
 
+def test_a_spread_only_change_is_never_equivalent():
+    """The same means and a 1.3x wider spread of every metric at 60 unpaired trials (the issue's
+    case): every mean is placed inside its margin and no test is significant, but the spread ratio
+    1.3 lies beyond 1.25 and no spread TOST places it: not equivalent (the rule once looked at the
+    means alone and said equivalent here)."""
+    gen = np.random.default_rng(7)   # a draw whose six means are all placed (at 60 trials not every draw's are)
+    a, b = sample(gen, n=60, seed=0), sample(gen, n=60, seed=1)
+    centre = b[list(SIX_D)].mean()
+    b[list(SIX_D)] = centre + (b[list(SIX_D)] - centre) * 1.3
+    result = validate_samples(a, b, [], n_permutations=99)
+    assert result.verdict == "inconclusive" and "sd:" in result.reason, result.reason
+    assert all(result.main.p_inside[m] <= 0.05 for m in SIX_D)   # the means alone would have said equivalent
+    assert not any(p <= 0.05 for p in result.p_holm.values())
+    assert any(result.main.p_inside[t] > 0.05 for t in SPREAD_TESTS)
+
+
 def test_verdicts_on_constructed_samples():
     gen = np.random.default_rng(0)
     a, a2, a3 = sample(gen, n=200, seed=0), sample(gen, n=200, seed=1), sample(gen, n=200, seed=2)
-    # same distribution, 200 trials: nothing significant and every mean inside half an sd
-    assert validate_samples(a, a2, [(a, a3)], n_permutations=199).verdict == "equivalent"
+    # same distribution, 200 trials: nothing significant, every mean inside half an sd, but a spread
+    # ratio's TOST needs |log ratio| ≤ log 1.25 − 1.645·SE with SE ≈ 1/√n ≈ 0.07: not every one of six is placed
+    same = validate_samples(a, a2, [(a, a3)], n_permutations=199)
+    assert same.verdict == "inconclusive" and "sd:" in same.reason and "cannot place" in same.reason
+    # 1000 trials (SE ≈ 0.03) place every mean and spread: equivalent
+    b, b2, b3 = sample(gen, n=1000, seed=0), sample(gen, n=1000, seed=1), sample(gen, n=1000, seed=2)
+    assert validate_samples(b, b2, [(b, b3)], n_permutations=99).verdict == "equivalent"
     # a paired change of 2e-9 of the metric (float32 vs float64): significant, inside the margin
     tiny = a.copy()
     tiny[list(SIX_D)] *= 1 + 2e-9
