@@ -48,6 +48,12 @@ the SE of the combination, samples on the same data combined trial by trial; spr
 
 Verdicts of a cell:
 1. `codec-difference`: some test is beyond its margin (family Holm) and no null explains it.
+   Where the two sides are one codec by construction (`validate --vary` without `--against`: the
+   harness changed only an implementation variable) such a difference is the implementations':
+   `implementation-discrepancy`, whose reason names the variable changed and says whether a
+   null exists; a degenerate null (both sides identical, a deterministic codec under its own
+   seed) is stated as such and the difference judged against the margin alone. (`compare` of two
+   runs of one codec name keeps `codec-difference`: the runs' code may differ.)
 2. `implementation-variance`: some test is beyond its margin, and every such test is explained
    by a null.
 3. `negligible`: no test beyond its margin, some test significant (family Holm), and every
@@ -87,7 +93,11 @@ from .margins import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
 from .metrics import SIX_D
 
 IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")
-VERDICTS = ("codec-difference", "implementation-variance", "negligible", "equivalent", "inconclusive")
+VERDICTS = ("codec-difference", "implementation-variance", "negligible", "equivalent", "inconclusive",
+            "implementation-discrepancy")
+# the verdicts that say two sides differ beyond the margin by something no null explains: between two
+# codecs a codec difference, between one codec's two implementations a discrepancy of theirs
+FLAGGED = ("codec-difference", "implementation-discrepancy")
 PAIRED_TESTS = "paired: t on the differences + jackknife scale"
 UNPAIRED_TESTS = "unpaired: Welch t + jackknife scale"
 # a trial's K, V and Q are a function of these and the trial index alone (harness/cell.py)
@@ -621,11 +631,19 @@ def _size(main: Comparison, test: str) -> str:
     return f"Δ {e:.3g} = {e / sigma:.2g} sd" if sigma > 0 else f"Δ {e:.3g}"
 
 
+def _degenerate(null: Comparison) -> bool:
+    """A null whose two sides are identical trial by trial (every effect 0 with no error): a
+    deterministic codec under a change of its own seed or RNG draws nothing to vary."""
+    return all(null.estimates[t].estimate == 0 and not null.estimates[t].se for t in TESTS)
+
+
 def decide(main: Comparison, nulls: list[Comparison], p_holm: dict, p_holm_beyond: dict, *, family_size: int,
-           margin: float = SMALLEST_EFFECT, spread_margin: float = SPREAD_MARGIN, storage: dict | None = None
-           ) -> Validation:
+           margin: float = SMALLEST_EFFECT, spread_margin: float = SPREAD_MARGIN, storage: dict | None = None,
+           implementation: tuple[str, ...] | None = None) -> Validation:
     """Apply the decision rule of the module doc to a main comparison, its null comparisons and
-    the main's family-adjusted p-values (p_holm of p₀, p_holm_beyond of p_beyond)."""
+    the main's family-adjusted p-values (p_holm of p₀, p_holm_beyond of p_beyond); implementation:
+    the variables changed where both sides are one codec by construction (validate --vary), None
+    where they may be two (another codec, or runs whose code may differ)."""
     nulls, alpha = list(nulls), main.alpha
     evidence = dict(main=main, nulls=tuple(nulls), p_holm=p_holm, p_holm_beyond=p_holm_beyond,
                     family_size=family_size, storage=storage, margin=margin, spread_margin=spread_margin,
@@ -638,7 +656,13 @@ def decide(main: Comparison, nulls: list[Comparison], p_holm: dict, p_holm_beyon
     if beyond_margin:
         found = (f"beyond the smallest effect of interest ({margins}; {family}) on "
                  + ", ".join(f"{t} ({_size(main, t)}, p {p_holm_beyond[t]:.3g})" for t in beyond_margin))
+        changed = ", ".join(implementation) if implementation else "an implementation variable"
         if not nulls:
+            if implementation is not None:   # one codec on both sides: the difference can only be the implementation's
+                return Validation("implementation-discrepancy", f"a difference {found}; both sides are the same codec, "
+                                  f"so it is the implementations' ({changed} changed), with no null to compare its size "
+                                  f"with: judged against the margin alone" + unequal, separated=tuple(beyond_margin),
+                                  **evidence)
             return Validation("inconclusive", f"a difference {found}, but there is no implementation null to "
                               f"attribute it to: without one a run cannot tell codec from implementation" + unequal,
                               **evidence)
@@ -660,6 +684,16 @@ def decide(main: Comparison, nulls: list[Comparison], p_holm: dict, p_holm_beyon
                   f"{'unpaired' if main.paired else 'paired'} while the main comparison is "
                   f"{'paired' if main.paired else 'unpaired'}: not a like-for-like null") if unlike else ""
         codec = [t for t in beyond_margin if not explained[t]]
+        if codec and implementation is not None:
+            degenerate = [n.label for n in nulls if _degenerate(n)]
+            null_words = (f"the null{'s' if len(degenerate) > 1 else ''} {', '.join(degenerate)} "
+                          f"{'are' if len(degenerate) > 1 else 'is'} degenerate (both sides identical trial by trial: a "
+                          f"deterministic codec draws nothing to vary), so it is judged against the margin alone"
+                          if len(degenerate) == len(nulls) else
+                          f"no null ({len(nulls)}) shows one of that size on {', '.join(codec)}")
+            return Validation("implementation-discrepancy", f"a difference {found}; both sides are the same codec, so "
+                              f"it is the implementations' ({changed} changed), not the codec's; {null_words}"
+                              + design + unequal, separated=tuple(codec), beyond=beyond, **evidence)
         if codec:
             return Validation("codec-difference", f"a difference {found}; no implementation change shows one of that "
                               f"size on {', '.join(codec)} ({len(nulls)} null comparison(s))" + design + unequal,
@@ -720,12 +754,14 @@ def _check_levels(alpha: float, margin: float, spread_margin: float) -> None:
 
 
 def decide_family(items, *, margin: float = SMALLEST_EFFECT, spread_margin: float = SPREAD_MARGIN,
-                  storages=None) -> list[Validation]:
+                  storages=None, implementations=None) -> list[Validation]:
     """Verdicts of several main comparisons judged as one family (module doc, 'One family per
     question'): items is a list of (main, nulls); Holm over every main's twelve p₀ and,
-    separately, p_beyond; storages, optional, one measured_storage per item."""
+    separately, p_beyond; storages, optional, one measured_storage per item; implementations,
+    optional, one implementation_change per item."""
     items = list(items)
     storages = list(storages) if storages is not None else [None] * len(items)
+    implementations = list(implementations) if implementations is not None else [None] * len(items)
     keys = [(i, t) for i in range(len(items)) for t in TESTS]
     zero = holm([items[i][0].p_zero[t] for i, t in keys])
     beyond = holm([items[i][0].p_beyond[t] for i, t in keys])
@@ -734,7 +770,7 @@ def decide_family(items, *, margin: float = SMALLEST_EFFECT, spread_margin: floa
         adjusted_zero.setdefault(i, {})[t] = float(z)
         adjusted_beyond.setdefault(i, {})[t] = float(b)
     return [decide(main, nulls, adjusted_zero.get(i, {}), adjusted_beyond.get(i, {}), family_size=len(keys),
-                   margin=margin, spread_margin=spread_margin, storage=storages[i])
+                   margin=margin, spread_margin=spread_margin, storage=storages[i], implementation=implementations[i])
             for i, (main, nulls) in enumerate(items)]
 
 
@@ -763,26 +799,30 @@ def _comparisons(a, b, null_pairs, samples: _Samples, *, alpha, margin, spread_m
 
 
 def validate_samples(a, b, null_pairs=(), *, alpha: float = ALPHA, margin: float = SMALLEST_EFFECT,
-                     spread_margin: float = SPREAD_MARGIN, n_permutations: int = 1000, seed: int = 0) -> Validation:
+                     spread_margin: float = SPREAD_MARGIN, n_permutations: int = 1000, seed: int = 0,
+                     implementation: tuple[str, ...] | None = None) -> Validation:
     """The verdict for sample a vs sample b (trial frames of one cell each, or TrialSamples)
     against the implementation null given as pairs (x, x′) of samples that differ only in an
-    implementation variable; the family is this comparison's twelve tests."""
+    implementation variable; the family is this comparison's twelve tests. implementation: the
+    variables changed where a and b are one codec by construction (decide)."""
     return validate_family([(a, b, null_pairs)], alpha=alpha, margin=margin, spread_margin=spread_margin,
-                           n_permutations=n_permutations, seed=seed)[0]
+                           n_permutations=n_permutations, seed=seed, implementations=[implementation])[0]
 
 
 def validate_family(cases, *, alpha: float = ALPHA, margin: float = SMALLEST_EFFECT,
-                    spread_margin: float = SPREAD_MARGIN, n_permutations: int = 1000, seed: int = 0
-                    ) -> list[Validation]:
+                    spread_margin: float = SPREAD_MARGIN, n_permutations: int = 1000, seed: int = 0,
+                    implementations=None) -> list[Validation]:
     """The verdicts of several comparisons judged as one family (module doc): cases are
-    (a, b, null_pairs) as for validate_samples; case i draws its permutations from seed + 1000·i."""
+    (a, b, null_pairs) as for validate_samples, implementations (optional) one per case as there;
+    case i draws its permutations from seed + 1000·i."""
     _check_levels(alpha, margin, spread_margin)
     items, storages = [], []
     for i, (a, b, null_pairs) in enumerate(cases):
         items.append(_comparisons(a, b, null_pairs, _Samples(), alpha=alpha, margin=margin,
                                   spread_margin=spread_margin, n_permutations=n_permutations, seed=seed + 1000 * i))
         storages.append(measured_storage(a, b))
-    return decide_family(items, margin=margin, spread_margin=spread_margin, storages=storages)
+    return decide_family(items, margin=margin, spread_margin=spread_margin, storages=storages,
+                         implementations=implementations)
 
 
 def differing_variables(frame_a: pd.DataFrame, frame_b: pd.DataFrame) -> list[str]:

@@ -101,6 +101,33 @@ def test_verdicts_on_constructed_samples():
     assert row["ci95"][0] <= row["estimate"] <= row["ci95"][1] and row["margin"] == pytest.approx(0.5 * 0.01, rel=0.2)
 
 
+def test_one_codec_on_both_sides_is_never_a_codec_difference():
+    """One codec by construction (validate --vary: implementation given): a difference beyond the
+    margin that no null explains is an implementation-discrepancy naming the variable changed; a
+    degenerate null (its two sides identical: a deterministic codec under its own seed) is said to
+    be one; with no null at all it is still a discrepancy, where two codecs would be inconclusive;
+    an explaining null still gives implementation-variance."""
+    gen = np.random.default_rng(8)
+    a = sample(gen, n=60)
+    ref = a.copy()
+    ref["impl"] = "reference"
+    ref[list(SIX_D)] += 0.01 + gen.normal(0, 1e-4, size=(60, len(SIX_D)))   # 1 sd, paired
+    one = dict(n_permutations=99, implementation=("impl",))
+    result = validate_samples(a, ref, [(a, a.copy())], **one)
+    assert result.verdict == "implementation-discrepancy", result.reason
+    assert "impl changed" in result.reason and "degenerate" in result.reason and set(SIX_D) <= set(result.separated)
+    quiet = a.copy()
+    quiet[list(SIX_D)] += gen.normal(0, 1e-4, size=(60, len(SIX_D)))
+    noisy_null = validate_samples(a, ref, [(a, quiet)], **one)
+    assert noisy_null.verdict == "implementation-discrepancy" and "no null (1) shows one" in noisy_null.reason
+    assert validate_samples(a, ref, [], **one).verdict == "implementation-discrepancy"
+    assert validate_samples(a, ref, [], n_permutations=99).verdict == "inconclusive"        # maybe two codecs
+    assert validate_samples(a, ref, [(a, quiet)], n_permutations=99).verdict == "codec-difference"
+    moved = a.copy()
+    moved[list(SIX_D)] += 0.01 + gen.normal(0, 1e-4, size=(60, len(SIX_D)))
+    assert validate_samples(a, ref, [(a, moved)], **one).verdict == "implementation-variance"
+
+
 def testmargin_p_values_against_scipy_and_the_tost():
     """p₀ is scipy's t-test (paired: ttest_rel; unpaired: Welch), the minimum-effect test at margin
     0 is the same two-sided test, and p_inside is stats.inference.tost at the absolute margin."""

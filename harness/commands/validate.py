@@ -172,8 +172,11 @@ def run(args) -> int:
         null = "codec seed change, on the same data" if args.vary in PAIRED_VARIABLES else "seed change"
         described = f"{a} vs {a} with {args.vary} changed; null: {null}"
     try:
+        # without --against both sides are A: only args.vary differs, so a flagged difference is the
+        # implementations' (stats.validation.decide: implementation-discrepancy), never the codec's
         result = validate_samples(*main, nulls, alpha=args.alpha, margin=args.margin, spread_margin=args.spread_margin,
-                                  n_permutations=args.permutations, seed=args.seed)
+                                  n_permutations=args.permutations, seed=args.seed,
+                                  implementation=None if args.against else (args.vary,))
     except ValueError as exc:
         raise UsageError(f"harness validate: {exc}") from None
     if args.json:
