@@ -301,7 +301,6 @@ def _split_fused(block, output, n_heads: int, n_kv: int, head_dim: int):
 
 def _recorded_by_projections(model, segments: list) -> dict[str, list]:
     """As _recorded_by_interface, from forward hooks on the projections (module docstring)."""
-    import torch
     blocks = _projection_blocks(model)
     n_heads, n_kv, head_dim = _head_counts(model.config)
     rotation = _model_rotation(model, blocks[0][0]) if rotary_modules(model) else None
@@ -337,7 +336,6 @@ def _recorded_by_projections(model, segments: list) -> dict[str, list]:
     if any(len(parts) != len(segments) for parts in out["k"]):
         raise ValueError(f"{type(model).__name__}: its projections were not called once each per forward pass")
     out["modules"] = [block for block, _ in blocks]
-    del torch
     return out
 
 
