@@ -114,8 +114,12 @@ def load_model(model_dir: str | Path | None = None, *, with_tokenizer: bool = Tr
     import torch
     try:
         config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
-        if getattr(config, "is_encoder_decoder", False):
-            raise ValueError(f"{type(config).__name__} is an encoder-decoder; capture reads decoders and encoders")
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{model_dir}: cannot load the model offline ({str(exc).splitlines()[0]})") from None
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{model_dir}: {type(config).__name__} is an encoder-decoder; capture reads decoder-only "
+                         f"and encoder-only models")
+    try:
         model = transformers.AutoModel.from_pretrained(model_dir, local_files_only=True, use_safetensors=True,
                                                        attn_implementation="eager", dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True) \

@@ -219,3 +219,14 @@ def test_a_model_with_neither_the_interface_nor_known_projections_is_refused_in_
                                          "and no attention block has projections") as info:
         capture.capture_segments(Mixer(), [[1, 2, 3]])
     assert "\n" not in str(info.value)
+
+
+def test_an_encoder_decoder_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
+    import transformers
+    config = transformers.T5Config(vocab_size=100, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4)
+    transformers.T5Model(config).save_pretrained(tmp_path / "t5")
+    out = tmp_path / "t5.safetensors"
+    assert main(["capture", "--model", str(tmp_path / "t5"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "T5Config is an encoder-decoder" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
