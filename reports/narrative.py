@@ -153,6 +153,10 @@ def attribution(findings: Findings) -> str:
     if attributes(findings):
         return ("Verdicts set each difference against the null run's implementation variance (stats.validation, "
                 "margin half a standard deviation).")
+    if findings.claims is not None:   # a reproduction: its null runs (null-rng, null-impl) serve claim 11 alone
+        return ("The reproduction's implementation null runs (RNG family, NumPy reference) judge claim 11's "
+                "codec comparisons; the best-codec verdicts here have no null of their own, so they say whether the "
+                "best codec and the runner-up differ, not whether a difference is the codec's.")
     return ("No implementation null run: the tests say whether the best codec and the runner-up differ, not "
             "whether a difference is the codec's; to attribute, rerun with --seed 1 into another directory and "
             "give it as report --null.")

@@ -346,6 +346,12 @@ def test_verdicts_use_the_implementation_null(run_dir, tmp_path):
     # the first screen: the verdict column only with a null; without one a line says what can be concluded
     assert headline_header(found_null)[-1] == "verdict" and "verdict" not in headline_header(found_alone)
     assert "No implementation null run" in lede(found_alone) and "No implementation null" not in lede(found_null)
+    # a reproduction (claims) ran its null runs for claim 11: the line says whose they are, not that none ran
+    import dataclasses
+
+    import pandas as pd
+    reproduction = dataclasses.replace(found_alone, claims=pd.DataFrame())
+    assert "No implementation null" not in lede(reproduction) and "judge claim 11" in lede(reproduction)
 
 
 SQ_RUN = ["--scenario", "spectral_decay", "--scheme", "sq-kv,tq-kv", "--budget", "3", "--dim", "16", "--seq-len", "32",
