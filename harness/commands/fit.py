@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ..errors import UsageError
+from ._args import path
 
 NAME = "fit"
 HELP = "fit a capture's per-layer statistics: nearest scenario family, and a spec for --scenario fitted:SPEC.json"
@@ -13,7 +14,7 @@ HELP = "fit a capture's per-layer statistics: nearest scenario family, and a spe
 
 def add_arguments(p):
     p.add_argument("capture", type=Path, help="capture FILE.safetensors or .npz (harness capture)")
-    p.add_argument("--out", type=Path, default=None, help="write the spec to SPEC.json (scenario fitted:SPEC.json)")
+    p.add_argument("--out", type=path, default=None, help="write the spec to SPEC.json (scenario fitted:SPEC.json)")
     p.add_argument("--fit-fraction", type=float, default=0.5,
                    help="fit on the first fraction of the tokens (default 0.5: replay:FILE's calibration part, so "
                         "its evaluation windows stay held out)")

@@ -12,6 +12,7 @@ from stats.margins import ALPHA
 from ..devices import DEVICES
 from ..errors import UsageError
 from ..store import RESULTS_FILE
+from ._args import path
 
 NAME = "reproduce"
 HELP = "run what each claim of a paper needs and judge every claim (reproduced / refuted / inconclusive)"
@@ -26,7 +27,7 @@ def add_arguments(p):
                    help="a reduced grid for a 2-core CPU (30 trials, d 64/128, S 256, b 2-4; about ten minutes); "
                         "default: the paper's grid (200 trials, d 64/128/256, S 1024, b 2..7)")
     p.add_argument("--size", choices=("tiny", "quick", "paper"), default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/amd-paper-<time>)")
+    p.add_argument("--out", type=path, default=None, help="run directory (default runs/amd-paper-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted reproduction in --out")
     p.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="auto (default), cpu or cuda")
