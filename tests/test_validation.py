@@ -571,3 +571,18 @@ def test_a_codec_seed_changes_the_codecs_draws_and_not_the_data(tmp_path):
     assert not np.allclose(base.loc[~int4, "rel_mse_k"], codec.loc[~int4, "rel_mse_k"])
     assert same_data(base[~int4], codec[~int4])
     assert RunStore(tmp_path / "codec").read_manifest()["config"]["scheme_seed"] == 1
+
+
+def test_the_largest_valid_seed_has_a_variant_and_a_null():
+    """--seed 2^63 − 1 is valid (the store's signed 64-bit column): its variant and null seeds wrap
+    to 0 and 1, other valid seeds, instead of overflowing the column and refusing a valid seed."""
+    import argparse
+
+    from harness.commands.validate import configs, next_seed
+    from harness.sweep import MAX_SEED
+    assert next_seed(MAX_SEED) == 0 and next_seed(MAX_SEED, 2) == 1 and next_seed(5) == 6
+    args = argparse.Namespace(scenario="gaussian", scheme="tq-kv", against=None, vary="seed", budget=3, dim=16,
+                              seq_len=32, queries=4, trials=4, seed=MAX_SEED, device="cpu", dtype="float32",
+                              rng="pcg64", impl="torch")
+    runs = configs(args)
+    assert {runs["base"].seed, runs["variant"].seed, runs["null"].seed} == {MAX_SEED, 0, 1}

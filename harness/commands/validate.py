@@ -28,7 +28,7 @@ from stats.margins import ALPHA
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ._args import add_margin_arguments, check_spread_margin, check_test_options, path
-from ..sweep import IMPLS, SweepConfig
+from ..sweep import IMPLS, MAX_SEED, SweepConfig
 
 NAME = "validate"
 HELP = "is the difference between two configurations a codec difference or implementation variance?"
@@ -67,13 +67,19 @@ def _other(value, choices):
 PAIRED_VARIABLES = ("dtype", "impl", "device")  # changes that keep the data
 
 
+def next_seed(seed: int, step: int = 1) -> int:
+    """seed + step in the seeds a store holds (0..MAX_SEED), wrapping past the top: another seed
+    for every valid one, so the largest valid --seed has a variant and a null too."""
+    return (seed + step) % (MAX_SEED + 1)
+
+
 def variant_of(config: SweepConfig, vary: str, same_data: bool = False) -> SweepConfig:
     """The base configuration with the implementation variable `vary` changed; with same_data,
     seed and rng change only the codecs' own draws (scheme_seed, scheme_rng), not the data."""
     if vary == "seed":
         if same_data:
-            return dataclasses.replace(config, scheme_seed=config.codec_seed + 1)
-        return dataclasses.replace(config, seed=config.seed + 1)
+            return dataclasses.replace(config, scheme_seed=next_seed(config.codec_seed))
+        return dataclasses.replace(config, seed=next_seed(config.seed))
     if vary == "rng":
         if same_data:
             return dataclasses.replace(config, scheme_rng=_other(config.codec_rng, RNGS))
@@ -125,7 +131,7 @@ def configs(args) -> dict[str, SweepConfig]:
         if args.vary in PAIRED_VARIABLES:
             out["null"] = variant_of(base, "seed", same_data=True)  # the codec's own seed, the same data
         else:
-            out["null"] = dataclasses.replace(base, seed=base.seed + (2 if args.vary == "seed" else 1))
+            out["null"] = dataclasses.replace(base, seed=next_seed(base.seed, 2 if args.vary == "seed" else 1))
     for name, config in out.items():
         try:
             config.validate()
