@@ -56,6 +56,9 @@ from .base import Scenario
 FORMAT = "kvharness-fitted/1"
 N_SCALE_QUANTILES = 65
 ORDERS = ("fitted", "iid")
+# a covariance's negative eigenvalues tolerated, relative to its largest: what rounding a positive
+# semi-definite one to 7 significant digits (tril) can produce; beyond it the spec is not a law
+COVARIANCE_TOLERANCE = 1e-5
 TAILS = ("token", "coordinate", "gaussian")
 
 
@@ -143,6 +146,20 @@ class Spec:
         if key not in self._models:
             self._models[key] = self._build(layer, query_head)
         return self._models[key]
+
+    def check_covariances(self, layer: int) -> None:
+        """ValueError (one line) unless every head of `layer` has a positive semi-definite covariance
+        (eigenvalues above −COVARIANCE_TOLERANCE × the largest); checked once per layer of a loaded spec."""
+        if ("checked", layer) in self._models:
+            return
+        for head in range(self.n_heads):
+            with small_linalg():
+                lam = np.linalg.eigvalsh(self.token_model(layer, head).cov)
+            if lam.min() < -COVARIANCE_TOLERANCE * max(abs(lam.max()), 1e-300):
+                raise ValueError(f"{self.path}: layer {layer} head {head}: its covariance is not positive "
+                                 f"semi-definite (eigenvalue {lam.min():.3g} against the largest {lam.max():.3g}); "
+                                 f"refit it with harness fit")
+        self._models[("checked", layer)] = True
 
     def _build(self, layer: int, query_head: int) -> TokenModel:
         return head_model(self.data["layers"][layer]["heads"][query_head])
@@ -262,6 +279,7 @@ class Fitted(Scenario):
         spec = load_spec(self.source)
         if isinstance(self.layer, bool) or not isinstance(self.layer, int) or not -1 <= self.layer < spec.n_layers:
             raise ValueError(f"scenario fitted: layer={self.layer!r}; valid: -1 (middle) or 0..{spec.n_layers - 1}")
+        spec.check_covariances(self.layer_index(spec))
 
     def spec(self) -> Spec:
         return load_spec(self.source)

@@ -670,3 +670,19 @@ def test_a_spec_without_order_or_tail_draws_as_before(known, tmp_path):
     gen = generator("pcg64", 7, "tokens", 0)
     z = gen.standard_t(model.dof, (64, 3 * DIM)) * math.sqrt((model.dof - 2) / model.dof)
     np.testing.assert_array_equal(draw["k"][0], (model.mean + z @ model.root.T)[:, :DIM])
+
+
+def test_a_spec_whose_covariance_is_not_a_covariance_is_refused_in_one_line(known, tmp_path, capsys):
+    """A variance made negative by hand: the scenario refuses the spec when built (naming the file,
+    layer and head), and a run is exit 2 with one line, writing nothing."""
+    data = json.loads(known["spec_path"].read_text())
+    data["layers"][0]["heads"][1]["cov"][0] = -5.0   # the first variance of head 1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"bad\.json: layer 0 head 1: its covariance is not positive semi-definite"):
+        scenarios.create(f"fitted:{bad}:layer=0")
+    out = tmp_path / "run"
+    assert main(["run", "--scenario", f"fitted:{bad}:layer=0", "--scheme", "tq-kv", "--dim", str(DIM), "--budget", "3",
+                 "--seq-len", "32", "--queries", "4", "--trials", "2", "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "not positive semi-definite" in err and len(err.strip().splitlines()) == 1 and not out.exists()
