@@ -114,6 +114,9 @@ def test_a_scenario_plugin_is_listed_created_and_runs_in_a_sweep(installed, tmp_
     reasons = scenarios.unavailable()
     assert reasons["broken"].startswith("plug-in pkg:broken failed to load: ModuleNotFoundError")
     assert "not a Scenario subclass" in reasons["config"]
+    assert main(["list", "--all"]) == 0   # harness list --all names each broken plug-in with its reason
+    listed = capsys.readouterr().out.split("scenarios that cannot run here:")[1]
+    assert "broken" in listed and "failed to load: ModuleNotFoundError" in listed and "config" in listed
     assert scenarios.create("laplace:scale=2").scale == 2.0
     out = tmp_path / "run"
     assert main(["run", "--scenario", "laplace", "--scheme", "tq-kv", "--budget", "2", "--dim", "16", "--seq-len",
