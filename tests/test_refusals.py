@@ -587,3 +587,15 @@ def test_a_finished_report_prints_no_warning(tmp_path):
     done = subprocess.run([sys.executable, "-W", "always", "-m", "harness", "report", str(out), "--permutations", "20"],
                           capture_output=True, text=True, env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+
+
+def test_a_null_that_shares_no_cell_is_refused(tmp_path, capsys):
+    """A --null run of other cells (another scenario) would judge nothing: compare and report refuse
+    it in one line naming the matching columns, instead of printing 'null: ...' as if it were used."""
+    run, other, null = tmp_path / "run", tmp_path / "other", tmp_path / "null"
+    for out, scenario, seed in ((run, "gaussian", "0"), (other, "gaussian", "1"), (null, "heavy_tail", "2")):
+        assert main([*TINY, "--scenario", scenario, "--scheme", "int4", "--seed", seed, "--out", str(out)]) == 0
+    capsys.readouterr()
+    refused(capsys, ["compare", str(run), str(other), "--null", str(null)], "shares no cell", "scenario")
+    refused(capsys, ["report", str(run), "--null", str(null), "--json"], "shares no cell", "scenario")
+    assert not (run / "report.html").exists()

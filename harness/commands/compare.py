@@ -32,6 +32,13 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per cell")
 
 
+def shared_cells(a, b):
+    """The rows of trial frame a whose cell (CELL_COLUMNS) frame b also holds."""
+    from kvcommon.rows import CELL_COLUMNS
+    keys = b[list(CELL_COLUMNS)].drop_duplicates()
+    return a.merge(keys, on=list(CELL_COLUMNS), how="inner")
+
+
 def _trials(directory: Path):
     store = RunStore(directory)
     if not store.path.exists():
@@ -47,6 +54,10 @@ def run(args) -> int:
     check_spread_margin(args, "compare")
     a, b = _trials(args.run_a), _trials(args.run_b)
     null = _trials(args.null) if args.null is not None else None
+    if null is not None and shared_cells(shared_cells(a, b), null).empty:
+        raise UsageError(f"harness compare: --null {args.null} shares no cell with {args.run_a} and {args.run_b} "
+                         f"(cells are matched on {', '.join(CELL_COLUMNS)}): it would judge nothing; give a run of "
+                         f"the same cells")
     table = compare_runs(a, b, null, alpha=args.alpha, margin=args.margin, spread_margin=args.spread_margin,
                          n_permutations=args.permutations, seed=args.seed)
     if table.empty:

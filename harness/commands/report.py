@@ -72,12 +72,18 @@ def incomplete_notice(store: RunStore) -> str | None:
 
 
 def _findings(directory: Path, null_directory: Path | None, n_permutations: int, levels):
+    from kvcommon.rows import CELL_COLUMNS
     from stats.findings import analyse
+
+    from .compare import shared_cells
 
     trials = RunStore(directory).trials()
     if trials.empty:
         raise UsageError(f"harness report: {directory / RESULTS_FILE} holds no trials yet; run or resume the sweep first")
     null_trials = RunStore(null_directory).trials() if null_directory is not None else None
+    if null_trials is not None and shared_cells(trials, null_trials).empty:
+        raise UsageError(f"harness report: --null {null_directory} shares no cell with {directory} (cells are matched "
+                         f"on {', '.join(CELL_COLUMNS)}): it would judge nothing; give a run of the same cells")
     findings = analyse(trials, null_trials, n_permutations, levels)
     for line in findings.left_out:   # cells whose stored values are not finite: named, the rest reported
         print(f"harness report: {line}", file=sys.stderr)
