@@ -150,20 +150,27 @@ def _head_counts(config) -> tuple[int, int, int]:
     return n_heads, n_kv, head_dim
 
 
+def separate_projections(module) -> tuple | None:
+    """The block's (query, key, value) projection modules by the names of PROJECTIONS, or None."""
+    children = dict(module.named_children())
+    return next((tuple(children[n] for n in names) for names in PROJECTIONS if all(n in children for n in names)),
+                None)
+
+
 def attention_sites(model) -> list[AttentionSite]:
     """The model's attention blocks with separate q/k/v projections (PROJECTIONS), in forward order:
     the blocks `harness effect` compresses."""
     n_heads, n_kv, head_dim = _head_counts(model.config)
     sites = []
     for _, module in model.named_modules():
+        found = separate_projections(module)
+        if found is None:
+            continue
         children = dict(module.named_children())
-        for names in PROJECTIONS:
-            if all(n in children for n in names):
-                if "q_norm" in children or "k_norm" in children:
-                    raise ValueError(f"{type(module).__name__}: per-head q/k norms after the projections are not "
-                                     f"supported (captured K would not be what attention uses)")
-                sites.append(AttentionSite(module, *(children[n] for n in names), n_heads, n_kv, head_dim))
-                break
+        if "q_norm" in children or "k_norm" in children:
+            raise ValueError(f"{type(module).__name__}: per-head q/k norms after the projections are not "
+                             f"supported (captured K would not be what attention uses)")
+        sites.append(AttentionSite(module, *found, n_heads, n_kv, head_dim))
     if not sites:
         raise ValueError(f"{type(model).__name__}: no attention block with projections "
                          f"{' / '.join(','.join(n) for n in PROJECTIONS)}")
@@ -275,8 +282,8 @@ def _projection_blocks(model) -> list[tuple[object, tuple]]:
     blocks = []
     for _, module in model.named_modules():
         children = dict(module.named_children())
-        found = next((tuple(children[n] for n in names) for names in PROJECTIONS if all(n in children for n in names)),
-                     None) or next(((children[n],) for n in FUSED_PROJECTIONS if n in children), None)
+        found = separate_projections(module) or next(((children[n],) for n in FUSED_PROJECTIONS if n in children),
+                                                     None)
         if found is None:
             continue
         if "q_norm" in children or "k_norm" in children or "query_layernorm" in children:
@@ -362,16 +369,19 @@ def _model_rotation(model, block):
     return rotate
 
 
-def _undo_rotation(model, x: np.ndarray) -> np.ndarray:
-    """Pre-RoPE states of rotated ones x (..., H, N, d) at positions 0..N−1, float64 then float32: with
-    the rotary module's own tables (cos, sin include its attention scaling a), pair (i, i + r/2) of the
-    first r = rope_dims coordinates is rotated back, x·cos − rotate_half(x)·sin, and divided by a²."""
+def _rotary_tables(model, n: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The model's own cos, sin tables (n, r) float64 at positions 0..n−1 (they include its
+    attention scaling a; r = rope_dims)."""
     import torch
-    rotary = rotary_modules(model)[0]
-    n, dim = x.shape[-2], x.shape[-1]
     with torch.no_grad():
-        cos, sin = rotary(torch.zeros(1, n, dim), torch.arange(n)[None])
-    cos, sin = cos[0].double().numpy(), sin[0].double().numpy()
+        cos, sin = rotary_modules(model)[0](torch.zeros(1, n, dim), torch.arange(n)[None])
+    return cos[0].double().numpy(), sin[0].double().numpy()
+
+
+def _undo_rotation(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Pre-RoPE states of rotated ones x (..., H, N, d) at positions 0..N−1, float64 then float32, with
+    the model's tables (N, r) (_rotary_tables): pair (i, i + r/2) of the first r coordinates is
+    rotated back, x·cos − rotate_half(x)·sin, and divided by a² = cos² + sin²."""
     r = cos.shape[-1]
     y = x.astype(np.float64)
     part = y[..., :r]
@@ -394,11 +404,10 @@ def _check_undone(model, recorded: dict, pre_k: list[np.ndarray], segments: list
     outputs: dict[int, list] = {}
     hooks = []
     for i, module in enumerate(recorded["modules"]):
-        children = dict(module.named_children())
-        names = next((names for names in PROJECTIONS if all(n in children for n in names)), None)
-        if names is None or "k_norm" in children:
+        found = separate_projections(module)
+        if found is None or "k_norm" in dict(module.named_children()):
             continue
-        hooks.append(children[names[1]].register_forward_hook(
+        hooks.append(found[1].register_forward_hook(
             lambda mod, args, output, _i=i: outputs.setdefault(_i, []).append(output.detach().float()[0])))
     if not hooks:
         return
@@ -431,12 +440,14 @@ def capture_segments(model, segments: list) -> dict[str, np.ndarray]:
     out["segments"] = np.concatenate([np.full(len(s), i) for i, s in enumerate(segments)]).astype(np.int64)
     if rotary_parameters(model) is not None:
         out["q_rope"], out["k_rope"] = out["q"], out["k"]
-        for name in ("q", "k"):
-            out[name] = np.stack([np.concatenate([_undo_rotation(model, part) for part in parts], axis=1)
-                                  for parts in recorded[name]])
+        dim = out["k"].shape[-1]
+        tables = {n: _rotary_tables(model, n, dim) for n in {len(segment) for segment in segments}}
+        undone = {name: [[_undo_rotation(part, *tables[part.shape[-2]]) for part in parts]
+                         for parts in recorded[name]] for name in ("q", "k")}
+        for name, layers in undone.items():
+            out[name] = np.stack([np.concatenate(parts, axis=1) for parts in layers])
         if via_interface:
-            first = [_undo_rotation(model, parts[0]) for parts in recorded["k"]]
-            _check_undone(model, recorded, first, segments)
+            _check_undone(model, recorded, [parts[0] for parts in undone["k"]], segments)
     return out
 
 

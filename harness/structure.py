@@ -19,6 +19,16 @@ STATISTICS = ("sink_share", "recency_ratio", "heavy_share", "lag1_k", "lag1_v", 
 N_SINKS = 4
 
 
+def _row(q, k, v, positions, causal: bool) -> list[float]:
+    """STATISTICS of one head's window: q (n, d), k and v (n, d) at positions (n,)."""
+    stats = structure_statistics(q, k, positions, positions, v=v, n_sinks=N_SINKS, causal=causal)
+    return [getattr(stats, name) for name in STATISTICS]
+
+
+def _means(rows: list) -> dict[str, float]:
+    return dict(zip(STATISTICS, np.nanmean(np.asarray(rows, dtype=float), axis=0).tolist())) if rows else {}
+
+
 def segment_statistics(k: np.ndarray, v: np.ndarray, q: np.ndarray, positions: np.ndarray, segments: np.ndarray,
                        *, causal: bool) -> dict[str, float]:
     """Means over heads and segments of STATISTICS for one layer of a capture: k, v (Hkv, n, d) and
@@ -30,12 +40,9 @@ def segment_statistics(k: np.ndarray, v: np.ndarray, q: np.ndarray, positions: n
         span = np.flatnonzero(segments == segment)
         if span.size <= N_SINKS + 1:
             continue
-        for h in range(q.shape[0]):
-            kv = h // group
-            stats = structure_statistics(q[h, span], k[kv, span], positions[span], positions[span], v=v[kv, span],
-                                         n_sinks=N_SINKS, causal=causal)
-            rows.append([getattr(stats, name) for name in STATISTICS])
-    return dict(zip(STATISTICS, np.nanmean(np.asarray(rows, dtype=float), axis=0).tolist())) if rows else {}
+        rows += [_row(q[h, span], k[h // group, span], v[h // group, span], positions[span], causal)
+                 for h in range(q.shape[0])]
+    return _means(rows)
 
 
 def window_statistics(scenario: str, *, dim: int, seq_len: int, n_windows: int = 16, n_heads: int = 4,
@@ -49,8 +56,5 @@ def window_statistics(scenario: str, *, dim: int, seq_len: int, n_windows: int =
     for trial in range(n_windows):
         draw = built.draw(lambda *labels, _t=trial: generator("pcg64", seed, "structure", scenario, _t, *labels),
                           shape)
-        for h in range(n_heads):
-            stats = structure_statistics(draw["q_prefill"][h], draw["k"][h], positions, positions, v=draw["v"][h],
-                                         n_sinks=N_SINKS, causal=causal)
-            rows.append([getattr(stats, name) for name in STATISTICS])
-    return dict(zip(STATISTICS, np.nanmean(np.asarray(rows, dtype=float), axis=0).tolist()))
+        rows += [_row(draw["q_prefill"][h], draw["k"][h], draw["v"][h], positions, causal) for h in range(n_heads)]
+    return _means(rows)

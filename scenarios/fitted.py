@@ -132,6 +132,7 @@ class Spec:
     n_kv_heads: int
     rope: tuple[np.ndarray, float] | None   # (inv_freq (d/2,), scaling)
     _models: dict = field(default_factory=dict, compare=False, repr=False)
+    _checked_layers: set = field(default_factory=set, compare=False, repr=False)
 
     @property
     def group_size(self) -> int:
@@ -150,7 +151,7 @@ class Spec:
     def check_covariances(self, layer: int) -> None:
         """ValueError (one line) unless every head of `layer` has a positive semi-definite covariance
         (eigenvalues above −COVARIANCE_TOLERANCE × the largest); checked once per layer of a loaded spec."""
-        if ("checked", layer) in self._models:
+        if layer in self._checked_layers:
             return
         for head in range(self.n_heads):
             with small_linalg():
@@ -159,7 +160,7 @@ class Spec:
                 raise ValueError(f"{self.path}: layer {layer} head {head}: its covariance is not positive "
                                  f"semi-definite (eigenvalue {lam.min():.3g} against the largest {lam.max():.3g}); "
                                  f"refit it with harness fit")
-        self._models[("checked", layer)] = True
+        self._checked_layers.add(layer)
 
     def _build(self, layer: int, query_head: int) -> TokenModel:
         return head_model(self.data["layers"][layer]["heads"][query_head])
