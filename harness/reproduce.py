@@ -6,7 +6,8 @@ Layout of --out DIR (each a run directory of `harness run`, resumable with --res
   4 (with several head dims), 6–8, 10 and the main rows of claim 11. `harness report DIR` reports it like any run; its
   results.sqlite also holds table `claims` (one row per claim, stats.claims.CLAIM_COLUMNS),
   table `claim_tests` (every comparison behind them), table `first_order` (claims 5, 12) and
-  table `storage_ledger` (claim 13: the codecs' bit ledgers at §3.2's d = 128, b = 2, 3);
+  table `storage_ledger` (claim 13: the codecs' bit ledgers at §3.2's d = 128, b = 2, 3) and
+  table `allocation` (claim 8: sq-kv's stored bit widths against the uniform b per coordinate);
 - DIR/dimension (when the ablation has a single head dim, as with --quick): plain-kv and tq-kv
   on lowrank_aligned over head dims (claim 4);
 - DIR/calibration: squ-kv over a --calib-tokens sweep on gaussian and lowrank_aligned (claim 9);
@@ -31,6 +32,7 @@ import torch
 import scenarios
 from kvcommon.rows import CELL_COLUMNS, CLAIMS_TABLE
 from schemes.base import BitLedger, codec_logits, encode_codec, fit_codec, stored_bits
+from schemes.packing import unpack_bits
 from stats import claims as C
 from stats.metrics import exact_logits, relative_mse, weighted_values
 
@@ -52,6 +54,8 @@ DIMENSION_SCENARIO, DIMENSION_CODECS = "lowrank_aligned", ("plain-kv", "tq-kv") 
 FIRST_ORDER_TABLE = "first_order"
 STORAGE_TABLE = "storage_ledger"                           # claim 13: the §3.2 storage figures
 STORAGE_SCENARIO, STORAGE_DIM, STORAGE_BUDGETS = "lowrank_aligned", 128, (2, 3)   # rank 8: d_eff = 8 as in §3.2
+ALLOCATION_TABLE = "allocation"                            # claim 8: sq-kv's stored bit widths
+ALLOCATION_SCHEME = "sq-kv"
 FIRST_ORDER_VALUES = ("t_rel_mse_konly", "t_rel_mse_first_order", "logit_rel_mse", "t_rel_mse_vonly", "v_rel_mse",
                       "score_var")
 TESTS_TABLE = "claim_tests"
@@ -79,7 +83,7 @@ class Size:
 
 def sizes() -> dict[str, Size]:
     """paper: the AMD paper's grid (§3: 200 trials, d ∈ {64, 128, 256}, b = 2..7, S = 1024, the sixteen
-    TQ/SQ codecs); quick: a reduced grid for a 2-core CPU (about ten minutes); tiny: for the tests."""
+    TQ/SQ codecs); quick: a reduced grid for a 2-core CPU (about two minutes); tiny: for the tests."""
     tq_sq = C.TQ_VARIANTS + C.SQ_CODECS
     return {
         "paper": Size("paper", "none: the paper's grid", paper_schemes(), (2, 3, 4, 5, 6, 7), (64, 128, 256), 1024,
@@ -155,7 +159,7 @@ def true_ranks(size: Size) -> dict[tuple, int]:
 
 def _encoded_chunks(config: SweepConfig):
     """(cell, scheme, trials, data, encoding) for every chunk of every cell of config, as the
-    runner draws, fits and encodes them: the passes of claims 5, 12 and 13 read the codecs' own
+    runner draws, fits and encodes them: the passes of claims 5, 8, 12 and 13 read the codecs' own
     encodings outside a sweep."""
     device, dtype = resolve_device(config.device), resolve_dtype(config.dtype)
     for cell in config.cells():
@@ -247,31 +251,83 @@ def ledger_rows(config: SweepConfig) -> pd.DataFrame:
     return pd.DataFrame.from_records(records)
 
 
-def storage_ledger(config: SweepConfig, store: RunStore, resume: bool) -> pd.DataFrame:
-    """The ledger table, from the store when it holds exactly these rows (--resume), else computed."""
+def _per_trial_table(name: str, config: SweepConfig, rows: Callable[[SweepConfig], pd.DataFrame], store: RunStore,
+                     resume: bool, columns=()) -> pd.DataFrame:
+    """Table `name` of one row per trial of every cell of config: from the store when it holds
+    exactly these rows and the given columns (--resume), else computed by rows(config) and stored."""
     expected = {(config.seed, config.rng, cell.key, t) for cell in config.cells() for t in range(config.trials)}
-    stored = store.table(STORAGE_TABLE) if resume else None
-    if stored is not None:
+    stored = store.table(name) if resume else None
+    if stored is not None and set(columns) <= set(stored.columns):
         keys = CELL_COLUMNS
         if {(r.seed, r.rng, tuple(getattr(r, k) for k in keys), r.trial) for r in stored.itertuples(index=False)} \
                 == expected:
             return stored
-    frame = ledger_rows(config)
-    store.write_table(STORAGE_TABLE, frame)
+    frame = rows(config)
+    store.write_table(name, frame)
     return frame
+
+
+def storage_ledger(config: SweepConfig, store: RunStore, resume: bool) -> pd.DataFrame:
+    """The ledger table, from the store when it holds exactly these rows (--resume), else computed."""
+    return _per_trial_table(STORAGE_TABLE, config, ledger_rows, store, resume)
+
+
+# --- claim 8: the stored bit widths of water-filling --------------------------------------------
+def allocation_config(size: Size, *, seed: int = 0, device: str = "auto") -> SweepConfig | None:
+    """sq-kv at the ablation's scenarios, head dims and budgets above b_tail (at b <= b_tail every
+    coordinate has b bits by construction), on the ablation's draws; None when no budget is above."""
+    budgets = tuple(b for b in size.budgets if b > C.TAIL_BITS)
+    if not budgets:
+        return None
+    return SweepConfig(scenarios=size.scenarios, schemes=(ALLOCATION_SCHEME,), budgets=budgets, dims=size.dims,
+                       seq_lens=(size.seq_len,), queries=(size.queries,), trials=size.trials, seed=seed, device=device)
+
+
+ALLOCATION_VALUES = ("at_budget_k", "at_budget_v", "moved_k", "moved_v")
+
+
+def allocation_rows(config: SweepConfig) -> pd.DataFrame:
+    """Per trial of every cell of config, from the bit widths the encoding stores (`k.widths`,
+    `v.widths`: one width per head and coordinate of the calibrated basis, packed): moved_k,
+    moved_v, the share of the b·d bits per head placed elsewhere than the uniform b per
+    coordinate, Σ_k |b_k − b| / (2·b·d) (0: the uniform allocation; mean over heads);
+    at_budget_k, at_budget_v, the coordinates per head at exactly b bits (mean over heads)."""
+    records = []
+    for cell, _, trials, _, enc in _encoded_chunks(config):
+        d, budget = enc.shape[-1], cell.budget
+        widths = {}
+        for name in ("k", "v"):
+            packed = enc.codes[f"{name}.widths"]
+            widths[name] = unpack_bits(packed, packed.shape[-1] * 8 // d, d).cpu().double()   # (B, H, d)
+        for i, trial in enumerate(trials):
+            row = dict(zip(CELL_COLUMNS, cell.key), trial=trial, seed=config.seed, rng=config.rng)
+            for name, w in widths.items():
+                row[f"moved_{name}"] = float(((w[i] - budget).abs().sum(-1) / (2 * budget * d)).mean())
+                row[f"at_budget_{name}"] = float((w[i] == budget).double().sum(-1).mean())
+            records.append(row)
+    return pd.DataFrame.from_records(records)
+
+
+def allocation(config: SweepConfig | None, store: RunStore, resume: bool) -> pd.DataFrame | None:
+    """The allocation table, from the store when it holds exactly these rows (--resume), else computed."""
+    if config is None:
+        return None
+    return _per_trial_table(ALLOCATION_TABLE, config, allocation_rows, store, resume, ALLOCATION_VALUES)
 
 
 # --- the whole reproduction --------------------------------------------------------------------
 def evaluate(frames: dict[str, pd.DataFrame | None], first_order_frame: pd.DataFrame | None, size: Size,
-             n_permutations: int = 1000, ledger: pd.DataFrame | None = None) -> list[C.ClaimResult]:
+             n_permutations: int = 1000, ledger: pd.DataFrame | None = None,
+             widths: pd.DataFrame | None = None) -> list[C.ClaimResult]:
     """Every claim from the stored rows: frames keyed as experiments() ('' the ablation), the
-    first-order table (claims 5, 12) and the storage ledger (claim 13)."""
+    first-order table (claims 5, 12), the storage ledger (claim 13) and sq-kv's stored widths
+    (claim 8)."""
     ablation = frames[""]
     nulls = {name.removeprefix("null-"): frames.get(name) for name in NULLS}
     return [C.claim_non_dominated(ablation), C.claim_full_worse(ablation), C.claim_v_qjl_hurts(ablation),
             C.claim_plain_degrades(frames.get("dimension", ablation)), C.claim_jensen(first_order_frame),
             C.claim_heavy_tail(ablation),
-            C.claim_sq_wins(ablation), C.claim_waterfill_uniform(ablation),
+            C.claim_sq_wins(ablation), C.claim_waterfill_uniform(widths, ablation),
             C.claim_d_eff(frames.get("calibration"), true_ranks(size)), C.claim_equal_storage(ablation),
             C.claim_separable(ablation, nulls, validation_cell(size), VALIDATION_CODECS, n_permutations),
             C.claim_v_path(first_order_frame), C.claim_storage_figures(ledger)]
@@ -301,7 +357,12 @@ def reproduce(size: Size, out: Path, *, resume: bool = False, seed: int = 0, dev
     ledger = storage_ledger(storage_config(size, seed=seed, device=device), top, resume)
     log(f"storage ledger (claim 13): {ledger.groupby(['scheme', 'budget']).ngroups} cells at d = {STORAGE_DIM} in "
         f"{time.perf_counter() - t0:.0f} s -> table {STORAGE_TABLE}")
-    results = evaluate(frames, fo, size, ledger=ledger)
+    t0 = time.perf_counter()
+    widths = allocation(allocation_config(size, seed=seed, device=device), top, resume)
+    if widths is not None:
+        log(f"allocation (claim 8): {widths.groupby(['scenario', 'dim', 'budget']).ngroups} cells of "
+            f"{ALLOCATION_SCHEME} in {time.perf_counter() - t0:.0f} s -> table {ALLOCATION_TABLE}")
+    results = evaluate(frames, fo, size, ledger=ledger, widths=widths)
     claims = C.claims_frame(results)
     top.write_table(TESTS_TABLE, C.tests_frame(results))
     top.write_table(CLAIMS_TABLE, claims)

@@ -52,6 +52,7 @@ nav ul { columns: 4; font-size: .9em; }
 table.claims { font-size: .78em; }
 tr.verdict-reproduced td:nth-child(3) { color: #1a6b1a; font-weight: bold; }
 tr.verdict-refuted td:nth-child(3) { color: #a11; font-weight: bold; }
+tr.verdict-partly td:nth-child(3) { color: #8a5a00; font-weight: bold; }
 </style>
 </head>
 <body>

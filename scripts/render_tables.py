@@ -57,7 +57,9 @@ def render_reproduction(data: dict) -> str:
     claims = pd.DataFrame(data["claims"])
     rows = claim_rows(SimpleNamespace(claims=claims))
     counts = claims.verdict.value_counts()
-    tally = ", ".join(f"{int(counts.get(v, 0))} {v}" for v in ("reproduced", "refuted", "inconclusive"))
+    from stats.claims import VERDICTS
+
+    tally = ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS)
     return (f"From `{data['command']}` ({data['reduced']}): {tally}. Each effect is the claim's headline "
             f"statistic at the comparison least favourable to the claim; what it measures, the test and the "
             f"reason are in [docs/reproduction.md](docs/reproduction.md#the-quick-reproduction).\n\n"

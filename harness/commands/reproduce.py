@@ -1,5 +1,5 @@
 """harness reproduce amd-paper: run what each claim of the AMD paper needs and report every claim
-as reproduced / refuted / inconclusive with its statistic (harness/reproduce.py, stats/claims/)."""
+as reproduced / partly / refuted / inconclusive with its statistic (harness/reproduce.py, stats/claims/)."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,7 @@ from ..store import RESULTS_FILE
 from ._args import path
 
 NAME = "reproduce"
-HELP = "run what each claim of a paper needs and judge every claim (reproduced / refuted / inconclusive)"
+HELP = "run what each claim of a paper needs and judge every claim (reproduced / partly / refuted / inconclusive)"
 
 
 def add_arguments(p):
@@ -24,7 +24,7 @@ def add_arguments(p):
                    help="the paper: amd-paper (Ablation Studies, Statistical Inference, and KV-Cache Compression "
                         "Validation; AMD)")
     p.add_argument("--quick", action="store_true",
-                   help="a reduced grid for a 2-core CPU (30 trials, d 64/128, S 256, b 2-4; about ten minutes); "
+                   help="a reduced grid for a 2-core CPU (30 trials, d 64/128, S 256, b 2-4; about two minutes); "
                         "default: the paper's grid (200 trials, d 64/128/256, S 1024, b 2..7)")
     p.add_argument("--size", choices=("tiny", "quick", "paper"), default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", type=path, default=None, help="run directory (default runs/amd-paper-<time>)")
@@ -36,7 +36,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from stats.claims import format_claims
+    from stats.claims import VERDICTS, format_claims
 
     from ..reproduce import check, reproduce, sizes
     from ..runner import RunConflict
@@ -69,7 +69,7 @@ def run(args) -> int:
     print(f"claims (alpha {ALPHA}, Holm within each claim; effect [95 % CI]):")
     print(format_claims(claims))
     counts = claims.verdict.value_counts()
-    print("verdicts: " + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in ("reproduced", "refuted", "inconclusive"))
+    print("verdicts: " + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS)
           + f"; {time.perf_counter() - start:.0f} s -> {out / RESULTS_FILE} (tables claims, claim_tests); "
             f"harness report {out} --json includes them")
     return 0

@@ -9,7 +9,8 @@ package's interface: `from stats import claims as C; C.claim_jensen(...)`.
 """
 from ..margins import ALPHA
 from .d_eff import RANK_MARGIN, claim_d_eff
-from .framework import (CLAIM_COLUMNS, METRIC, N_BOOT, OUTCOMES, STORAGE_SLACK, TEST_COLUMNS, VERDICTS, ClaimResult,
+from .framework import (CLAIM_COLUMNS, METRIC, N_BOOT, OUTCOMES, SCOPES, STORAGE_SLACK, TEST_COLUMNS, VERDICTS,
+                        ClaimResult,
                         claims_frame, format_claims, lacking, paired_row, tests_frame, unpaired_row)
 from .heavy_tail import claim_heavy_tail
 from .non_dominated import claim_non_dominated
@@ -21,12 +22,12 @@ from .softmax_paths import V_FLAT_MARGIN, claim_jensen, claim_v_path, first_orde
 from .sq_wins import claim_sq_wins
 from .squ_equal_storage import claim_equal_storage
 from .storage_figures import claim_storage_figures
-from .waterfill import WATERFILL_MARGIN, claim_waterfill_uniform
+from .waterfill import CODEC_MARGIN, WATERFILL_MARGIN, claim_waterfill_uniform
 from .worse_pairs import claim_full_worse, claim_v_qjl_hurts
 
 __all__ = [
-    "ALPHA", "CLAIMS", "CLAIM_COLUMNS", "DEGRADE_MARGIN", "ELIMINATED", "FULL_VS_RHT", "METRIC", "N_BOOT", "OUTCOMES",
-    "PAPER_BITS_PER_TOKEN", "PAPER_DIM", "PAPER_D_EFF", "RANK_MARGIN", "SQ_CODECS", "STORAGE_CODECS", "STORAGE_SLACK",
+    "ALPHA", "CLAIMS", "CLAIM_COLUMNS", "CODEC_MARGIN", "DEGRADE_MARGIN", "ELIMINATED", "FULL_VS_RHT", "METRIC", "N_BOOT", "OUTCOMES",
+    "PAPER_BITS_PER_TOKEN", "PAPER_DIM", "PAPER_D_EFF", "RANK_MARGIN", "SCOPES", "SQ_CODECS", "STORAGE_CODECS", "STORAGE_SLACK",
     "STRUCTURED", "SURVIVORS", "TAIL_BITS", "TEST_COLUMNS", "TQ_VARIANTS", "VERDICTS", "V_FLAT_MARGIN", "V_QJL",
     "WATERFILL_MARGIN", "Claim", "ClaimResult", "claim_d_eff", "claim_equal_storage", "claim_full_worse",
     "claim_heavy_tail", "claim_jensen", "claim_non_dominated", "claim_plain_degrades", "claim_separable",

@@ -25,9 +25,14 @@ The rule, the same for every claim (the *shape* of stats/validation.py):
    `as claimed` even when significant (a negligible difference). Margin tests run at ALPHA per
    comparison (an intersection-union test, as in stats.validation); the column `equivalent` of a
    comparison holds its margin test's result.
-4. Verdict: `refuted` if any comparison is `opposite`; `reproduced` if every one is `as
-   claimed`; `inconclusive` otherwise, with the comparisons that are neither named. (Claim 1
-   adds its existential part, see claim_non_dominated.)
+4. Verdict: `reproduced` if every comparison is `as claimed`; `partly` if some comparison is
+   `opposite` but the comparisons split by scope: for the first of SCOPES (scenario, head
+   width d, bit width b) whose values split so, the comparisons of at least one value are all
+   `as claimed` and those of another include an `opposite` (the claim holds there and fails
+   there; the reason names both, in words); `refuted` if some comparison is `opposite` and no
+   scope splits; `inconclusive` otherwise, with the comparisons that are neither named. Under
+   `partly` the headline is taken where the claim holds (_holding) and the effect says where.
+   (Claim 1 adds its existential part, see claim_non_dominated.)
 5. Every reason sentence is generated from the comparisons' outcomes (_basis, _tally): it counts
    the comparisons by what their tests showed (significant at Holm-adjusted ALPHA, equivalent or
    shown within the margin by TOST, by construction, by a validation verdict) and never calls a
@@ -52,7 +57,8 @@ from .paper import CLAIMS
 
 N_BOOT = 2000
 METRIC = "d2_t"
-VERDICTS = ("reproduced", "refuted", "inconclusive")
+VERDICTS = ("reproduced", "partly", "refuted", "inconclusive")
+SCOPES = ("scenario", "dim", "budget")   # where a claim can hold in part: by scenario, head width d, bit width b
 OUTCOMES = ("as claimed", "opposite", "not significant", "no comparison")
 STORAGE_SLACK = TOLERANCE / 2  # "stores no more" = measured storage at most 2.5 % above
 
@@ -257,9 +263,49 @@ def _summary(tests: pd.DataFrame) -> str:
     return ", ".join(f"{int(counts[o])} {o}" for o in OUTCOMES if o in counts) or "no comparisons"
 
 
+def _plain_verdict(tests: pd.DataFrame) -> str:
+    """Rule 4 without scopes: refuted on any opposite, reproduced when all are as claimed."""
+    counts = tests["outcome"].value_counts()
+    if counts.get("opposite", 0):
+        return "refuted"
+    return "reproduced" if len(tests) and counts.get("as claimed", 0) == len(tests) else "inconclusive"
+
+
+def _scope_words(column: str, values) -> str:
+    """Scope values in words: 'gaussian, outlier_channels', 'd=64', 'b=3, b=4'."""
+    prefix = {"scenario": "", "dim": "d=", "budget": "b="}[column]
+    return ", ".join(f"{prefix}{v}" for v in values)
+
+
+def _scope_split(tests: pd.DataFrame):
+    """(column, {value: verdict of its comparisons}) for the first of SCOPES under which some
+    value's comparisons are all as claimed and another's include an opposite; None when no
+    scope splits so (rule 4). Only the comparisons in the verdict (`in_verdict`) count."""
+    if "in_verdict" in tests.columns:
+        tests = tests[tests["in_verdict"].astype(bool)]
+    for column in SCOPES:
+        if column not in tests.columns or tests[column].isna().any() or tests[column].nunique() < 2:
+            continue
+        verdicts = {value: _plain_verdict(g) for value, g in tests.groupby(column, sort=True)}
+        if "reproduced" in verdicts.values() and "refuted" in verdicts.values():
+            return column, verdicts
+    return None
+
+
+def _holding(tests: pd.DataFrame, verdict: str) -> pd.DataFrame:
+    """The comparisons where the claim holds when it holds in part (verdict `partly`: the scope
+    values whose comparisons are all as claimed), else all of them: where the headline is taken."""
+    split = _scope_split(tests) if verdict == "partly" else None
+    if split is None:
+        return tests
+    column, verdicts = split
+    return tests[tests[column].isin([v for v, verdict_ in verdicts.items() if verdict_ == "reproduced"])]
+
+
 def _standard_verdict(tests: pd.DataFrame, what: str) -> tuple[str, str]:
-    """Rule 4: refuted on any opposite, reproduced when all are as claimed; the reason counts the
-    comparisons by what their tests showed (_tally), never more significant ones than there are."""
+    """Rule 4: refuted on any opposite unless the comparisons split by scope (then partly, the
+    scopes in words), reproduced when all are as claimed; the reason counts the comparisons by
+    what their tests showed (_tally), never more significant ones than there are."""
     if tests.empty:
         return "inconclusive", "no comparison could be made: the run lacks the cells this claim needs"
     counts = tests["outcome"].value_counts()
@@ -268,7 +314,21 @@ def _standard_verdict(tests: pd.DataFrame, what: str) -> tuple[str, str]:
         worst = tests[tests.outcome == "opposite"]
         examples = "; ".join(_describe(r) for r in worst.head(2).to_dict("records"))
         more = f" (and {n_bad - 2} more)" if n_bad > 2 else ""
-        return "refuted", f"{n_bad} of {n} {what} against the claim ({_tally(worst)}): {examples}{more}"
+        split = _scope_split(tests)
+        if split is None:
+            return "refuted", f"{n_bad} of {n} {what} against the claim ({_tally(worst)}): {examples}{more}"
+        column, verdicts = split
+        held = [v for v, verdict in verdicts.items() if verdict == "reproduced"]
+        failed = [v for v, verdict in verdicts.items() if verdict == "refuted"]
+        unshown = [v for v, verdict in verdicts.items() if verdict == "inconclusive"]
+        ok = tests[tests[column].isin(held)]
+        bad_scope = tests[tests[column].isin(failed)]
+        reason = (f"holds for {_scope_words(column, held)} (all {len(ok)} {what} there as claimed: {_tally(ok)}); "
+                  f"fails for {_scope_words(column, failed)} ({n_bad} of {len(bad_scope)} {what} there against the "
+                  f"claim: {_tally(worst)}): {examples}{more}")
+        if unshown:
+            reason += f"; not shown for {_scope_words(column, unshown)}"
+        return "partly", reason
     if n_ok == n:
         return "reproduced", f"all {n} {what} as claimed: {_tally(tests)}"
     rest = tests[tests.outcome != "as claimed"]
@@ -297,9 +357,13 @@ def _result(claim_id: int, test: str, paired: str, tests: pd.DataFrame, verdict_
     est = low = high = float("nan")
     if headline is not None:
         est, low, high = (float(headline[c]) for c in ("estimate", "ci_low", "ci_high"))
-        if transform is not None:
-            est, low, high = transform(est), transform(low), transform(high)
+        if transform is not None:   # a decreasing transform swaps the interval's ends
+            est, (low, high) = transform(est), sorted((transform(low), transform(high)))
         effect = f"{effect} ({headline['label']})" if effect else str(headline["label"])
+    split = _scope_split(tests) if verdict == "partly" else None
+    if split is not None:
+        column, verdicts = split
+        effect += f"; where the claim holds: {_scope_words(column, [v for v, x in verdicts.items() if x == 'reproduced'])}"
     return ClaimResult(spec.id, spec.section, spec.claim, test, paired, verdict, reason, effect, est, low, high, tests)
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..margins import SMALLEST_EFFECT
 from .framework import (METRIC, ClaimResult, _cells, _family, _headline, _missing, _name, _not_below, _pooled_sd,
-                        _result, _settings, _standard_verdict, _where, lacking, paired_row, unpaired_row)
+                        _holding, _result, _settings, _standard_verdict, _where, lacking, paired_row, unpaired_row)
 from .paper import SQ_CODECS
 
 
@@ -69,7 +69,7 @@ def claim_heavy_tail(trials: pd.DataFrame, heavy: str = "heavy_tail", control: s
                                          f"rho {scheme} {heavy} - {control}, d={setting[1]} b={budgets[-1]}",
                                          part="heavy-tail specific", expect="greater", **where))
     tests = _family(rows, 6)
-    return _result(6, test, "paired and unpaired", tests, _standard_verdict(tests, "comparisons"),
-                   _headline(tests, "min", part="loss"),
+    verdict = _standard_verdict(tests, "comparisons")
+    return _result(6, test, "paired and unpaired", tests, verdict, _headline(_holding(tests, verdict[0]), "min", part="loss"),
                    "d2(T) ratio SQ / tq-kv on heavy_tail at the largest budget (geometric mean), smallest",
                    transform=math.exp)

@@ -38,9 +38,10 @@ CLAIMS = {c.id: c for c in (
                            "scenario and budget"),
     Claim(3, "§4, Fig. 1", "QJL on the V path always hurts"),
     Claim(4, "§4, Fig. 1 caption", "plain-kv degrades with d on lowrank_aligned; tq-kv does not"),
-    Claim(5, "abstract; §1 finding 2", "The K path is where the softmax (Jensen) amplifies score variance: the "
-                                       "output error with only K compressed, per unit of logit error, grows with the "
-                                       "score variance, and the V path's does not"),
+    Claim(5, "abstract; §1 finding 2", "The K path is where the softmax nonlinearity (Jensen's inequality) "
+                                       "amplifies score variance: the output error with only K compressed exceeds "
+                                       "its first-order (linearised softmax) prediction, more so as the score "
+                                       "variance grows (the V path: claim 12)"),
     Claim(6, "abstract", "Heavy tails are catastrophic for eigenbasis methods: SQ's loss on heavy_tail does not "
                          "recover with budget"),
     Claim(7, "abstract; §1 finding 4", "SQ wins on structured scenarios when independent K and V bases give real "

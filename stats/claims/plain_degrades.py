@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .framework import (METRIC, ClaimResult, _equivalent, _family, _headline, _missing, _result, _standard_verdict,
+from .framework import (METRIC, ClaimResult, _equivalent, _family, _headline, _holding, _missing, _result, _standard_verdict,
                         lacking, unpaired_row)
 
 DEGRADE_MARGIN = 0.10        # claim 4: "does not degrade" = within ±10 % of the small-d mean (TOST)
@@ -39,6 +39,7 @@ def claim_plain_degrades(trials: pd.DataFrame, scenario: str = "lowrank_aligned"
         row["equivalent"] = _equivalent(large, small, margin, paired=False)
         rows.append(row)
     tests = _family(rows, 4)
-    head = _headline(tests, "min", part="plain-kv")
-    return _result(4, test, "unpaired", tests, _standard_verdict(tests, "comparisons across d"), head,
+    verdict = _standard_verdict(tests, "comparisons across d")
+    head = _headline(_holding(tests, verdict[0]), "min", part="plain-kv")
+    return _result(4, test, "unpaired", tests, verdict, head,
                    f"plain-kv's smallest increase of d2(T) from d={lo} to d={hi}")

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..equal_storage import STORAGE
 from .framework import (METRIC, STORAGE_SLACK, ClaimResult, _aligned, _cells, _describe, _family, _headline, _name,
-                        _no_comparison, _result, _settings, _standard_verdict, _summary, _where, lacking, paired_row)
+                        _holding, _no_comparison, _result, _settings, _standard_verdict, _summary, _where, lacking, paired_row)
 from .paper import STRUCTURED, with_storage
 
 
@@ -70,7 +70,8 @@ def claim_sq_wins(trials: pd.DataFrame) -> ClaimResult:
     if len(paper):
         reason += " (" + "; ".join(_describe(r) for r in paper.head(3).to_dict("records")) + ")"
     tests = pd.concat([tests, paper], ignore_index=True) if len(paper) else tests
-    head = _headline(tests[tests.part == "measured"], "max") if (tests.part == "measured").any() else None
+    head = _headline(_holding(tests[tests.part == "measured"], verdict), "max") if (tests.part == "measured").any() \
+        else None
     if head is None:
         head = _headline(tests[tests.part == "paper"], "max")
         effect = "d2(T) best SQ minus best TQ within tq-kv's storage at the largest b, paper formula, least favourable"

@@ -8,7 +8,7 @@ import pandas as pd
 from kvcommon.rows import SETTING_COLUMNS
 from ..equal_storage import STORAGE, at_storage, storage_column
 from .framework import (METRIC, ClaimResult, _aligned, _describe, _family, _headline, _missing, _name, _no_comparison,
-                        _result, _standard_verdict, _summary, _where, lacking, paired_row)
+                        _holding, _result, _standard_verdict, _summary, _where, lacking, paired_row)
 from .paper import with_storage
 
 
@@ -63,7 +63,7 @@ def claim_equal_storage(trials: pd.DataFrame, min_budget: int = 3) -> ClaimResul
     reason += f". With the harness's measured storage ({col}): {_summary(measured)}"
     if len(measured):
         reason += " (" + "; ".join(_describe(r) for r in measured.head(2).to_dict("records")) + ")"
-    head = _headline(tests, "max")
+    head = _headline(_holding(tests, verdict), "max")
     tests = pd.concat([tests, measured], ignore_index=True) if len(measured) else tests
     return _result(10, test, "paired", tests, (verdict, reason), head,
                    "d2(T) squ-kv minus tq-kv at equal storage (paper formula), least favourable")

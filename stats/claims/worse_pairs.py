@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .framework import (METRIC, ClaimResult, _aligned, _cells, _family, _headline, _missing, _name, _result,
-                        _standard_verdict, _where, lacking, paired_row)
+                        _holding, _standard_verdict, _where, lacking, paired_row)
 from .paper import FULL_VS_RHT, V_QJL
 
 
@@ -29,7 +29,8 @@ def _pairs_worse(trials: pd.DataFrame, claim_id: int, pairs, what: str) -> Claim
             rows.append(paired_row(x, y, f"{a} - {b}, {_name(setting, budget)}", part=f"{a} vs {b}",
                                    expect="greater", budget=budget, **_where(setting)))
     tests = _family(rows, claim_id)
-    return _result(claim_id, test, "paired", tests, _standard_verdict(tests, what), _headline(tests, "min"),
+    verdict = _standard_verdict(tests, what)
+    return _result(claim_id, test, "paired", tests, verdict, _headline(_holding(tests, verdict[0]), "min"),
                    "smallest mean paired difference in d2(T)")
 
 
