@@ -16,7 +16,7 @@ import platform
 from dataclasses import dataclass, field
 
 import llvmlite.ir as ir
-from numba.core import cgutils
+from numba.core import cgutils, types
 
 
 @dataclass
@@ -55,6 +55,37 @@ def counted_loop(builder: ir.IRBuilder, count: ir.Value, step: int, carried=(), 
         phi.add_incoming(value, end)
     builder.branch(head)
     builder.position_at_end(done)
+
+
+def literal_sizes(length: types.Type, sizes) -> tuple:
+    """The sizes by_size is to write code for, given the numba type of the row length it switches
+    on: where that is a literal (a loop called through by_length), only the one it names (none if
+    it is not among them): a run compiles the code of the row length it uses, not of all six
+    (most of a first run's compiling: docs/performance.md); else every size."""
+    if isinstance(length, types.IntegerLiteral):
+        return tuple(size for size in sizes if size == length.literal_value)
+    return tuple(sizes)
+
+
+class by_length:
+    """A compiled loop called with one integer argument, the row length, as a literal (numba's
+    Literal[int]): compiled once per length the run uses, the intrinsics below it writing only
+    that length's code (literal_sizes), and cached on disk like any other signature. The
+    dispatcher would type the argument as int64 (and compile every length); numba.literally would
+    make it literal but dispatches every call through the compiler (7 ms a call), so the entry
+    point of each signature is kept here and called directly."""
+
+    def __init__(self, loop, position: int):
+        self.loop, self.position, self._entries = loop, position, {}
+
+    def __call__(self, *args):
+        typeof = self.loop.typeof_pyval
+        signature = tuple(types.literal(int(value)) if k == self.position else typeof(value)
+                          for k, value in enumerate(args))
+        entry = self._entries.get(signature)
+        if entry is None:
+            entry = self._entries[signature] = self.loop.compile(signature)
+        return entry(*args)
 
 
 def by_size(builder: ir.IRBuilder, value: ir.Value, sizes, build, defaults=()) -> list:

@@ -16,7 +16,7 @@ from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
 from kvcommon.quotients_cpu import divide, quotients, reciprocal, scaled
-from kvcommon.vectors_cpu import by_size, counted_loop, fused_multiply_add, load_vector, store_vector
+from kvcommon.vectors_cpu import by_length, by_size, counted_loop, fused_multiply_add, literal_sizes, load_vector, store_vector
 
 def _block_stages(builder, v):
     """IR: the stages h = 1, 2, 4 of the butterflies on the 8 lanes of v: for each stage v's lanes
@@ -90,7 +90,7 @@ def stages_in_registers(builder, vectors: list) -> list:
 REGISTER_ROWS = (8, 16, 32, 64, 128, REGISTER_ROW_MAX)
 
 
-@intrinsic
+@intrinsic(prefer_literal=True)
 def _in_registers(typingctx, buf, d, c, factors, m, dst):
     """dst[:] = ((H buf) / c ⊙ factors) · m for the row buf of d entries, one of REGISTER_ROWS (any
     other: nothing is written): the row loaded once as d/8 vectors, the stages h = 1, 2, 4 in each
@@ -117,7 +117,7 @@ def _in_registers(typingctx, buf, d, c, factors, m, dst):
                                args[4] if multiplied else None)
                 store_vector(context, builder, value, da, i)
             return []
-        by_size(builder, args[1], REGISTER_ROWS, build)
+        by_size(builder, args[1], literal_sizes(d, REGISTER_ROWS), build)
         return context.get_dummy_value()
     return types.void(buf, d, c, factors, m, dst), codegen
 
@@ -179,11 +179,11 @@ def _stages_in_memory(buf, d):  # pragma: no cover - compiled
 
 
 @numba.jit(**JIT)
-def _hadamard_rows(x, first_row, pre, post, per_sign, div, mult, scale, out):  # pragma: no cover - compiled
+def _hadamard_rows(x, d, first_row, pre, post, per_sign, div, mult, scale, out):  # pragma: no cover - compiled
     """out[r] = H(x[r] ⊙ pre[s]) / div · mult ⊙ post[s] · scale[r], s = (first_row + r) // per_sign,
     each factor only where given (an empty pre, post or scale: none; mult 1: none), in that order
-    of operations (the signs' products are exact)."""
-    n_rows, d = x.shape
+    of operations (the signs' products are exact). d: x's row length (a literal: by_length)."""
+    n_rows = x.shape[0]
     buf = np.empty(d, x.dtype)
     use_pre, use_post, use_scale, use_mult = pre.shape[0] > 0, post.shape[0] > 0, scale.shape[0] > 0, mult != 1
     for r in range(n_rows):
@@ -204,6 +204,9 @@ def _hadamard_rows(x, first_row, pre, post, per_sign, div, mult, scale, out):  #
             if use_scale:
                 v = v * scale[r]
             out[r, i] = v
+
+
+_hadamard_rows_by_length = by_length(_hadamard_rows, 1)
 
 
 def _sign_rows(signs: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype) -> np.ndarray:
@@ -230,6 +233,6 @@ def hadamard(x: torch.Tensor, *, normalize: bool = True, pre: torch.Tensor | Non
         p, q = _sign_rows(pre, shape, x.dtype), _sign_rows(post, shape, x.dtype)
         sc = np.empty(0, dtype=xr.dtype) if scale is None else scale.to(x.dtype).reshape(-1).contiguous().numpy()
         per_sign, div, m = shape[-2] if x.dim() >= 2 else 1, kind(math.sqrt(d) if normalize else 1.0), kind(mult)
-        by_row_blocks(xr.shape[0], x.numel(), lambda a, b: _hadamard_rows(
-            xr[a:b], a, p, q, per_sign, div, m, sc[a:b] if sc.shape[0] else sc, o[a:b]))
+        by_row_blocks(xr.shape[0], x.numel(), lambda a, b: _hadamard_rows_by_length(
+            xr[a:b], d, a, p, q, per_sign, div, m, sc[a:b] if sc.shape[0] else sc, o[a:b]))
     return out

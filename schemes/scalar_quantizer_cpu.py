@@ -17,7 +17,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from kvcommon.compiled import FLAT_JIT, JIT, by_row_blocks, row_view
-from kvcommon.vectors_cpu import by_size, counted_loop, gather, halved, has_feature, joined, load_vector, splat, store_vector
+from kvcommon.vectors_cpu import by_length, by_size, counted_loop, gather, halved, has_feature, joined, literal_sizes, load_vector, splat, store_vector
 
 # Up to this many thresholds (5-bit codebooks) a row is coded by counting the thresholds below
 # each element (_count_blocks: a block of 8 elements against each threshold in turn, the count in
@@ -344,7 +344,7 @@ def searches_in_registers(context, builder, sa, vectors: list, width: int) -> li
 COUNTED_ROWS = (64, 128, 256)
 
 
-@intrinsic
+@intrinsic(prefer_literal=True)
 def _count_in_registers(typingctx, y, n, t, q):
     """_count_blocks for a whole row of n entries, one of COUNTED_ROWS (any other: nothing is
     written), held in registers (counts_in_registers; code for each length: by_size). y, t, q
@@ -362,18 +362,17 @@ def _count_in_registers(typingctx, y, n, t, q):
             for c, i in zip(codes, at, strict=True):
                 store_vector(context, builder, c, qa, i)
             return []
-        by_size(builder, args[1], COUNTED_ROWS, build)
+        by_size(builder, args[1], literal_sizes(n, COUNTED_ROWS), build)
         return context.get_dummy_value()
     return types.void(y, n, t, q), codegen
 
 
 @numba.jit(**FLAT_JIT)
-def _count_row(y, t, q):  # pragma: no cover - compiled
-    """q[i] = #{j : t[j] < y[i]} for the n = len(y) elements of a row (NaN: len(t), the top index
+def _count_row(y, n, t, q):  # pragma: no cover - compiled
+    """q[i] = #{j : t[j] < y[i]} for the n elements of a row y (n = len(y), a literal where the caller's is; NaN: len(t), the top index
     bucketize gives it); q's entries past n are left alone. Rows of 64, 128 and 256 in registers
     (_count_in_registers), others in whole blocks of 8 by _count_blocks and the rest one by one.
     y, t, q contiguous."""
-    n = y.shape[0]
     if n == 64 or n == 128 or n == 256:                 # COUNTED_ROWS
         _count_in_registers(y, n, t, q)
         return
@@ -388,15 +387,19 @@ def _count_row(y, t, q):  # pragma: no cover - compiled
 
 
 @numba.jit(**JIT)
-def _count_rows(y, t, width, codes, packed):  # pragma: no cover - compiled
-    """codes[r] = _count_row of y[r] and packed[r] the row's codes packed."""
-    n_rows, n = y.shape
+def _count_rows(y, n, t, width, codes, packed):  # pragma: no cover - compiled
+    """codes[r] = _count_row of y[r] and packed[r] the row's codes packed; n: y's row length (a
+    literal: by_length)."""
+    n_rows = y.shape[0]
     q = np.zeros(-(-n // 8) * 8, np.int32)
     for r in range(n_rows):
-        _count_row(y[r], t, q)
+        _count_row(y[r], n, t, q)
         for i in range(n):
             codes[r, i] = q[i]
         _pack_row(q, width, packed[r])
+
+
+_count_rows_by_length = by_length(_count_rows, 1)
 
 
 class GridCodes:
@@ -784,7 +787,7 @@ def count_pack(y: torch.Tensor, thresholds: torch.Tensor, width: int,
     if y.numel():
         yr, t, cr, pr = row_view(y), thresholds.detach().contiguous().numpy(), row_view(codes), row_view(packed)
         by_row_blocks(yr.shape[0], y.numel(),
-                       lambda a, b: _count_rows(yr[a:b], t, width, cr[a:b], pr[a:b]))
+                       lambda a, b: _count_rows_by_length(yr[a:b], yr.shape[1], t, width, cr[a:b], pr[a:b]))
     return packed, codes
 
 

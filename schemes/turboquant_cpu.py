@@ -48,7 +48,7 @@ from numba.core.extending import intrinsic
 from kvcommon import compiled
 from kvcommon.compiled import FLAT_JIT, by_row_blocks
 from kvcommon.quotients_cpu import divide, in_range_sums, quotients, reciprocal, scaled
-from kvcommon.vectors_cpu import by_size, intrinsic_name, lane_total, load_vector, splat, store_vector, vector_registers
+from kvcommon.vectors_cpu import by_length, by_size, intrinsic_name, literal_sizes, lane_total, load_vector, splat, store_vector, vector_registers
 from kvcommon.vector_norm_cpu import _sum_squares, norm_order
 
 from . import qjl, scalar_quantizer
@@ -142,7 +142,7 @@ def _unit_rotated_rows(typingctx, x, first, count, d, signs, s0, s1, div, one, y
                         store_vector(context, builder, code, qa, i)
             return [value for r in range(rows) for value in (peaks[r], sigmas[r])]
         zero = llvmlite.ir.Constant(element, 0.0)
-        values = by_size(builder, args[3], REGISTER_ROWS, build, [zero] * (2 * rows))
+        values = by_size(builder, args[3], literal_sizes(d, REGISTER_ROWS), build, [zero] * (2 * rows))
         return context.make_tuple(builder, signature.return_type, values)
     return types.UniTuple(x.dtype, 2 * rows)(x, first, count, d, signs, s0, s1, div, one, y, t, q, width), codegen
 
@@ -154,7 +154,7 @@ def _row_places(builder, array, row, n: int) -> list:
     return [builder.add(start, llvmlite.ir.Constant(int64, 8 * k)) for k in range(n)]
 
 
-@intrinsic
+@intrinsic(prefer_literal=True)
 def _unit_row(typingctx, x, r, d, one, u, slot):
     """Step 1 of the module docstring for row r of x (n, d: d one of hadamard_cpu.REGISTER_ROWS,
     else nothing is written and zeros returned), held in registers as _unit_rotated_rows holds
@@ -175,7 +175,7 @@ def _unit_row(typingctx, x, r, d, one, u, slot):
                 store_vector(context, builder, value, ua, i)
             return [peaks[0], sigmas[0]]
         zero = llvmlite.ir.Constant(element, 0.0)
-        return context.make_tuple(builder, signature.return_type, by_size(builder, args[2], REGISTER_ROWS, build, [zero] * 2))
+        return context.make_tuple(builder, signature.return_type, by_size(builder, args[2], literal_sizes(d, REGISTER_ROWS), build, [zero] * 2))
     return types.UniTuple(x.dtype, 2)(x, r, d, one, u, slot), codegen
 
 
@@ -208,7 +208,7 @@ def _coded_row(typingctx, u, slot, d, signs, s, sigma, div, one, t, q, r, width)
             start = builder.mul(args[10], builder.extract_value(qa.shape, 1))
             store_packed(builder, codes, bits, builder.gep(qa.data, [start]))
             return []
-        by_size(builder, args[2], REGISTER_ROWS, build)
+        by_size(builder, args[2], literal_sizes(d, REGISTER_ROWS), build)
         return context.get_dummy_value()
     return types.void(u, slot, d, signs, s, sigma, div, one, t, q, r, width), codegen
 
@@ -345,7 +345,7 @@ def _decoded_row(typingctx, packed, d, width, table, entries, folded, div, signs
                 at = llvmlite.ir.Constant(int64, 8 * g)
                 store_vector(context, builder, scaled(builder, value, load_vector(context, builder, sa, at, vector), m), oa, at)
             return []
-        by_size(builder, args[1], DECODED_ROWS, build)
+        by_size(builder, args[1], literal_sizes(d, DECODED_ROWS), build)
         return context.get_dummy_value()
     return types.void(packed, d, width, table, entries, folded, div, signs, m, out), codegen
 
@@ -387,7 +387,7 @@ def _scaled_row(xr, bits, mask, held, held_bits, one, lanes, fma_tail, acc, out)
 
 
 @numba.jit(**FLAT_JIT)
-def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
+def _encode_rows(x, d, x_bits, mask, held, held_bits, first_row, per_sign, signs, one, div, lanes, fma_tail,
                  in_registers, paired,
                  width, t, use_grid, lo, hi, inv_h, origin, g_first, g_cand, centroids,
                  sketch, sketch_signs, mult,
@@ -403,8 +403,9 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
     (lanes), q (2, d rounded up to 8) and bits (d rounded up to 8) int32: the caller's scratch (one
     set a thread: the loop allocates nothing). Rows are held in registers where `in_registers`
     (_in_registers), two at a time where `paired` (paired_rows), else one at a time
-    (_unit_rotated_rows); 1-bit codes of such rows without a sketch are packed there too."""
-    n_rows, d = x.shape
+    (_unit_rotated_rows); 1-bit codes of such rows without a sketch are packed there too. d: x's row
+    length (a literal: by_length)."""
+    n_rows = x.shape[0]
     counted = width >= 1 and not use_grid
     packs_bits = in_registers and width == 1 and not sketch
     r = 0
@@ -447,7 +448,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
                 if use_grid:
                     _grid_row(yr, lo, hi, inv_h, origin, g_first, g_cand, qr)
                 elif not in_registers:
-                    _count_row(yr, t, qr)
+                    _count_row(yr, d, t, qr)
                 _pack_row(qr, width, packed[row])
             if sketch:
                 # 4. the residual, its norm, its signs under the sketch's RHT (×√d: the ±1 H)
@@ -469,7 +470,7 @@ def _encode_rows(x, x_bits, mask, held, held_bits, first_row, per_sign, signs, o
 
 
 @numba.jit(**FLAT_JIT)
-def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, packed, u):  # pragma: no cover - compiled
+def _packed_rows(x, d, first_row, per_sign, signs, one, div, width, table, norms, packed, u):  # pragma: no cover - compiled
     """_encode_rows for rows held one at a time in registers (d one of REGISTER_ROWS, no sketch)
     whose codes are found and packed in registers: norms[r] and packed[r]. 1-bit codes by their
     one threshold, table the thresholds (x's dtype); codes of a width in SEARCHED_WIDTHS (2..6;
@@ -483,8 +484,8 @@ def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, p
     103 -> 89 and 74 -> 59; d = 256, whose rows spill from the registers anyway, 359 -> 312 and
     241 -> 229 with u through memory). u (2, d): scratch in x's dtype. A loop of its own: one compiled with _encode_rows' other paths ran those up to 1.3x
     slower (one thread, d = 128, 1- and 2-bit codes, on an AVX2 EPYC), the tables held across the
-    whole loop."""
-    n, d = x.shape
+    whole loop. d: x's row length (a literal: by_length)."""
+    n = x.shape[0]
     if n == 0:
         return
     peak, sigma = _unit_row(x, 0, d, one, u, 0)
@@ -514,7 +515,7 @@ def _packed_rows(x, first_row, per_sign, signs, one, div, width, table, norms, p
 
 
 @numba.jit(**FLAT_JIT)
-def _decode_rows(packed, centroids, lookup, width, norms, first_row, per_sign, signs, one, div,
+def _decode_rows(packed, d, centroids, lookup, width, norms, first_row, per_sign, signs, one, div,
                  sketch, sketch_bits, residual_norms, sketch_signs, scale, mult, out, y, c, held, fused):  # pragma: no cover - compiled
     """out[r] (d) = s ⊙ H(ŷ)/√d · norms[r] with ŷ the centroids of packed[r]'s codes (0 at width
     0), plus with `sketch` the correction (scale·residual_norms[r]) · (H(2·bit − 1 of
@@ -522,8 +523,8 @@ def _decode_rows(packed, centroids, lookup, width, norms, first_row, per_sign, s
     Signs as in _encode_rows; one, div = √d, scale = √(π/2)/d and mult = √d in out's dtype; y, c
     (d) and held (2: the float32 norms in out's dtype, as .to(dtype) gives them) the caller's
     scratch; fused: rows of 64..256 without a sketch may take _decoded (the codebook passed
-    quotients_cpu.in_range_sums), with `lookup` as their table (the centroids, or their folded_table)."""
-    n_rows, d = out.shape
+    quotients_cpu.in_range_sums), with `lookup` as their table (the centroids, or their folded_table). d: out's row length (a literal: by_length)."""
+    n_rows = out.shape[0]
     zero, minus_one = one - one, -one
     in_registers = fused and width >= 1 and not sketch and 64 <= d <= REGISTER_ROW_MAX
     for r in range(n_rows):
@@ -549,6 +550,10 @@ def _decode_rows(packed, centroids, lookup, width, norms, first_row, per_sign, s
                 y[i] = y[i] + factor * (((c[i] / div) * mult) * ss[i])
         held[1] = norms[r]
         transform(y, d, div, signs[s], held[1], out[r])
+
+
+_encode_rows_by_length, _packed_rows_by_length, _decode_rows_by_length = (
+    by_length(loop, 1) for loop in (_encode_rows, _packed_rows, _decode_rows))
 
 
 def takes(dim: int, dtype: torch.dtype) -> bool:
@@ -645,12 +650,12 @@ def encode(x: torch.Tensor, signs: torch.Tensor, width: int, book, sketch_signs:
 
     def run(start, stop):
         if searching or gridding or one_bit:
-            _packed_rows(xr[start:stop], start, n, sr, one, root, width,
+            _packed_rows_by_length(xr[start:stop], d, start, n, sr, one, root, width,
                          t if one_bit else searched if searching else register_grid,
                          nr[start:stop], pr[start:stop], np.empty((2, d), xr.dtype))
             return
         held = np.zeros(1, xr.dtype)                        # one per thread
-        _encode_rows(xr[start:stop], xr[start:stop].view(as_int), mask, held, held.view(as_int),
+        _encode_rows_by_length(xr[start:stop], d, xr[start:stop].view(as_int), mask, held, held.view(as_int),
                      start, n, sr, one, root, lanes, fma_tail, in_registers, paired,
                      width, t, use_grid, *g, c, sketch, kr, root,
                      nr[start:stop], pr[start:stop], rr[start:stop] if sketch else rr,
@@ -710,7 +715,7 @@ def decode(shape: tuple[int, int, int, int], dtype: torch.dtype, norms: torch.Te
         br, rr, kr = _nothing(np.uint8, (0, 1)), _nothing(np.float32, (0,)), _sign_rows(None, dtype, d)
 
     def run(start, stop):
-        _decode_rows(pr[start:stop] if width >= 1 else pr, c, lookup, width, nr[start:stop], start, n, sr, one, root,
+        _decode_rows_by_length(pr[start:stop] if width >= 1 else pr, d, c, lookup, width, nr[start:stop], start, n, sr, one, root,
                      sketch is not None, br[start:stop] if sketch is not None else br,
                      rr[start:stop] if sketch is not None else rr, kr, scale, root, o[start:stop],
                      np.empty(d, o.dtype), np.empty(d, o.dtype), np.empty(2, o.dtype), fused)

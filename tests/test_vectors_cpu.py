@@ -15,6 +15,7 @@ import llvmlite.binding
 import pytest
 
 from kvcommon.vectors_cpu import has_feature
+from schemes.hadamard_cpu import REGISTER_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,3 +33,41 @@ def test_the_avx2_paths_give_the_same_bits_on_an_avx512_cpu():
                           "tests/test_turboquant_cpu.py::test_every_row_length_of_the_register_pass_gives_the_chains_bits",
                           "-k", "not dtype1"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+
+_BY_LENGTH_PROBE = """
+import sys
+import numpy as np
+from numba import types
+from schemes import hadamard_cpu
+
+d = int(sys.argv[1])
+rng = np.random.default_rng(d)
+x = rng.standard_normal((5, d)).astype(np.float32)
+signs = np.where(rng.random((1, d)) < 0.5, -1.0, 1.0).astype(np.float32)
+args = (1, signs, signs, 5, np.float32(np.sqrt(d)), np.float32(1.0), np.empty(0, np.float32))
+by_length, plain = np.empty_like(x), np.empty_like(x)
+hadamard_cpu._hadamard_rows_by_length(x, d, *args, by_length)
+hadamard_cpu._hadamard_rows(x, d, *args, plain)
+ir = {str(s[1]): hadamard_cpu.transform.inspect_llvm(s) for s in hadamard_cpu.transform.signatures}
+print(by_length.tobytes() == plain.tobytes())
+for kind in (str(types.literal(d)), str(types.int64)):
+    print(" ".join(str(n) for n in hadamard_cpu.REGISTER_ROWS if f"size.{n}:" in ir[kind]))
+"""
+
+
+@pytest.mark.parametrize("d", [16, 128])
+def test_a_loop_called_by_length_compiles_that_length_alone_with_the_same_bits(d, tmp_path):
+    """hadamard_cpu._hadamard_rows through by_length: the transform below it is compiled with d as
+    a literal and holds the register code of that row length alone (by_size's block `size.<d>`),
+    where the plain dispatcher's (d an int64) holds every length's; the outputs are the same bits.
+    In a process of its own with an empty numba cache (cached code cannot be inspected)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    seen = subprocess.run([sys.executable, "-c", _BY_LENGTH_PROBE, str(d)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert seen.returncode == 0, seen.stderr[-3000:]
+    same, literal, every = seen.stdout.splitlines()
+    assert same == "True"
+    assert literal == str(d)
+    assert every.split() == [str(n) for n in REGISTER_ROWS]
