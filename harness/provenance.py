@@ -1,7 +1,10 @@
-"""What a run records about where it ran: versions, git SHA, device, host, times."""
+"""What a run records about where it ran and on what: versions, git SHA, device, host, times,
+and a digest of every input file its scenarios read (replay captures, fitted specs), so that a
+resume on a changed file is refused (check_inputs) instead of mixing two files' trials in a cell."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import platform
 import subprocess
 from importlib import metadata
@@ -10,6 +13,8 @@ from pathlib import Path
 import numpy
 import scipy
 import torch
+
+from .store import InputChanged
 
 
 def now() -> str:
@@ -46,3 +51,45 @@ def provenance(device: torch.device) -> dict:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def input_files(scenario_names) -> dict[str, Path]:
+    """The files a sweep's scenarios read: the source of each parametric scenario that names a
+    file (replay:FILE, fitted:SPEC.json, a plug-in's PREFIX:FILE), keyed by the source as named
+    (relative to the working directory, as the scenario opens it)."""
+    import scenarios
+    files = {}
+    for name in scenario_names:
+        cls, source, _ = scenarios.parse(name)
+        if getattr(cls, "parametric", False) and source and Path(source).is_file():
+            files[source] = Path(source)
+    return files
+
+
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def input_digests(scenario_names) -> dict[str, dict]:
+    """{source: {"sha256", "bytes"}} of every input file (input_files), for the manifest's `inputs`."""
+    return {source: {"sha256": sha256(path), "bytes": path.stat().st_size}
+            for source, path in input_files(scenario_names).items()}
+
+
+def check_inputs(manifest: dict, scenario_names) -> None:
+    """InputChanged (one line naming the file) when an input file's sha256 differs from the one the
+    manifest recorded when the run began. A manifest written before inputs were recorded (no
+    `inputs`), or a file it does not name, is not checked: older runs still resume."""
+    recorded = manifest.get("inputs")
+    if not isinstance(recorded, dict):
+        return
+    for source, path in input_files(scenario_names).items():
+        then = recorded.get(source)
+        if not isinstance(then, dict) or not isinstance(then.get("sha256"), str):
+            continue
+        digest = sha256(path)
+        if digest != then["sha256"]:
+            raise InputChanged(f"input file {source} is not the one this run began with (sha256 {then['sha256'][:12]}... "
+                               f"in manifest.json, {digest[:12]}... now): resuming would mix trials of two files in "
+                               f"one cell; put the original back, or run again into a new --out")

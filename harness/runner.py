@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from .cell import SEED_RULE, CellFailure, family_seeded, run_serial, trial_memory_bytes
 from .devices import available_memory_bytes, resolve_device, resolve_dtype
 from .errors import UsageError
-from .provenance import now, provenance
+from .provenance import check_inputs, input_digests, now, provenance
 from .store import LOCK_FILE, MANIFEST_FILE, RunStore, StoreError
 from .sweep import Cell, SweepConfig
 
@@ -84,6 +84,7 @@ def check_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None:
             raise RunConflict(f"{store.directory} was written under seed rule {rule} (scheme seeds keyed by name); "
                               f"this kvharness keys {', '.join(changed)} by family (rule {SEED_RULE}), so resuming "
                               f"would mix rows of two seed rules; choose another --out")
+        check_inputs(manifest or {}, config.scenarios)   # InputChanged: a replay/fitted file is not the run's
         store.check_integrity()
         store.check_writable()
 
@@ -97,6 +98,7 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
         store.write_manifest(manifest)
         return
     store.write_manifest({"config": config.to_json(), "provenance": provenance(resolve_device(config.device)),
+                          "inputs": input_digests(config.scenarios),   # sha256 of replay/fitted files
                           "seed_rule": SEED_RULE, "started_at": now(), "finished_at": None})
 
 def completion(store: RunStore) -> tuple[int, int] | None:

@@ -13,10 +13,22 @@ it (check_integrity: PRAGMA quick_check), and one run at a time writes a directo
 A store written before calib_tokens was part of a cell (its `cells` table lacks the column)
 is migrated when opened for writing (RunStore._connect); one written before a column of
 rows.ADDED_COLUMNS existed gains it (NULL in the old rows) on open, and reads back with it as NaN.
+
+The store knows its own integrity (RunStore.damage): every trial row is accounted for by a commit
+of the run — a finished cell holds trials 0 .. n_trials-1 of its `cells` row, each once; an
+unfinished cell the trials of its `chunks` entries, each once; every cell is one of the
+manifest's configuration. What a hand edit breaks is named per cell: *missing* trials (rows
+deleted: the cell counts as unfinished, readers say so and `--resume` recomputes them),
+*duplicated* and *orphaned* rows (a trial stored twice; a row no commit wrote; a cell the run
+does not have). Readers refuse duplicated and orphaned rows of a finished cell (DamagedRows),
+never averaging them in; a resume recomputes each damaged cell from its last sound chunk on
+(stored_trials, writing). Text or blobs in a numeric column, a manifest whose config is not the
+object a run writes, and a `.lock` that is no file are refused in one line as well.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -101,6 +113,81 @@ class ReadOnlyStore(StoreError):
     """results.sqlite cannot be written (a --resume checks before it writes anything)."""
 
 
+class DamagedRows(StoreError):
+    """Rows a run never writes: duplicated or orphaned trials, text or a blob in a numeric column,
+    a cell outside the run's configuration (RunStore.damage, module doc)."""
+
+
+class LockFileError(StoreError):
+    """The directory's .lock is not a file a run can lock (a directory, say)."""
+
+
+class InputChanged(StoreError):
+    """An input file of the run (a replay capture, a fitted spec) is not the one the run began
+    with (harness.provenance.check_inputs)."""
+
+
+class UnusableStore(StoreError):
+    """The stored values cannot answer what a command asks (no finished cell with finite values;
+    too few trials to test)."""
+
+
+# A manifest field's annotation in harness.sweep.SweepConfig -> the words for what it must be.
+_JSON_WORDS = {"int": "an integer", "str": "a string", "dict": "an object", "None": "null",
+               "tuple[int, ...]": "a list of integers", "tuple[str, ...]": "a list of strings"}
+
+
+def _json_fits(annotation: str, value) -> bool:
+    """Whether a JSON value is what a SweepConfig field of this annotation (a string: the module
+    uses postponed annotations) reads back: 'int', 'str | None', 'tuple[int, ...]', ...; an
+    annotation of another form is not checked."""
+    for option in (a.strip() for a in annotation.split("|")):
+        if option == "None" and value is None:
+            return True
+        if option == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if option == "str" and isinstance(value, str):
+            return True
+        if option == "dict" and isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+            return True
+        if option.startswith("tuple[") and isinstance(value, list):
+            if all(_json_fits(option[len("tuple["):].split(",")[0], x) for x in value):
+                return True
+        if option not in _JSON_WORDS and not option.startswith("tuple["):
+            return True
+    return False
+
+
+def _manifest_problem(manifest: dict) -> str | None:
+    """What makes a manifest's JSON object other than a run writes it (its config an object of
+    SweepConfig's fields, each of its type; resumed_at a list; inputs an object), or None. A
+    config written by an older version (fields added since absent, calib_tokens one integer)
+    is what a run wrote."""
+    from .sweep import SweepConfig
+    for name, kind in (("resumed_at", list), ("inputs", dict)):
+        if name in manifest and not isinstance(manifest[name], kind):
+            return f"its {name} is a JSON {type(manifest[name]).__name__}, not {'a list' if kind is list else 'an object'}"
+    if "config" not in manifest:
+        return None
+    config = manifest["config"]
+    if not isinstance(config, dict):
+        return f"its config is a JSON {'null' if config is None else type(config).__name__}, not an object"
+    fields = {f.name: f for f in dataclasses.fields(SweepConfig)}
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        return f"its config holds the unknown field(s) {', '.join(unknown[:4])}; valid: {', '.join(fields)}"
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING and n not in config]
+    if required:
+        return f"its config lacks the field(s) {', '.join(required)}"
+    for name, value in SweepConfig.upgrade_json(config).items():
+        annotation = str(fields[name].type)
+        if not _json_fits(annotation, value):
+            words = " or ".join(_JSON_WORDS.get(a.strip(), a.strip()) for a in annotation.split("|"))
+            return f"its config field {name} is {json.dumps(value)[:40]}, not {words}"
+    return None
+
+
 # what sqlite's messages about a damaged file contain, and the message
 _DAMAGED = {"malformed": "database disk image is malformed", "not a database": "file is not a database"}
 
@@ -130,6 +217,108 @@ def _chunks_schema() -> str:
             f"PRIMARY KEY ({', '.join(CELL_COLUMNS)}, first_trial))")
 
 
+def cell_name(cell: tuple) -> str:
+    """A cell key as one word, scenario/scheme/budget/dim/seq_len/queries/calib_tokens."""
+    return "/".join(map(str, cell))
+
+
+def _ranges(trials: Iterable[int], most: int = 6) -> str:
+    """Trial indices as '3, 5, 7-9' (the first `most` runs, then '...')."""
+    runs: list[list[int]] = []
+    for t in sorted(trials):
+        if runs and t == runs[-1][1] + 1:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t])
+    words = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most]]
+    return ", ".join(words) + (", ..." if len(runs) > most else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class CellDamage:
+    """Trial rows of one cell that the run's commits do not account for (module doc): `kind`
+    'missing' (trials of a finished cell, or of a committed chunk, without their row),
+    'duplicated' (a trial with more than one row), 'orphaned' (a row no commit wrote: a trial
+    outside the cell's finished range or its chunks) or 'outside' (the cell is not one of the
+    manifest's configuration); `finished` whether the cell has its `cells` row."""
+    cell: tuple
+    kind: str
+    trials: tuple[int, ...]
+    finished: bool
+
+    def __str__(self) -> str:
+        n = len(self.trials)
+        what = {"missing": f"lacks the row(s) of trial(s) {_ranges(self.trials)}",
+                "duplicated": f"holds trial(s) {_ranges(self.trials)} more than once",
+                "orphaned": f"holds row(s) of trial(s) {_ranges(self.trials)} that no commit of the run wrote",
+                "outside": f"is not a cell of the run's configuration (manifest.json) yet holds rows of {n} trial(s)"}
+        return f"cell {cell_name(self.cell)} {what[self.kind]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Survey:
+    """What the store holds, per cell key: `rows` (count, distinct trials, min, max of its trial
+    rows), `finished` (its `cells` row's n_trials), `chunks` (its (first_trial, n_trials) entries
+    in order), `per_trial` ({trial: rows} of the cells not sound or outside the configuration);
+    `expected` the cells of the manifest's configuration and `n_trials` its trials per cell
+    (None without a manifest config)."""
+    rows: dict
+    finished: dict
+    chunks: dict
+    per_trial: dict
+    expected: frozenset | None
+    n_trials: int | None
+
+    def sound(self, key: tuple) -> bool:
+        """A finished cell holding each of its trials 0..n-1 once and nothing else."""
+        n = self.finished.get(key)
+        count, distinct, first, last = self.rows.get(key, (0, 0, None, None))
+        return n is not None and count == distinct == n and (n == 0 or (first == 0 and last == n - 1))
+
+    def walk(self, key: tuple) -> tuple[int, list[int]]:
+        """(k, the first_trial of each chunk entry up to k): trials 0..k-1 are whole chunks, in
+        order from trial 0, each trial of them stored once; a resume keeps these and recomputes
+        the rest of the cell. A cell that would be whole without its `cells` row (k = its trials)
+        recomputes its last chunk, whose commit writes that row."""
+        counts, k, kept = self.per_trial.get(key, {}), 0, []
+        limit = self.n_trials if self.n_trials is not None else float("inf")
+        for first, n in self.chunks.get(key, []):
+            if first != k or n < 1 or first + n > limit or any(counts.get(t) != 1 for t in range(first, first + n)):
+                break
+            kept.append(first)
+            k = first + n
+        if k == limit:
+            k = kept.pop()
+        return k, kept
+
+
+def _classify(survey: _Survey) -> list[CellDamage]:
+    """The CellDamage of every cell the survey holds that is not sound (module doc), in cell order."""
+    found = []
+    for key in sorted(set(survey.rows) | set(survey.finished), key=lambda k: tuple(map(str, k))):
+        counts = survey.per_trial.get(key, {})
+        if survey.expected is not None and key not in survey.expected:
+            if key in survey.rows:
+                found.append(CellDamage(key, "outside", tuple(sorted(counts)), key in survey.finished))
+            continue
+        if survey.sound(key):
+            continue
+        finished = key in survey.finished
+        if finished:
+            n = survey.finished[key]
+            orphaned = [t for t in counts if not 0 <= t < n]
+            missing = [t for t in range(n) if t not in counts]
+        else:
+            covered = {t for first, n in survey.chunks.get(key, []) for t in range(first, first + n)}
+            orphaned = [t for t in counts if t not in covered]
+            missing = [t for t in covered if t not in counts]
+        duplicated = [t for t, n in counts.items() if n > 1]
+        for kind, trials in (("missing", missing), ("duplicated", duplicated), ("orphaned", orphaned)):
+            if trials:
+                found.append(CellDamage(key, kind, tuple(sorted(trials)), finished))
+    return found
+
+
 class RunStore:
     """Single writer of one run directory."""
 
@@ -152,6 +341,10 @@ class RunStore:
         if not isinstance(manifest, dict):
             raise CorruptManifest(f"{path} holds a JSON {type(manifest).__name__}, not the object a run writes; "
                                   f"restore it from a copy, or run again into a new --out")
+        problem = _manifest_problem(manifest)
+        if problem:
+            raise CorruptManifest(f"{path} is not what a run writes ({problem}); restore it from a copy, or run again "
+                                  f"into a new --out")
         return manifest
 
     def write_manifest(self, manifest: dict) -> None:
@@ -205,10 +398,137 @@ class RunStore:
             raise
 
     def finished_cells(self) -> set[tuple]:
+        """The cells that are finished and sound: a `cells` row, and each of its trials stored once
+        (module doc); a cell a hand edit damaged counts as unfinished, so a resume runs it again."""
         if not self.path.exists():
             return set()
-        with self._connect() as con:
-            return {tuple(row) for row in con.execute(f"SELECT {', '.join(CELL_COLUMNS)} FROM cells")}
+        con = self._connect()
+        try:
+            survey = self._survey(con)
+        finally:
+            con.close()
+        return {key for key in survey.finished if survey.sound(key)}
+
+    # --- integrity of the rows (module doc) -----------------------------------------------------
+    def _planned(self) -> tuple[frozenset | None, int | None]:
+        """(the cells of the manifest's configuration, its trials per cell); (None, None) without
+        a manifest or a config in it."""
+        config = (self.read_manifest() or {}).get("config")
+        if config is None:
+            return None, None
+        from .sweep import SweepConfig
+        planned = SweepConfig.from_json(config)
+        return frozenset(cell.key for cell in planned.cells()), planned.trials
+
+    def _survey(self, con: sqlite3.Connection) -> _Survey:
+        """What the store holds per cell (_Survey), read through `con`."""
+        tables = {name: [row[1] for row in con.execute(f"PRAGMA table_info({name})")]
+                  for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        cols = ", ".join(CELL_COLUMNS)
+        rows = {}
+        if "trials" in tables:
+            rows = {tuple(r[:-4]): tuple(r[-4:]) for r in con.execute(
+                f"SELECT {cols}, COUNT(*), COUNT(DISTINCT trial), MIN(trial), MAX(trial) FROM trials GROUP BY {cols}")}
+        finished = {}
+        if "cells" in tables:
+            keyed = [c for c in CELL_COLUMNS if c in tables["cells"]]
+            stored = {tuple(key): n for *key, n in con.execute(f"SELECT {', '.join(keyed)}, n_trials FROM cells")}
+            if len(keyed) == len(CELL_COLUMNS):
+                finished = stored
+            else:   # written before calib_tokens was part of a cell (one calibration size per run then)
+                where = [CELL_COLUMNS.index(c) for c in keyed]
+                finished = {key: stored[short] for key in rows
+                            if (short := tuple(key[i] for i in where)) in stored}
+        chunks: dict[tuple, list] = {}
+        if "chunks" in tables:
+            for *key, first, n in con.execute(f"SELECT {cols}, first_trial, n_trials FROM chunks "
+                                              f"ORDER BY {cols}, first_trial"):
+                chunks.setdefault(tuple(key), []).append((first, n))
+        expected, n_trials = self._planned()
+        survey = _Survey(rows, finished, chunks, {}, expected, n_trials)
+        detail = [key for key in rows if not survey.sound(key) or (expected is not None and key not in expected)]
+        per_trial: dict[tuple, dict] = {}
+        width = "(" + ", ".join("?" * len(CELL_COLUMNS)) + ")"
+        for i in range(0, len(detail), 100):   # sqlite's limit on bound parameters
+            batch = detail[i:i + 100]
+            for *key, trial, n in con.execute(
+                    f"SELECT {cols}, trial, COUNT(*) FROM trials WHERE ({cols}) IN (VALUES {', '.join([width] * len(batch))}) "
+                    f"GROUP BY {cols}, trial", [x for key in batch for x in key]):
+                per_trial.setdefault(tuple(key), {})[trial] = n
+        return dataclasses.replace(survey, per_trial=per_trial)
+
+    def damage(self) -> list[CellDamage]:
+        """Every cell whose rows the run's commits do not account for, one CellDamage per cell and
+        kind (module doc); [] for a sound store or none."""
+        if not self.path.exists():
+            return []
+        with self._reading() as con:
+            return _classify(self._survey(con))
+
+    def check_trials(self) -> list[str]:
+        """DamagedRows (one line, the first damaged cell and how many more) where a finished cell
+        holds duplicated or orphaned rows or a cell is outside the configuration: no reader may
+        average them in. Otherwise the lines naming the finished cells whose trials are missing:
+        they are read as unfinished (trials() leaves them out) and a --resume recomputes them."""
+        found = self.damage()
+        self._refuse(found)
+        return [f"{d}: it is left out as unfinished; harness run ... --resume recomputes the missing trials"
+                for d in found if d.finished and d.kind == "missing"]
+
+    def check_reportable(self) -> None:
+        """UnusableStore (one line naming the first cell) when no finished cell holds the finite
+        values a report reads (stats.findings: the error point and the storage, every trial), so
+        there is nothing to report; where some do, the report leaves the others out and names each."""
+        from stats.equal_storage import storage_column
+        from stats.findings import ESTIMATED, PRIMARY
+        from stats.finite import finite_cells
+        from stats.metrics import SIX_D
+        trials = self.trials()
+        if trials.empty:
+            return
+        required = (PRIMARY,) + tuple(m for m in SIX_D if m != PRIMARY) + ("bits_per_element", storage_column(trials))
+        usable, left_out = finite_cells(trials, required, tuple(m for m in ESTIMATED if m not in required))
+        if usable.empty:
+            raise UnusableStore(f"{self.path}: no finished cell has finite values to report ({len(left_out)} left out; "
+                                f"first {left_out[0].removeprefix('left out: ')}); a run stores finite metrics only: "
+                                f"restore the store from a copy, or run again into a new --out")
+
+    def _refuse(self, found: list[CellDamage]) -> None:
+        bad = [d for d in found if d.kind == "outside" or (d.finished and d.kind in ("duplicated", "orphaned"))]
+        if not bad:
+            return
+        more = f" (and {len(bad) - 1} more damaged cell(s))" if len(bad) > 1 else ""
+        if bad[0].kind == "outside":
+            advice = "remove its rows, or restore the store from a copy (a run cannot recompute a cell it does not have)"
+        else:
+            advice = ("no run writes that (a hand edit?); harness run ... --resume with the run's flags recomputes "
+                      "the cell, or restore the store from a copy")
+        raise DamagedRows(f"{self.path}: {bad[0]}{more}; {advice}")
+
+    def _check_values(self, con: sqlite3.Connection) -> None:
+        """DamagedRows (one line naming the column, cell and trial) where a numeric column of
+        `trials` (or diagnostics' value) holds text or a blob: sqlite keeps what a REAL column
+        cannot convert as it was given, and no run stores that."""
+        for table, key in (("trials", CELL_COLUMNS + ("trial",)), (DIAGNOSTICS_TABLE, CELL_COLUMNS + ("trial", "name"))):
+            present = [row[1] for row in con.execute(f"PRAGMA table_info({table})")]
+            numeric = [c for c in present if c not in TEXT_COLUMNS and c != "name"]
+            if not numeric or not all(c in present for c in key):
+                continue
+            bad = " OR ".join(f"typeof({c}) IN ('text', 'blob')" for c in numeric)
+            found = con.execute(f"SELECT {', '.join(key)}, {', '.join(f'typeof({c})' for c in numeric)}, "
+                                f"{', '.join(numeric)} FROM {table} WHERE {bad} LIMIT 1").fetchone()
+            if found is None:
+                continue
+            n = con.execute(f"SELECT COUNT(*) FROM {table} WHERE {bad}").fetchone()[0]
+            kinds, values = found[len(key):len(key) + len(numeric)], found[len(key) + len(numeric):]
+            i = next(i for i, kind in enumerate(kinds) if kind in ("text", "blob"))
+            shown = repr(values[i][:20]) if kinds[i] == "text" else f"{len(values[i])} bytes"
+            where = f"trial {found[len(CELL_COLUMNS)]} of cell {cell_name(found[:len(CELL_COLUMNS)])}"
+            if table == DIAGNOSTICS_TABLE:
+                where = f"diagnostic {found[len(key) - 1]} of {where}"
+            raise DamagedRows(f"{self.path}: column {numeric[i]} of {table} holds {kinds[i]} ({shown}) in {where}"
+                              f"{f' and {n - 1} more row(s)' if n > 1 else ''}, not a number; a run stores numbers "
+                              f"there: restore the store from a copy, or run again into a new --out")
 
     def write_cell(self, cell: tuple, rows: Iterable[dict], *, wall_s: float, finished_at: str,
                    peak_mem_mb: float | None = None) -> None:
@@ -227,11 +547,13 @@ class RunStore:
     def writing(self):
         """Within the block, write_chunk commits through one connection, opened (and the tables
         made or migrated) once, instead of one connection per chunk: a run's thousands of chunks
-        each paid the opening and schema checks. Each chunk is still its own transaction."""
+        each paid the opening and schema checks. Each chunk is still its own transaction. On
+        entry the rows of damaged cells past their resume point go (_drop_unsound)."""
         con = self._connect()
         try:
             con.execute(_chunks_schema())
             con.commit()
+            self._drop_unsound(con)
             self._writer = con
             yield self
         finally:
@@ -273,25 +595,45 @@ class RunStore:
                 con.close()
 
     def stored_trials(self) -> dict[tuple, int]:
-        """Trials stored per cell, finished or not (cell key -> n): a cell's stored trials are
-        always 0 .. n-1, its chunks being committed in order; CorruptStore where they are not."""
+        """Per cell holding rows, the trial a run continues it from: a sound finished cell's
+        n_trials; any other cell's first trial after its whole, sound chunks (_Survey.walk), so
+        a cell a hand edit damaged (rows missing, duplicated or orphaned; its `cells` row
+        deleted) is recomputed from its last sound chunk on; writing() removes the rest of its rows
+        before the first commit. Chunks are committed in order, so an interrupted cell continues
+        from its first missing trial."""
         if not self.path.exists():
             return {}
         with self._reading() as con:
-            cols = ", ".join(CELL_COLUMNS)
-            counts = con.execute(f"SELECT {cols}, COUNT(*), MIN(trial), MAX(trial) FROM trials GROUP BY {cols}")
-            out = {}
-            for *key, n, first, last in counts:
-                if first != 0 or last != n - 1:
-                    raise CorruptStore(f"{self.path}: cell {'/'.join(map(str, key))} holds {n} trials that are not "
-                                       f"trials 0..{n - 1}; this store was not written by harness run alone")
-                out[tuple(key)] = n
-            return out
+            survey = self._survey(con)
+        return {key: survey.finished[key] if survey.sound(key) else survey.walk(key)[0] for key in survey.rows}
+
+    def _drop_unsound(self, con: sqlite3.Connection) -> None:
+        """In one transaction, of each cell of the configuration that is not sound, the rows,
+        chunk entries and `cells` row past the trial stored_trials continues it from: what a
+        resume then computes is all the cell lacks, and nothing it holds is counted twice."""
+        survey = self._survey(con)
+        match = " AND ".join(f"{c} = ?" for c in CELL_COLUMNS)
+        extra = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                            (DIAGNOSTICS_TABLE,)).fetchone()
+        with con:
+            for key in set(survey.rows) | set(survey.finished) | set(survey.chunks):
+                if survey.sound(key) or (survey.expected is not None and key not in survey.expected):
+                    continue
+                k, kept = survey.walk(key)
+                if any(not 0 <= t < k for t in survey.per_trial.get(key, {})):
+                    for table in ("trials",) + ((DIAGNOSTICS_TABLE,) if extra else ()):
+                        con.execute(f"DELETE FROM {table} WHERE {match} AND (trial >= ? OR trial < 0)", (*key, k))
+                for first, _ in survey.chunks.get(key, []):
+                    if first not in kept:
+                        con.execute(f"DELETE FROM chunks WHERE {match} AND first_trial = ?", (*key, first))
+                if key in survey.finished:
+                    con.execute(f"DELETE FROM cells WHERE {match}", key)
 
     def check_integrity(self) -> None:
         """CorruptStore (one line naming the file) unless PRAGMA quick_check finds the store sound;
         ForeignStore unless it is a regular file whose tables are a kvharness store's (or it has
-        no table yet); nothing to check where there is no store yet."""
+        no table yet); DamagedRows where a numeric column holds text or a blob, or trials belong
+        to a cell outside the manifest's configuration; nothing to check where there is no store yet."""
         if not self.path.exists():
             return
         if not self.path.is_file():
@@ -313,6 +655,18 @@ class RunStore:
                 raise ForeignStore(f"{self.path}: its {table} table lacks the column(s) {', '.join(missing[:4])}"
                                    f"{' ...' if len(missing) > 4 else ''}: another program's table, not a kvharness "
                                    f"store; nothing was changed; give a run directory (or another --out)")
+        if "trials" not in tables:
+            return
+        with self._reading() as con:
+            self._check_values(con)
+            expected, _ = self._planned()
+            if expected is None:
+                return
+            cols = ", ".join(CELL_COLUMNS)
+            outside = [CellDamage(tuple(key), "outside", tuple(range(n)), False) for *key, n in
+                       con.execute(f"SELECT {cols}, COUNT(DISTINCT trial) FROM trials GROUP BY {cols}")
+                       if tuple(key) not in expected]
+        self._refuse(outside)
 
     def check_writable(self) -> None:
         """ReadOnlyStore (one line) when sqlite cannot write results.sqlite (a read-only file,
@@ -353,14 +707,15 @@ class RunStore:
     @contextlib.contextmanager
     def lock(self, refusals: tuple[type[Exception], ...] = (StoreError, ValueError)):
         """Hold the directory's lock file (flock) for the life of the block: StoreLocked at once
-        when another process holds it. Creates the directory if needed. A run refused inside the
-        block (one of `refusals`) removes the lock file when it made it, so a refusal leaves
-        nothing in a directory; it unlinks the file while holding it, and a process that locked
-        the file before it was unlinked sees that the path no longer names it and locks afresh."""
+        when another process holds it; LockFileError when the lock file is a directory or another
+        thing no run can lock. Creates the directory if needed. A run refused inside the block (one
+        of `refusals`) removes the lock file, whether it made it or an earlier run left it there,
+        so a refusal leaves no lock behind; it unlinks the file while holding it, and a process that
+        locked the file before it was unlinked sees that the path no longer names it and locks afresh."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / LOCK_FILE
         for _ in range(100):
-            fd, created = self._open_lock(path)
+            fd = self._open_lock(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -383,17 +738,22 @@ class RunStore:
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield
         except refusals:
-            if created:
+            # held, so no run is writing: the file is only what a past run left (or this one made);
+            # one in a directory this user may not write stays (the refusal is what matters)
+            with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
             raise
         finally:
             os.close(fd)  # releases the lock
 
-    def _open_lock(self, path: Path) -> tuple[int, bool]:
-        """(a descriptor of the lock file, whether this call created it)."""
+    def _open_lock(self, path: Path) -> int:
+        """A descriptor of the lock file, made here where there is none."""
+        if path.is_dir() or (path.exists() and not path.is_file()):
+            raise LockFileError(f"{path} is {'a directory' if path.is_dir() else 'not a regular file'}, not the lock "
+                                f"file a run makes; remove it (a run makes it anew) and run again")
         for _ in range(100):
             try:
-                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 pass
             except PermissionError as exc:   # a directory we may not write: only an existing lock file will do
@@ -401,12 +761,12 @@ class RunStore:
                     raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); "
                                         f"choose another --out") from None
             try:
-                return os.open(path, os.O_RDWR), False
+                return os.open(path, os.O_RDWR)
             except FileNotFoundError:   # removed in between: make it
                 continue
             except PermissionError:   # another user's lock file: flock needs only a read descriptor
                 try:
-                    return os.open(path, os.O_RDONLY), False
+                    return os.open(path, os.O_RDONLY)
                 except OSError as exc:
                     raise ReadOnlyStore(f"{self.directory} cannot be written ({exc.strerror}); "
                                         f"choose another --out") from None
@@ -426,14 +786,22 @@ class RunStore:
                 for row in self.cells()[list(CELL_COLUMNS) + ["peak_mem_mb"]].itertuples(index=False)}
 
     def trials(self, *, unfinished: bool = False) -> pd.DataFrame:
-        """Every stored trial of the finished cells (with unfinished=True also those of cells
-        still missing chunks) as a frame, in a stable order."""
+        """Every stored trial of the finished, sound cells (with unfinished=True every row, as
+        stored) as a frame, in a stable order. DamagedRows where a numeric column holds text, or a
+        finished cell holds duplicated or orphaned rows (module doc); a finished cell missing some
+        of its trials is left out, as unfinished (check_trials names it)."""
         if not self.path.exists():
             raise FileNotFoundError(f"{self.path} does not exist: not a kvharness run directory")
         with self._reading() as con:
             if not con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trials'").fetchone():
                 raise ForeignStore(f"{self.path} holds no trials table (an empty file, or a run that never stored a "
                                    f"trial): nothing to read; give a run directory")
+            self._check_values(con)
+            unsound = set()
+            if not unfinished:   # duplicated or orphaned rows refused; a cell missing trials left out as unfinished
+                survey = self._survey(con)
+                self._refuse(_classify(survey))
+                unsound = {key for key in survey.finished if not survey.sound(key)}
             order = ", ".join(CELL_COLUMNS + ("trial",))
             where = ""
             keyed = [c for c in CELL_COLUMNS if c in {row[1] for row in con.execute("PRAGMA table_info(cells)")}]
@@ -444,6 +812,9 @@ class RunStore:
             has_extra = con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                     (DIAGNOSTICS_TABLE,)).fetchone()
             extra = pd.read_sql_query(f"SELECT * FROM {DIAGNOSTICS_TABLE}", con) if has_extra else None
+        if unsound:
+            keep = [key not in unsound for key in frame[list(CELL_COLUMNS)].itertuples(index=False, name=None)]
+            frame = frame[keep].reset_index(drop=True)
         # a column that is NULL throughout (no scheme of the run reports it) reads back as
         # None objects; make every numeric column float so NULL is NaN, as in CSV and Parquet
         for column in frame.columns:

@@ -310,3 +310,270 @@ def test_the_sweep_refuses_a_codec_whose_encoding_does_not_stand_alone(install, 
     assert code == 1 and len(err.strip().splitlines()) == 1
     assert "scheme keeps-cache, budget 2" in err and "does not stand alone" in err
     assert set(rows(out).scheme) == {"int4"}
+
+
+# --- issue 47: a run is a function of its inputs, checked; the store knows its own integrity ------
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import sqlite3  # noqa: E402
+
+from harness.cell import CHUNK_TRIALS_ENV  # noqa: E402
+from harness.provenance import input_files  # noqa: E402
+from harness.store import CellDamage  # noqa: E402
+from interrupting import interrupt_at_chunk  # noqa: E402
+
+TINY = ["--budget", "4", "--dim", "32", "--seq-len", "16", "--queries", "4", "--calib-tokens", "32", "--quiet"]
+SWEEP = ["run", "--scenario", "gaussian", "--scheme", "int4,tq-kv", "--trials", "6", *TINY]
+
+
+def one_line(capsys, argv, code, *words) -> str:
+    """main(argv) exits `code` with one line on stderr holding every word, and no traceback."""
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+    return err
+
+
+def edit(out, *statements):
+    with sqlite3.connect(out / "results.sqlite") as con:
+        for statement in statements:
+            con.execute(statement)
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    """SWEEP uninterrupted, committed in chunks of 3 trials (trials 0-2, 3-5 of each cell)."""
+    out = tmp_path_factory.mktemp("clean") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CHUNK_TRIALS_ENV, "3")
+        assert main([*SWEEP, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def run_copy(clean_run, tmp_path, monkeypatch):
+    monkeypatch.setenv(CHUNK_TRIALS_ENV, "3")
+    out = tmp_path / "run"
+    shutil.copytree(clean_run, out)
+    return out
+
+
+def _capture(path, seed):
+    from test_capture_replay import synthetic_arrays, write_npz
+    arrays, meta = synthetic_arrays(np.random.default_rng(seed))
+    return write_npz(path, arrays, meta)
+
+
+def test_resume_refuses_a_changed_input_file_by_name_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Interrupted after its first chunk on replay:cap.npz, the run is resumed on another file at
+    that path: exit 2, one line naming the file, store and manifest unchanged, no lock left. With
+    the original back it resumes to the rows of an uninterrupted run on it. The manifest's digest
+    is the file's sha256 (hashlib on its bytes)."""
+    cap = _capture(tmp_path / "cap.npz", 0)
+    argv = ["run", "--scenario", f"replay:{cap}", "--scheme", "int4", "--trials", "6", *TINY]
+    reference = tmp_path / "reference"
+    assert main([*argv, "--out", str(reference)]) == 0
+    out = tmp_path / "run"
+    monkeypatch.setenv(CHUNK_TRIALS_ENV, "3")
+    with pytest.MonkeyPatch.context() as mp:
+        interrupt_at_chunk(mp, 2)
+        assert main([*argv, "--out", str(out)]) == 130
+    original = cap.read_bytes()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"] == {str(cap): {"sha256": hashlib.sha256(original).hexdigest(), "bytes": len(original)}}
+    _capture(cap, 1)                                          # another file at the same path
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
+    capsys.readouterr()
+    one_line(capsys, [*argv, "--out", str(out), "--resume"], 2, f"input file {str(cap)} is not the one this run began "
+             f"with", hashlib.sha256(original).hexdigest()[:12], hashlib.sha256(cap.read_bytes()).hexdigest()[:12])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before      # nothing written, and no .lock
+    cap.write_bytes(original)
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    pd.testing.assert_frame_equal(RunStore(out).trials(), RunStore(reference).trials(), check_exact=True)
+
+
+def test_a_manifest_without_digests_still_resumes(tmp_path, monkeypatch):
+    """A run written before inputs were recorded (no `inputs` in its manifest) resumes as before."""
+    cap = _capture(tmp_path / "cap.npz", 0)
+    argv = ["run", "--scenario", f"replay:{cap}", "--scheme", "int4", "--trials", "6", *TINY]
+    out = tmp_path / "run"
+    monkeypatch.setenv(CHUNK_TRIALS_ENV, "3")
+    with pytest.MonkeyPatch.context() as mp:
+        interrupt_at_chunk(mp, 2)
+        assert main([*argv, "--out", str(out)]) == 130
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["inputs"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert len(RunStore(out).trials()) == 6
+
+
+def test_the_input_files_are_the_sources_of_parametric_scenarios_that_name_a_file(tmp_path):
+    spec, cap = tmp_path / "spec.json", tmp_path / "cap.safetensors"
+    spec.write_text("{}")
+    cap.write_bytes(b"x")
+    names = ["gaussian", "heavy_tail:dof=3", f"fitted:{spec}:layer=0", f"replay:{cap}", f"replay:{tmp_path}"]
+    assert input_files(names) == {str(spec): spec, str(cap): cap}       # a directory is no input file
+
+
+# Hand edits of the clean run's int4 cell (trials 0-5 in chunks 0-2, 3-5): what the damage is, and
+# whether readers refuse it (duplicated, orphaned) or read the cell as unfinished (missing).
+INT4 = "scheme = 'int4'"
+EDITS = {
+    "deleted trial": ([f"DELETE FROM trials WHERE {INT4} AND trial = 4"], "missing", (4,)),
+    "deleted cells row": ([f"DELETE FROM cells WHERE {INT4}"], None, ()),
+    "duplicated trial": ([f"INSERT INTO trials SELECT * FROM trials WHERE {INT4} AND trial = 1"], "duplicated", (1,)),
+    "orphaned trial": ([f"INSERT INTO trials SELECT * FROM trials WHERE {INT4} AND trial = 1",
+                        f"UPDATE trials SET trial = 9 WHERE rowid = (SELECT MAX(rowid) FROM trials)"], "orphaned", (9,)),
+    "moved trial": ([f"UPDATE trials SET trial = 7 WHERE {INT4} AND trial = 2"], "missing", (2,)),
+}
+
+
+@pytest.mark.parametrize("case", list(EDITS))
+def test_damaged_trials_are_found_by_every_reader_and_resume_recomputes_them(run_copy, clean_run, capsys, case):
+    """report, compare and export name the damaged cell: missing trials (or a deleted cells row) make
+    it unfinished — read by none, said in one line and in the report's incomplete notice — and
+    duplicated or orphaned rows are refused (exit 2, one line), never averaged in. --resume then
+    recomputes the cell: rows identical to the clean run, both cells finished."""
+    statements, kind, trials = EDITS[case]
+    edit(run_copy, *statements)
+    cell = ("gaussian", "int4", 4, 32, 16, 4, 32)
+    found = [d for d in RunStore(run_copy).damage() if d.kind == kind]
+    if kind is not None:
+        assert found[0] == CellDamage(cell, kind, trials, True)
+    refuses = kind in ("duplicated", "orphaned") or case == "moved trial"    # a moved row is orphaned too
+    capsys.readouterr()
+    for argv in (["report", str(run_copy), "--json", "--permutations", "20"], ["export", str(run_copy)],
+                 ["compare", str(run_copy), str(clean_run), "--permutations", "20"]):
+        if refuses:
+            one_line(capsys, argv, 2, "gaussian/int4/4/32/16/4/32", "--resume")
+            continue
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        if kind == "missing":
+            assert "gaussian/int4/4/32/16/4/32 lacks the row(s) of trial(s) 4" in captured.err
+        if argv[0] == "report":
+            assert json.loads(captured.out)["incomplete"]["finished_cells"] == 1
+        if argv[0] == "compare":
+            assert captured.out.startswith("1 matched cells (0 only in RUN_A, 1 only in RUN_B")
+    assert main([*SWEEP, "--out", str(run_copy), "--resume"]) == 0
+    assert RunStore(run_copy).damage() == [] and len(RunStore(run_copy).finished_cells()) == 2
+    pd.testing.assert_frame_equal(RunStore(run_copy).trials(), RunStore(clean_run).trials(), check_exact=True)
+
+
+def test_resume_recomputes_only_what_the_damage_reaches(run_copy, monkeypatch):
+    """A deleted cells row costs the cell's last chunk; a trial deleted from the first chunk the
+    whole cell, each trial once."""
+    edit(run_copy, "DELETE FROM cells WHERE scheme = 'int4'", "DELETE FROM trials WHERE scheme = 'tq-kv' AND trial = 1")
+    seen = []
+    real = engine.run_cell_chunk
+
+    def spy(scheme, data):
+        seen.append((scheme.name, tuple(data["trials"].tolist())))
+        return real(scheme, data)
+    monkeypatch.setattr(engine, "run_cell_chunk", spy)
+    assert main([*SWEEP, "--out", str(run_copy), "--resume"]) == 0
+    computed = {}
+    for name, trials in seen:
+        computed.setdefault(name, []).extend(trials)
+    assert computed == {"int4": [3, 4, 5], "tq-kv": [0, 1, 2, 3, 4, 5]}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_damage_found_is_what_the_rows_show(run_copy, seed):
+    """Random hand edits (rows deleted, duplicated, renumbered): the store's damage against an
+    independent count of each (cell, trial)'s rows in the raw table."""
+    gen = np.random.default_rng(seed)
+    with sqlite3.connect(run_copy / "results.sqlite") as con:
+        rowids = [r for (r,) in con.execute("SELECT rowid FROM trials")]
+        for rowid in gen.choice(rowids, 5, replace=False):
+            action = gen.integers(3)
+            if action == 0:
+                con.execute("DELETE FROM trials WHERE rowid = ?", (int(rowid),))
+            elif action == 1:
+                con.execute("INSERT INTO trials SELECT * FROM trials WHERE rowid = ?", (int(rowid),))
+            else:
+                con.execute("UPDATE trials SET trial = trial + 6 WHERE rowid = ?", (int(rowid),))
+        raw = pd.read_sql_query("SELECT scheme, trial FROM trials", con)
+    counts = raw.value_counts().to_dict()
+    expected = set()
+    for scheme in ("int4", "tq-kv"):
+        cell = ("gaussian", scheme, 4, 32, 16, 4, 32)
+        mine = {t: n for (s, t), n in counts.items() if s == scheme}
+        for kind, trials in (("missing", [t for t in range(6) if t not in mine]),
+                             ("duplicated", [t for t, n in mine.items() if n > 1]),
+                             ("orphaned", [t for t in mine if t >= 6])):
+            if trials:
+                expected.add(CellDamage(cell, kind, tuple(sorted(trials)), True))
+    assert set(RunStore(run_copy).damage()) == expected
+
+
+def test_rows_of_a_cell_outside_the_run_are_refused_by_every_command(run_copy, clean_run, capsys):
+    """Rows of a cell the manifest's configuration does not have cannot be recomputed: report,
+    export, compare and --resume each refuse them in one line (exit 2); the resume leaves no lock."""
+    edit(run_copy, "INSERT INTO trials SELECT * FROM trials WHERE scheme = 'int4' AND trial = 0",
+         "UPDATE trials SET scheme = 'int8' WHERE rowid = (SELECT MAX(rowid) FROM trials)")
+    capsys.readouterr()
+    for argv in (["report", str(run_copy), "--json"], ["export", str(run_copy)], ["compare", str(clean_run), str(run_copy)],
+                 [*SWEEP, "--out", str(run_copy), "--resume"]):
+        one_line(capsys, argv, 2, "cell gaussian/int8/4/32/16/4/32 is not a cell of the run's configuration")
+    assert (run_copy / ".lock").exists() is False
+
+
+@pytest.mark.parametrize("value, shown", [("'abc'", "holds text ('abc')"), ("x'0102'", "holds blob (2 bytes)")])
+def test_text_or_a_blob_in_a_numeric_column_is_one_line_exit_2(run_copy, clean_run, capsys, value, shown):
+    edit(run_copy, f"UPDATE trials SET d2_t = {value} WHERE scheme = 'tq-kv' AND trial = 2")
+    capsys.readouterr()
+    for argv in (["report", str(run_copy)], ["report", str(run_copy), "--json"], ["export", str(run_copy)],
+                 ["compare", str(run_copy), str(clean_run)], ["compare", str(clean_run), str(run_copy)],
+                 [*SWEEP, "--out", str(run_copy), "--resume"]):
+        one_line(capsys, argv, 2, "column d2_t of trials", shown, "trial 2 of cell gaussian/tq-kv/4/32/16/4/32")
+    assert not (run_copy / ".lock").exists()
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda m: m.update(config=[1, 2]), "its config is a JSON list, not an object"),
+    (lambda m: m["config"].update(dims=None), "its config field dims is null, not a list of integers"),
+    (lambda m: m["config"].update(bogus=1), "its config holds the unknown field(s) bogus; valid: scenarios"),
+    (lambda m: m["config"].update(trials="6"), "its config field trials is \"6\", not an integer"),
+    (lambda m: m.update(resumed_at="now"), "its resumed_at is a JSON str, not a list"),
+])
+def test_a_manifest_that_is_no_run_s_is_one_line_exit_2_and_a_refused_resume_leaves_no_lock(run_copy, capsys, change,
+                                                                                            words):
+    manifest = json.loads((run_copy / "manifest.json").read_text())
+    change(manifest)
+    (run_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert (run_copy / ".lock").exists()                      # left by the run that made the store
+    capsys.readouterr()
+    for argv in (["report", str(run_copy)], ["report", str(run_copy), "--json"], [*SWEEP, "--out", str(run_copy), "--resume"]):
+        one_line(capsys, argv, 2, "manifest.json is not what a run writes", words)
+    assert not (run_copy / ".lock").exists()
+
+
+def test_a_lock_that_is_a_directory_is_one_line_exit_2(run_copy, capsys):
+    (run_copy / ".lock").unlink()
+    (run_copy / ".lock").mkdir()
+    capsys.readouterr()
+    one_line(capsys, [*SWEEP, "--out", str(run_copy), "--resume"], 2, ".lock is a directory", "remove it")
+
+
+def test_report_and_compare_refuse_a_store_without_a_usable_cell(run_copy, clean_run, tmp_path, capsys):
+    """Every cell not finite: report exits 2 in one line, compare too; one cell not finite: compare
+    leaves it out in one line and judges the other; 2 trials a cell: compare exits 2 in one line."""
+    edit(run_copy, "UPDATE trials SET snr_err_k = 1e999 WHERE scheme = 'int4'")
+    capsys.readouterr()
+    assert main(["compare", str(run_copy), str(clean_run), "--permutations", "20"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "left out: cell gaussian/int4/4/32/16/4/32: 0 paired trial(s)" in captured.err
+    assert captured.out.startswith("1 matched cells") and "1 left out" in captured.out and "gaussian tq-kv" in captured.out
+    edit(run_copy, "UPDATE trials SET snr_err_k = 1e999, d2_t = NULL")
+    for argv in (["report", str(run_copy)], ["report", str(run_copy), "--json"]):
+        one_line(capsys, argv, 2, "no finished cell has finite values to report (2 left out")
+    one_line(capsys, ["compare", str(run_copy), str(clean_run)], 2, "no matched cell can be tested (2 left out")
+    two = tmp_path / "two"
+    assert main([*SWEEP[:-len(TINY) - 2], "--trials", "2", *TINY, "--out", str(two)]) == 0
+    capsys.readouterr()
+    one_line(capsys, ["compare", str(two), str(two)], 2, "2 paired trial(s)", "needs at least 3")

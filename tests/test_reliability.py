@@ -44,7 +44,7 @@ def test_a_damaged_store_is_refused_in_one_line_and_its_manifest_is_kept(damaged
         assert main(argv) == 2, argv
         _one_line(capsys.readouterr().err, str(damaged / RESULTS_FILE), "is damaged", "new --out")
     assert (damaged / "manifest.json").read_bytes() == manifest     # never marked unfinished
-    assert sorted(p.name for p in damaged.iterdir()) == [".lock", "manifest.json", RESULTS_FILE]
+    assert sorted(p.name for p in damaged.iterdir()) == ["manifest.json", RESULTS_FILE]   # a refusal leaves no .lock
 
 
 def test_a_file_that_is_no_database_is_refused_the_same_way(tmp_path, capsys):

@@ -7,13 +7,17 @@ margin is reported as inconclusive."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from stats.margins import ALPHA
 
 from ..errors import UsageError
 from ._args import add_margin_arguments, check_spread_margin, check_test_options
-from ..store import RESULTS_FILE, RunStore
+from ..store import RESULTS_FILE, RunStore, cell_name
 
 NAME = "compare"
 HELP = "compare two stored runs cell by cell: one verdict per cell"
@@ -40,11 +44,63 @@ def shared_cells(a, b):
 
 
 def _trials(directory: Path):
+    """The finished, sound cells' trials of a run: a damaged store refused (harness.store), a cell
+    missing trials named on stderr and left out, as unfinished."""
     store = RunStore(directory)
     if not store.path.exists():
         raise UsageError(f"harness compare: {directory} holds no {RESULTS_FILE}; give a run directory")
     store.check_integrity()
+    for line in store.check_trials():
+        print(f"harness compare: {directory}: {line}", file=sys.stderr)
     return store.trials()
+
+
+MIN_TRIALS = 3   # the fewest trials with a finite six-D point a comparison tests (stats.validation.compare_samples)
+
+
+def _n_testable(x, y) -> tuple[int, bool]:
+    """(the trials of cell frames x and y a comparison can use, whether they are paired): paired
+    (stats.validation.same_data) the trials finite in the six-D point in both, else the fewer of
+    each side's finite trials."""
+    from stats.metrics import SIX_D
+    from stats.validation import same_data
+
+    def finite(frame):
+        values = frame[list(SIX_D)].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=float)
+        return pd.Series(np.isfinite(values).all(axis=1), index=frame["trial"].to_numpy())
+    fx, fy = finite(x), finite(y)
+    if same_data(x, y):
+        return int((fx & fy.reindex(fx.index, fill_value=False)).sum()), True
+    return int(min(fx.sum(), fy.sum())), False
+
+
+def testable_cells(a, b, null, names: tuple) -> tuple:
+    """(a, b, null) without the matched cells that cannot be tested (fewer than MIN_TRIALS usable
+    trials against RUN_B or the null: not finite, or too few), and one line per cell left out.
+    UsageError when cells match but none can be tested."""
+    from stats.validation import CELL_COLUMNS
+    keys = list(CELL_COLUMNS)
+    others = [dict(iter(b.groupby(keys))), dict(iter(null.groupby(keys))) if null is not None else {}]
+    lines, drop = [], []
+    for key, x in a.groupby(keys):
+        if key not in others[0]:
+            continue
+        for other, name in zip(others, names[1:]):
+            if key in other:
+                n, paired = _n_testable(x, other[key])
+                if n < MIN_TRIALS:
+                    drop.append(key)
+                    lines.append(f"left out: cell {cell_name(key)}: {n} {'paired ' if paired else ''}trial(s) with a "
+                                 f"finite six-D point in {names[0]} and {name}; a comparison needs at least {MIN_TRIALS}")
+                    break
+    if drop and len(drop) == sum(key in others[0] for key in a.groupby(keys).groups):
+        raise UsageError(f"harness compare: no matched cell can be tested ({len(drop)} left out; first "
+                         f"{lines[0].removeprefix('left out: ')}); run more --trials, or restore the stores from a copy")
+    if drop:
+        gone = pd.MultiIndex.from_tuples(drop, names=keys)
+        a, b = (f[~f.set_index(keys).index.isin(gone)] for f in (a, b))
+        null = null[~null.set_index(keys).index.isin(gone)] if null is not None else None
+    return a, b, null, lines
 
 
 def run(args) -> int:
@@ -58,6 +114,9 @@ def run(args) -> int:
         raise UsageError(f"harness compare: --null {args.null} shares no cell with {args.run_a} and {args.run_b} "
                          f"(cells are matched on {', '.join(CELL_COLUMNS)}): it would judge nothing; give a run of "
                          f"the same cells")
+    a, b, null, left_out = testable_cells(a, b, null, (args.run_a, args.run_b, args.null))
+    for line in left_out:
+        print(f"harness compare: {line}", file=sys.stderr)
     table = compare_runs(a, b, null, alpha=args.alpha, margin=args.margin, spread_margin=args.spread_margin,
                          n_permutations=args.permutations, seed=args.seed)
     if table.empty:
@@ -69,7 +128,8 @@ def run(args) -> int:
         print(json.dumps(table.to_dict(orient="records"), indent=2, default=float))
         return 0
     differ = differing_variables(a, b)
-    print(f"{len(table)} matched cells ({n_a - len(table)} only in RUN_A, {n_b - len(table)} only in RUN_B); "
+    dropped = f", {len(left_out)} left out: too few finite trials" if left_out else ""
+    print(f"{len(table)} matched cells ({n_a - len(table)} only in RUN_A, {n_b - len(table)} only in RUN_B{dropped}); "
           f"runs differ in: {', '.join(differ) or 'no implementation variable'}; "
           f"null: {args.null if args.null else 'none'}; one family: Holm over {len(table) * len(TESTS)} tests "
           f"({len(table)} cells x {len(TESTS)}), margins {args.margin:g} sd, spread ratio {args.spread_margin:g}")

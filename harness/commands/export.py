@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 from ..errors import UsageError
@@ -59,7 +60,9 @@ def run(args) -> int:
     shown = args.output or args.directory / f"results.{args.format}"
     output = check_output(args.directory, shown)
     store.check_integrity()
-    frame = store.trials()  # the finished cells only
+    for line in store.check_trials():   # duplicated or orphaned rows refused; a cell missing trials named
+        print(f"harness export: {line}", file=sys.stderr)
+    frame = store.trials()  # the finished, sound cells only
     # written under a temporary name and renamed, so the output is never half-written; the
     # temporary file goes whatever happens (an error, Ctrl-C)
     tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")

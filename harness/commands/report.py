@@ -139,6 +139,10 @@ def run(args) -> int:
     store.check_integrity()
     if args.null is not None:
         RunStore(args.null).check_integrity()
+    for checked in (store, RunStore(args.null)) if args.null is not None else (store,):   # the rows' integrity
+        for line in checked.check_trials():   # DamagedRows refused; a cell missing trials named, read as unfinished
+            print(f"harness report: {checked.directory}: {line}", file=sys.stderr)
+        checked.check_reportable()            # UnusableStore: no cell with finite values
     levels = None
     if args.storage_levels is not None:
         try:
