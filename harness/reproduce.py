@@ -82,15 +82,20 @@ class Size:
 
 
 def sizes() -> dict[str, Size]:
-    """paper: the AMD paper's grid (§3: 200 trials, d ∈ {64, 128, 256}, b = 2..7, S = 1024, the sixteen
-    TQ/SQ codecs); quick: a reduced grid for a 2-core CPU (about two minutes); tiny: for the tests."""
+    """paper: the AMD paper's grid (§3: 200 trials, d ∈ {64, 128, 256}, b = 2..7, n_cal = 512, the
+    sixteen TQ/SQ codecs) at one point of §3's ranges, S = 1024 (§3: S ∈ {64, …, 4096}) and 64
+    queries (N_q ∈ {1, …, 512}); claim 9's calibration sweep is the harness's (§3 states n_cal = 512
+    only); quick: a reduced grid for a 2-core CPU (about two minutes); tiny: for the tests."""
     tq_sq = C.TQ_VARIANTS + C.SQ_CODECS
     return {
-        "paper": Size("paper", "none: the paper's grid", paper_schemes(), (2, 3, 4, 5, 6, 7), (64, 128, 256), 1024,
+        "paper": Size("paper", "none in trials, b, d or codecs (§3's grid); S = 1024 and 64 queries, one point of "
+                      "§3's ranges (S 64..4096, N_q 1..512); n_cal = 512 as in §3, and for claim 9 a calibration "
+                      "sweep n_cal in {32, ..., 1024} (the harness's; §3 states n_cal = 512 only)", paper_schemes(), (2, 3, 4, 5, 6, 7), (64, 128, 256), 1024,
                       64, 200, (32, 64, 128, 256, 512, 1024), (64, 128, 256), (1.0, 0.5, 0.25), (2, 3, 4, 5, 6, 7)),
-        "quick": Size("quick", "30 trials (paper 200), S = 256 (paper 1024), b in {2, 3, 4} (paper 2..7), d = 64 "
-                      "(paper 64, 128, 256; claim 4 alone also runs d = 128), 10 of the 16 codecs (the 8 TQ variants, "
-                      "sq-kv, squ-kv); calibration sweep n_cal in {32, 128, 512} (paper 32..1024)",
+        "quick": Size("quick", "30 trials (paper 200), S = 256 (full size 1024; §3's range 64..4096), b in {2, 3, 4} "
+                      "(paper 2..7), d = 64 (paper 64, 128, 256; claim 4 alone also runs d = 128), 10 of the 16 codecs "
+                      "(the 8 TQ variants, sq-kv, squ-kv); n_cal = 512 as in §3, and for claim 9 a calibration sweep "
+                      "n_cal in {32, 128, 512} (the harness's; §3 states n_cal = 512 only)",
                       tq_sq, (2, 3, 4), (64,), 256, 64, 30, (32, 128, 512), (64,), (1.0, 0.5, 0.25), (2, 3, 4),
                       dimension_dims=(64, 128)),
         "tiny": Size("tiny", "a test-sized grid: 6 trials, 2 scenarios, 6 codecs, d in {16, 32}, S = 32, 8 queries, "

@@ -61,8 +61,9 @@ def render_reproduction(data: dict) -> str:
 
     tally = ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS)
     return (f"From `{data['command']}` ({data['reduced']}): {tally}. Each effect is the claim's headline "
-            f"statistic at the comparison least favourable to the claim; what it measures, the test and the "
-            f"reason are in [docs/reproduction.md](docs/reproduction.md#the-quick-reproduction).\n\n"
+            f"statistic at the comparison its effect text names: for most claims the one least favourable to the "
+            f"claim, for a `partly` claim taken where the claim holds; what it measures, the test and the reason "
+            f"are in [docs/reproduction.md](docs/reproduction.md#the-quick-reproduction).\n\n"
             + _grid(CLAIM_HEADER, rows))
 
 

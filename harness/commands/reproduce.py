@@ -25,7 +25,7 @@ def add_arguments(p):
                         "Validation; AMD)")
     p.add_argument("--quick", action="store_true",
                    help="a reduced grid for a 2-core CPU (30 trials, d 64/128, S 256, b 2-4; about two minutes); "
-                        "default: the paper's grid (200 trials, d 64/128/256, S 1024, b 2..7)")
+                        "default: the paper's §3 grid (200 trials, d 64/128/256, b 2..7, n_cal 512) at S 1024")
     p.add_argument("--size", choices=("tiny", "quick", "paper"), default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", type=path, default=None, help="run directory (default runs/amd-paper-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted reproduction in --out")

@@ -302,10 +302,12 @@ def _holding(tests: pd.DataFrame, verdict: str) -> pd.DataFrame:
     return tests[tests[column].isin([v for v, verdict_ in verdicts.items() if verdict_ == "reproduced"])]
 
 
-def _standard_verdict(tests: pd.DataFrame, what: str) -> tuple[str, str]:
+def _standard_verdict(tests: pd.DataFrame, what: str, cases=None) -> tuple[str, str]:
     """Rule 4: refuted on any opposite unless the comparisons split by scope (then partly, the
     scopes in words), reproduced when all are as claimed; the reason counts the comparisons by
-    what their tests showed (_tally), never more significant ones than there are."""
+    what their tests showed (_tally), never more significant ones than there are. cases: optional
+    words for the comparisons of one failing scope value (its rows -> e.g. 'K; V as claimed'), so a
+    scope that fails in part is named with what fails there, not as if all of it did."""
     if tests.empty:
         return "inconclusive", "no comparison could be made: the run lacks the cells this claim needs"
     counts = tests["outcome"].value_counts()
@@ -323,8 +325,10 @@ def _standard_verdict(tests: pd.DataFrame, what: str) -> tuple[str, str]:
         unshown = [v for v, verdict in verdicts.items() if verdict == "inconclusive"]
         ok = tests[tests[column].isin(held)]
         bad_scope = tests[tests[column].isin(failed)]
+        failing = (", ".join(f"{_scope_words(column, [v])} ({cases(tests[tests[column] == v])})" for v in failed)
+                   if cases is not None else _scope_words(column, failed))
         reason = (f"holds for {_scope_words(column, held)} (all {len(ok)} {what} there as claimed: {_tally(ok)}); "
-                  f"fails for {_scope_words(column, failed)} ({n_bad} of {len(bad_scope)} {what} there against the "
+                  f"fails for {failing} ({n_bad} of {len(bad_scope)} {what} there against the "
                   f"claim: {_tally(worst)}): {examples}{more}")
         if unshown:
             reason += f"; not shown for {_scope_words(column, unshown)}"

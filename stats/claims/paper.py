@@ -37,7 +37,8 @@ CLAIMS = {c.id: c for c in (
     Claim(2, "§4, Fig. 1", "FULL (dense Rademacher) sketches are worse than their RHT counterparts in every "
                            "scenario and budget"),
     Claim(3, "§4, Fig. 1", "QJL on the V path always hurts"),
-    Claim(4, "§4, Fig. 1 caption", "plain-kv degrades with d on lowrank_aligned; tq-kv does not"),
+    Claim(4, "§4, Fig. 1 caption", "Plain-KV degrades with d on lowrank_aligned (the Beta codebook's mismatch "
+                                   "grows with d)"),
     Claim(5, "abstract; §1 finding 2", "The K path is where the softmax nonlinearity (Jensen's inequality) "
                                        "amplifies score variance: the output error with only K compressed exceeds "
                                        "its first-order (linearised softmax) prediction, more so as the score "
