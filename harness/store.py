@@ -451,10 +451,10 @@ class RunStore:
         width = "(" + ", ".join("?" * len(CELL_COLUMNS)) + ")"
         for i in range(0, len(detail), 100):   # sqlite's limit on bound parameters
             batch = detail[i:i + 100]
-            for *key, trial, n in con.execute(
+            for *cell, trial, n in con.execute(
                     f"SELECT {cols}, trial, COUNT(*) FROM trials WHERE ({cols}) IN (VALUES {', '.join([width] * len(batch))}) "
                     f"GROUP BY {cols}, trial", [x for key in batch for x in key]):
-                per_trial.setdefault(tuple(key), {})[trial] = n
+                per_trial.setdefault(tuple(cell), {})[trial] = n
         return dataclasses.replace(survey, per_trial=per_trial)
 
     def damage(self) -> list[CellDamage]:

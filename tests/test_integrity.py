@@ -427,7 +427,7 @@ EDITS = {
     "deleted cells row": ([f"DELETE FROM cells WHERE {INT4}"], None, ()),
     "duplicated trial": ([f"INSERT INTO trials SELECT * FROM trials WHERE {INT4} AND trial = 1"], "duplicated", (1,)),
     "orphaned trial": ([f"INSERT INTO trials SELECT * FROM trials WHERE {INT4} AND trial = 1",
-                        f"UPDATE trials SET trial = 9 WHERE rowid = (SELECT MAX(rowid) FROM trials)"], "orphaned", (9,)),
+                        "UPDATE trials SET trial = 9 WHERE rowid = (SELECT MAX(rowid) FROM trials)"], "orphaned", (9,)),
     "moved trial": ([f"UPDATE trials SET trial = 7 WHERE {INT4} AND trial = 2"], "missing", (2,)),
 }
 
