@@ -227,13 +227,17 @@ def chunk_plan(config: SweepConfig, group: list[Cell], size: int,
     """The chunks of one data group, (trials, the cells that take them): ranges of at most `size`
     trials from the group's earliest missing trial (start: a cell's first missing trial, 0 when
     absent), cut also at each cell's own first missing trial, so that a cell takes a chunk whole
-    or not at all and no stored trial is computed again."""
+    or not at all and no stored trial is computed again. Between two cuts the short chunk comes
+    first (50 trials in chunks of 24: 2, 24, 24): a cell's first chunk carries its one-time work,
+    which a short one shows apart from the cost per trial (the progress line's time left;
+    rows do not depend on chunking)."""
     start = start or {}
     first = {cell: start.get(cell, 0) for cell in group}
     cuts = sorted(set(first.values()) | {config.trials})
     plan, a = [], min(first.values())
     while a < config.trials:
-        b = min(a + size, next(c for c in cuts if c > a))
+        cut = next(c for c in cuts if c > a)
+        b = a + ((cut - a) % size or size)
         plan.append((range(a, b), [cell for cell in group if first[cell] <= a]))
         a = b
     return plan

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import os
 import sqlite3
 import sys
@@ -247,17 +248,34 @@ def _holds_a_trial(store: RunStore) -> bool:
     except sqlite3.Error:
         return True
 
+def _cost_key(config: SweepConfig, device, dtype):
+    """A cell's key in CostHistory: the cell and what its cost per trial depends on besides."""
+    def key(cell: Cell) -> str:
+        return json.dumps([*cell.key, device.type, str(dtype), config.impl, config.heads, config.decode_tokens,
+                           config.trials])
+    return key
+
+
 def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None) -> int:
     """The trials not yet stored, serially or as tasks on a Dask client, each chunk committed as
     it arrives; the manifest's finished_at once all are in. Returns the trials of these cells
     that were stored before. CellsFailed, after every other cell is stored, when some failed."""
-    from .progress import Progress
+    from .progress import CostHistory, Progress
 
     stored = store.stored_trials()
     start = {cell: stored[cell.key] for cell in todo if cell.key in stored}
     n_cells = len(config.cells())
+    compiling = None
+    if client is None and device.type == "cpu":   # a serial run compiles the CPU loops in this process
+        from kvcommon.compiled import compile_clock
+        compiling = compile_clock()
+    history, cost_key = CostHistory(), _cost_key(config, device, dtype)
+    known = history.load()
     bar = Progress.auto(progress, n_cells, n_cells * config.trials, cells_done=n_cells - len(todo),
-                        trials_done=(n_cells - len(todo)) * config.trials + sum(start.values()))
+                        trials_done=(n_cells - len(todo)) * config.trials + sum(start.values()),
+                        trials_left={cell: config.trials - start.get(cell, 0) for cell in todo},
+                        prior={cell: known[cost_key(cell)] for cell in todo if cost_key(cell) in known},
+                        compiling=compiling)
 
     commits = itertools.count(1)
     failed: dict[Cell, str] = {}
@@ -272,7 +290,7 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
                                      wall_s=wall, finished_at=now(), peak_mem_mb=peak_mb,
                                      before_commit=lambda: _test_hold(n, "during"))
         _test_hold(n, "after")
-        bar.advance(len(rows), int(finished))
+        bar.advance(len(rows), int(finished), cell, wall, trials.start)
 
     try:
         with store.writing():   # one connection for the run's commits
@@ -284,6 +302,8 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
                 run_serial(config, todo, device, dtype, memory_budget, start=start, on_chunk=on_chunk)
     finally:
         bar.close()
+        if client is None:   # serial costs only: a cell's chunks on workers overlap
+            history.save({cost_key(cell): cost for cell, cost in bar.measured().items()})
     manifest = store.read_manifest()
     if not failed:
         manifest["finished_at"] = now()

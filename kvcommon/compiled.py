@@ -25,6 +25,7 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 
 import numpy as np
 import torch
@@ -134,3 +135,55 @@ def _run_jobs(jobs: list, threads: int | None = None) -> None:
     finally:
         for done in others:
             done.result()                              # every share finished before leaving; re-raises
+
+
+class CompileClock:
+    """The seconds this process has spent compiling (numba's compile events, the outermost of
+    nested ones), and whether it is compiling now: the one-time work of a first run, which a
+    progress line shows as such instead of folding it into the rate (harness/progress.py)."""
+
+    def __init__(self):
+        self._total, self._since, self._depth = 0.0, 0.0, 0
+        self._lock = threading.Lock()
+
+    def started(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._since = time.monotonic()
+            self._depth += 1
+
+    def ended(self) -> None:
+        with self._lock:
+            self._depth = max(0, self._depth - 1)
+            if self._depth == 0:
+                self._total += time.monotonic() - self._since
+
+    def active(self) -> bool:
+        return self._depth > 0
+
+    def seconds(self) -> float:
+        with self._lock:
+            return self._total + (time.monotonic() - self._since if self._depth else 0.0)
+
+
+_CLOCK: CompileClock | None = None
+
+
+def compile_clock() -> CompileClock:
+    """This process's CompileClock, listening to numba's compile events from the first call on
+    (numba imported here: a CPU run imports it anyway)."""
+    global _CLOCK
+    if _CLOCK is None:
+        from numba.core import event
+
+        clock = CompileClock()
+
+        class _Listener(event.Listener):
+            def on_start(self, ev):
+                clock.started()
+
+            def on_end(self, ev):
+                clock.ended()
+        event.register("numba:compile", _Listener())
+        _CLOCK = clock
+    return _CLOCK

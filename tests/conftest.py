@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # whatever third-party kvharness plug-ins this machine has installed stay out of the project's own
 # sweeps and tests (kvcommon.plugins); the tests of the plug-in route switch them back on
 os.environ.setdefault("KVHARNESS_PLUGINS", "0")
+# the costs per trial the progress line learns from earlier runs (harness.progress.CostHistory) go to
+# a file of the test session's own, not the user's cache
+os.environ.setdefault("KVHARNESS_COST_HISTORY", os.path.join(tempfile.mkdtemp(prefix="kvharness-costs-"), "costs.json"))
 
 
 @pytest.fixture(scope="module")

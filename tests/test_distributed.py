@@ -105,12 +105,12 @@ def test_a_task_is_one_chunk_of_a_data_group():
                          dims=(16,), seq_lens=(32,), queries=(4,), trials=40, device="cpu")
     cells = config.cells()
     tasks = distributed.plan_tasks(config, cells, {}, None, workers=2)
-    assert [(t.start, t.stop, len(c)) for t, c in tasks] == [(0, 14, 4), (14, 28, 4), (28, 40, 4)] * 2
+    assert [(t.start, t.stop, len(c)) for t, c in tasks] == [(0, 12, 4), (12, 26, 4), (26, 40, 4)] * 2   # short first
     assert all(len({c.data_key for c in task_cells}) == 1 for _, task_cells in tasks)
     one_group = [c for c in cells if c.scenario == "gaussian"]
     start = {one_group[0]: 20, one_group[1]: 39}
     tasks = distributed.plan_tasks(config, one_group, start, None, workers=1)
-    assert [(t.start, t.stop, len(c)) for t, c in tasks] == [(0, 14, 2), (14, 20, 2), (20, 34, 3), (34, 39, 3),
+    assert [(t.start, t.stop, len(c)) for t, c in tasks] == [(0, 6, 2), (6, 20, 2), (20, 25, 3), (25, 39, 3),
                                                               (39, 40, 4)]
     small = SweepConfig(**{**config.__dict__, "trials": 10})
     assert [(t.start, t.stop) for t, _ in distributed.plan_tasks(small, small.cells(), {}, None, workers=2)] == \

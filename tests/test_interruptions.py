@@ -22,8 +22,8 @@ from interrupting import start_held, stored_chunks, wait_for_hold
 # heavy_tail only: one data group of 4 cells; sq-qkv draws a sketch per trial from the trial index
 ARGS = ["--scenario", "heavy_tail", "--scheme", "tq-kv,sq-qkv", "--budget", "2,3", "--dim", "16",
         "--seq-len", "64", "--queries", "4", "--calib-tokens", "64", "--trials", "8", "--quiet"]
-N_CELLS, N_TRIALS, CHUNK = 4, 8, 3          # chunks of trials 0-2, 3-5, 6-7: commits 1-4, 5-8, 9-12
-CHUNK_SIZES = [3] * 4 + [3] * 4 + [2] * 4
+N_CELLS, N_TRIALS, CHUNK = 4, 8, 3          # chunks of trials 0-1, 2-4, 5-7: commits 1-4, 5-8, 9-12
+CHUNK_SIZES = [2] * 4 + [3] * 4 + [3] * 4
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_resume_computes_only_the_missing_trials(tmp_path, clean, monkeypatch):
     wait_for_hold(proc, marker)
     proc.kill()
     proc.communicate(timeout=60)
-    # a chunk runs its cells budget by budget: the budget-2 cells hold trials 0-5, the budget-3 cells 0-2
+    # a chunk runs its cells budget by budget: the budget-2 cells hold trials 0-4, the budget-3 cells 0-1
     assert stored_chunks(out, live=False) == 6
     seen = []
     real = engine.run_cell_chunk
@@ -97,8 +97,8 @@ def test_resume_computes_only_the_missing_trials(tmp_path, clean, monkeypatch):
     computed = {}
     for name, budget, trials in seen:
         computed.setdefault((name, budget), []).extend(trials)
-    assert computed == {("tq-kv", 2): [6, 7], ("sq-qkv", 2): [6, 7],
-                        ("tq-kv", 3): [3, 4, 5, 6, 7], ("sq-qkv", 3): [3, 4, 5, 6, 7]}
+    assert computed == {("tq-kv", 2): [5, 6, 7], ("sq-qkv", 2): [5, 6, 7],
+                        ("tq-kv", 3): [2, 3, 4, 5, 6, 7], ("sq-qkv", 3): [2, 3, 4, 5, 6, 7]}
     pd.testing.assert_frame_equal(RunStore(out).trials(), clean, check_exact=True)
 
 
@@ -120,7 +120,8 @@ def test_a_second_run_into_a_directory_being_written_is_refused_at_once(tmp_path
     assert main(["run", *ARGS, "--out", str(out), "--resume"]) == 0     # the lock died with its holder
 
 
-_LINE = re.compile(r"^\[(\d+)/(\d+) cells, (\d+)/(\d+) trials, [0-9.e+]+ trials/s, ETA [^\]]+\]$")
+_LINE = re.compile(r"^\[(\d+)/(\d+) cells(?: \(\d+ under way\))?, (\d+)/(\d+) trials, [0-9.e+]+ trials/s, "
+                   r"ETA [^,\]]+(?:, compiling \d+ s(?: now)?)?\]$")
 
 
 def test_progress_without_a_terminal_is_a_plain_line_per_interval(tmp_path, capsys, monkeypatch):
@@ -131,7 +132,7 @@ def test_progress_without_a_terminal_is_a_plain_line_per_interval(tmp_path, caps
     counts = [tuple(map(int, _LINE.match(line).groups())) for line in lines]
     assert len(counts) == len(CHUNK_SIZES) + 1              # one per chunk commit, and the last again at the end
     assert [c[2] for c in counts[:-1]] == [sum(CHUNK_SIZES[:i + 1]) for i in range(len(CHUNK_SIZES))]
-    assert counts[0] == (0, N_CELLS, 3, N_CELLS * N_TRIALS) and counts[-1][:3] == (N_CELLS, N_CELLS, 32)
+    assert counts[0] == (0, N_CELLS, CHUNK_SIZES[0], N_CELLS * N_TRIALS) and counts[-1][:3] == (N_CELLS, N_CELLS, 32)
     assert main(["run", *ARGS, "--out", str(tmp_path / "b")]) == 0
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]   # --quiet
 
@@ -142,8 +143,8 @@ def test_progress_bar_on_a_terminal_advances_per_chunk(tmp_path, monkeypatch):
     calls = []
     real = progress.Progress.advance
 
-    def spy(self, trials, cells=0):
-        real(self, trials, cells)
+    def spy(self, trials, cells=0, *cell_chunk):
+        real(self, trials, cells, *cell_chunk)
         calls.append((self.mode, self.trials_done, self.cells_done))
     monkeypatch.setattr(progress.Progress, "advance", spy)
     monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)

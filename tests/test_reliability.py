@@ -140,12 +140,12 @@ def test_unfinished_cells_are_neither_reported_nor_exported(tmp_path, capsys, mo
     counts them against the configuration's (the report's "incomplete: n of m cells" notice is
     checked in tests/test_report.py)."""
     from harness import cell as engine, runner
-    monkeypatch.setenv(engine.CHUNK_TRIALS_ENV, "7")      # chunks of trials 0-6, 7-13, 14-19
+    monkeypatch.setenv(engine.CHUNK_TRIALS_ENV, "7")      # chunks of trials 0-5, 6-12, 13-19
     interrupt_at_chunk(monkeypatch, 14)
     out = tmp_path / "run"
     assert main(["run", *ARGS, "--out", str(out)]) == 130
     store = RunStore(out)
-    assert len(store.trials(unfinished=True)) == 6 * 14 + 6     # two chunks of 6 cells, the first cell's last
+    assert len(store.trials(unfinished=True)) == 6 * 13 + 7     # two chunks of 6 cells, the first cell's last
     assert len(store.finished_cells()) == 1 and len(store.trials()) == 20
     assert runner.completion(store) == (1, 6)
     assert main(["export", str(out)]) == 0
