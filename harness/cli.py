@@ -4,7 +4,7 @@ Each command is one module in harness/commands/ defining NAME, HELP, add_argumen
 and run(args) -> exit status; the CLI discovers them, so a new command is one new file.
 Exit status: 0 success; 2 usage error (one line naming what is wrong and what is valid,
 nothing written), or a run directory the store refuses (harness.store.StoreError, one line);
-1 any other failure; 130 interrupted (a run keeps every stored chunk).
+1 any other failure; 130 interrupted by Ctrl-C, 143 by SIGTERM (a run keeps every stored chunk).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 
 from . import commands
@@ -57,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, StoreError) as exc:   # bad input, or a run directory that cannot be used as asked
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (errors.Interrupted, from harness/__main__.py)
         print("interrupted: a run keeps every chunk of trials it stored; rerun it with --resume to finish", file=sys.stderr)
-        return 130
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     except Exception as exc:  # any other failure: one line, exit 1 (the traceback on request)
         if os.environ.get("KVHARNESS_DEBUG"):
             raise

@@ -197,8 +197,10 @@ def cluster(workers: int | None, scheduler: str | None, timeout: float = 10, *, 
             with warnings.catch_warnings():
                 # the scheduler's HTTP endpoint moves off a busy port 8787 with a warning: not ours to report
                 warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+                # only CRITICAL logs: a worker that loses its scheduler when the run is interrupted
+                # logs errors, where the run itself says it in one line (harness/__main__.py)
                 local = LocalCluster(n_workers=0, threads_per_worker=1, processes=True, dashboard_address=None,
-                                     silence_logs=40)
+                                     silence_logs=50)
             with local, Client(local) as client:
                 local.scale(max(0, workers - spare))
                 yield client

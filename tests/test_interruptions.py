@@ -6,7 +6,11 @@ The sweep is one data group (every cell shares its draws: the case where a cell 
 stored only when the whole group finished), cut into chunks of 3 trials; the runs hold at a
 chosen chunk commit (tests/interrupting.py), so each case is deterministic."""
 import json
+import random
 import re
+import subprocess
+import sys
+import time
 import signal
 import sqlite3
 
@@ -40,6 +44,7 @@ def clean(tmp_path_factory):
     ("SIGKILL", 3, "during"),
     ("SIGKILL", 7, "after"),
     ("SIGINT", 10, "after"),    # two cells finished, two still missing their last chunk
+    ("SIGTERM", 6, "during"),   # a scheduler's stop: 143, as Ctrl-C's 130
 ])
 def test_interrupted_one_group_sweep_loses_at_most_one_chunk_and_resumes_to_identical_rows(
         tmp_path, clean, how, commit, phase):
@@ -48,8 +53,8 @@ def test_interrupted_one_group_sweep_loses_at_most_one_chunk_and_resumes_to_iden
     wait_for_hold(proc, marker)
     proc.send_signal(getattr(signal, how))
     _, err = proc.communicate(timeout=120)
-    if how == "SIGINT":
-        assert proc.returncode == 130
+    if how in ("SIGINT", "SIGTERM"):
+        assert proc.returncode == 128 + getattr(signal, how)
         assert err.strip().splitlines()[-1].startswith("interrupted: a run keeps every chunk") and "Traceback" not in err
     else:
         assert proc.returncode == -signal.SIGKILL
@@ -177,3 +182,23 @@ def test_resume_refuses_a_run_written_under_the_earlier_seed_rule(tmp_path, caps
         assert (out / "manifest.json").read_bytes() == before             # nothing written
     else:
         assert code == 0
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_the_first_second_is_one_line_and_its_exit_status(tmp_path, signum):
+    """Ctrl-C or SIGTERM while the command line is still importing (torch, the commands): exit
+    130 or 143 with one line, no traceback, nothing left in --out."""
+    from interrupting import harness_env
+    rng = random.Random(signum)
+    for delay in (0.05, rng.uniform(0.1, 1.0)):
+        out = tmp_path / f"run-{delay:.2f}"
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "run", *ARGS, "--out", str(out)],
+                                stderr=subprocess.PIPE, text=True, env=harness_env())
+        time.sleep(delay)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode == 0:      # the run was faster than the signal
+            continue
+        assert proc.returncode == 128 + signum, err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted"), err
+        assert not out.exists() or not any(out.iterdir())
