@@ -443,7 +443,9 @@ def _heatmap(ax, values: pd.DataFrame, notes: pd.DataFrame) -> None:
             if text and np.isfinite(data[i, j]):
                 red, green, blue, _ = cmap(norm(data[i, j]))
                 dark = 0.2126 * red + 0.7152 * green + 0.0722 * blue < 0.408  # seaborn's threshold
-                ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=_LABEL_PT,
+                # clipped to the axes it lies inside (the panel is laid out so a note fits its cell):
+                # the layout then skips measuring each of the hundreds of notes, as it does the cells
+                ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=_LABEL_PT, clip_on=True,
                         color="white" if dark else "black")
 
 

@@ -1,6 +1,7 @@
 """What a reader sees of the report's figures and PDF tables: every figure has its own title, no
-rendered text shows raw math markup, no legend lists more than MAX_SERIES entries, and no PDF
-table cell is cut off."""
+rendered text shows raw math markup, no legend lists more than MAX_SERIES entries, no PDF
+table cell is cut off, the HTML and the PDF carry the same text, and each figure is drawn once
+for both."""
 from __future__ import annotations
 
 import re
@@ -223,3 +224,162 @@ def test_no_pdf_table_cell_runs_past_its_cell(monkeypatch):
             plt.close(f.figure)
     assert pages[0].tables >= 6
     assert pages[0].overflow == []
+
+
+# --- the HTML and the PDF say the same things -------------------------------------------------------
+
+# What the HTML shows and the PDF does not, as it stands: headings of the page's own navigation (a PDF
+# table page titles its table in words of its own), the run's configuration, and the notes under the
+# every-cell table and the claims table.
+HTML_ONLY = tuple(re.compile(p) for p in (r"Best codec at each storage level, in full",
+                                          r"Scenario .*: the Pareto front on measured storage", r"Figures",
+                                          r"Configuration", r"Means over trials with 95% Student-t .*",
+                                          r"How each claim was tested and the reasons: claim details\."))
+
+
+class _HtmlParts:
+    """What a reader of the HTML sees, by kind: 'heading' (h1-h3), 'cell' (every table's td and
+    th), 'caption' (figure captions and the notes under the first screen's tables), 'figure' (the
+    alt text of each figure's image: its title), each text with its spaces collapsed."""
+
+    _KIND = {"h1": "heading", "h2": "heading", "h3": "heading", "td": "cell", "th": "cell", "figcaption": "caption"}
+
+    def __init__(self, page: str):
+        from html.parser import HTMLParser
+
+        self.parts = {"heading": [], "cell": [], "caption": [], "figure": []}
+        self._open, self._text = None, []   # the element being read: (tag, kind)
+        parser = HTMLParser()
+        parser.handle_starttag, parser.handle_endtag, parser.handle_data = self._start, self._end, self._data
+        parser.feed(page)
+
+    def _start(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.parts["figure"].append(attrs["alt"])
+        kind = "caption" if tag == "p" and attrs.get("class") == "note" else self._KIND.get(tag)
+        if kind and self._open is None:
+            self._open, self._text = (tag, kind), []
+
+    def _end(self, tag):
+        if self._open and self._open[0] == tag:
+            self.parts[self._open[1]].append(" ".join("".join(self._text).split()))
+            self._open = None
+
+    def _data(self, data):
+        if self._open:
+            self._text.append(data)
+
+
+def _pdf_text(path) -> str:
+    """The PDF's text in the order it was drawn (a table's cells row by row, a cell's wrapped lines
+    together; -raw also keeps a hyphen that ends a line, which pdftotext otherwise drops as a
+    hyphenation), by pdftotext (poppler-utils) or else pypdf; the test is skipped with neither."""
+    import shutil
+    import subprocess
+
+    if shutil.which("pdftotext"):
+        return subprocess.run(["pdftotext", "-raw", str(path), "-"], capture_output=True, text=True,
+                              check=True).stdout
+    pypdf = pytest.importorskip("pypdf", reason="neither pdftotext (poppler-utils) nor pypdf is installed")
+    return "\n".join(page.extract_text() for page in pypdf.PdfReader(path).pages)
+
+
+def _compact(text: str) -> str:
+    """text with every space and line break removed and compatibility characters folded (NFKC: a
+    subscript ₂ or a ligature as extracted from the PDF is the plain character), so that a caption
+    wrapped over several PDF lines still reads as the HTML's one line."""
+    import unicodedata
+
+    return "".join(unicodedata.normalize("NFKC", text).split())
+
+
+@pytest.fixture(scope="module")
+def both_outputs(tmp_path_factory):
+    """The HTML and the PDF of one set of synthetic findings (two scenarios, one named with $, seven
+    codecs of four families) and the figures they were drawn from: (findings, html, pdf path, figures)."""
+    import matplotlib.pyplot as plt
+
+    from reports.figures import build_figures
+    from reports.html import provenance_rows, render_html
+    from reports.pdf import write_pdf
+
+    findings = synthetic_findings(names=CODECS[:4] + ("sq-kv", "int8", "h2o"))
+    built = build_figures(findings)
+    pdf = tmp_path_factory.mktemp("both") / "report.pdf"
+    try:
+        page = render_html("t", findings, built, None, "1 s")
+        write_pdf(pdf, "t", findings, built, provenance_rows(None, findings, "1 s"))
+    finally:
+        for f in built:
+            if f.figure is not None:
+                plt.close(f.figure)
+    return findings, page, pdf, built
+
+
+def test_html_and_pdf_show_the_same_headings_tables_and_captions(both_outputs):
+    """Every heading of the HTML (but its navigation), every table cell, every figure's title and
+    every caption is in the PDF's text too (spaces and line breaks aside), and each figure drawn
+    appears in both with the title and caption its builder gave it: the two outputs of one report
+    say the same things."""
+    findings, page, pdf, built = both_outputs
+    parts = _HtmlParts(page).parts
+    text = _compact(_pdf_text(pdf))
+    html_only = HTML_ONLY
+    if findings.crossovers.empty:   # the PDF leaves an empty crossovers table out, the HTML says "None"
+        html_only += (re.compile(r"Crossovers along the storage axis"),)
+    headings = [h for h in parts["heading"] if not any(p.fullmatch(h) for p in html_only)]
+    assert len(headings) >= 8 and [h for h in headings if _compact(h) not in text] == []
+    cells = [c for c in parts["cell"] if c]
+    assert len(cells) > 200
+    assert [c for c in cells if _compact(c) not in text] == []
+    captions = [c for c in parts["caption"] if c and not any(p.fullmatch(c) for p in html_only)]
+    assert [c for c in captions if _compact(c) not in text] == []
+    drawn = [f for f in built if f.figure is not None]
+    assert len(drawn) >= 6 and parts["figure"] == [f.title for f in drawn]
+    for f in drawn:
+        assert f.caption in parts["caption"] and _compact(f.caption) in text, f.key
+        if not f.key.startswith("front-"):   # a front heads the first screen under its scenario's name
+            assert f.title in parts["heading"] and _compact(f.title) in text, f.key
+    for f in built:
+        if f.figure is None:
+            assert _compact(f"{f.title}: {f.absent_reason}.") in text and f.absent_reason in page, f.key
+
+
+def _counting(method, counts):
+    """method, counting its calls per object (by id) in counts."""
+    def counted(self, *args, **kwargs):
+        counts[id(self)] += 1
+        return method(self, *args, **kwargs)
+    return counted
+
+
+def test_each_figure_is_drawn_and_measured_once_for_both_outputs(monkeypatch, tmp_path):
+    """Writing the HTML and the PDF draws each report figure once and measures its tight box once:
+    the figures were drawn two to four times (savefig drew each once more to run the inert layout
+    engine that tight_layout leaves, and the HTML drew again those whose PDF page is coarser)."""
+    import collections
+
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from reports.figures import build_figures
+    from reports.html import render_html
+    from reports.pdf import write_pdf
+
+    findings = synthetic_findings(names=CODECS[:5])
+    built = build_figures(findings)
+    drawn, measured = collections.Counter(), collections.Counter()
+    monkeypatch.setattr(Figure, "draw", _counting(Figure.draw, drawn))
+    monkeypatch.setattr(Figure, "get_tightbbox", _counting(Figure.get_tightbbox, measured))
+    try:
+        render_html("t", findings, built, None, "1 s")
+        write_pdf(tmp_path / "report.pdf", "t", findings, built, [("item", "value")])
+    finally:
+        for f in built:
+            if f.figure is not None:
+                plt.close(f.figure)
+    figures = [f for f in built if f.figure is not None]
+    assert len(figures) >= 6
+    assert {f.key: drawn[id(f.figure)] for f in figures} == {f.key: 1 for f in figures}
+    assert {f.key: measured[id(f.figure)] for f in figures} == {f.key: 1 for f in figures}

@@ -97,7 +97,8 @@ def _findings(directory: Path, null_directory: Path | None, n_permutations: int,
 def write_report(directory: Path, null_directory: Path | None = None, n_permutations: int = 1000,
                  levels=None) -> tuple[Path, Path]:
     """Analyse the run in `directory` and write report.html and report.pdf there; each file is
-    written under a temporary name and renamed, so neither is ever half-written."""
+    written under a temporary name and renamed, so neither is ever half-written. Both files show
+    each figure's one drawing (reports.raster)."""
     import matplotlib.pyplot as plt
 
     from reports.figures import build_figures
