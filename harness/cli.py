@@ -33,18 +33,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def _command_modules():
-    mods = [importlib.import_module(f"{commands.__name__}.{m.name}")
-            for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")]
+def _command_modules(only: str | None = None):
+    """The command modules (a module's file name is its command's NAME), sorted for --help; only
+    `only`'s where that names one: a command imports what it uses, not what every command uses
+    (`harness report` needs no torch)."""
+    names = [m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")]
+    mods = [importlib.import_module(f"{commands.__name__}.{name}") for name in names if only in (None, name)]
     rank = {name: i for i, name in enumerate(ORDER)}
     return sorted(mods, key=lambda m: (rank.get(m.NAME, len(ORDER)), m.NAME))
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict]:
+    """The parser of every command, or, where argv starts with a command's name, of that one."""
+    names = {m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
+    only = argv[0] if argv and argv[0] in names else None
     parser = _Parser(prog="harness", description="kvharness: statistical validation of KV-cache codecs")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     handlers = {}
-    for mod in _command_modules():
+    for mod in _command_modules(only):
         mod.add_arguments(sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP))
         handlers[mod.NAME] = mod.run
     return parser, handlers
@@ -52,7 +58,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        parser, handlers = build_parser()
+        argv = sys.argv[1:] if argv is None else argv
+        parser, handlers = build_parser(argv)
         args = parser.parse_args(argv)
         return handlers[args.command](args)
     except (UsageError, StoreError) as exc:   # bad input, or a run directory that cannot be used as asked

@@ -10,10 +10,6 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import numpy
-import scipy
-import torch
-
 from .store import InputChanged
 
 
@@ -41,7 +37,13 @@ def package_version() -> str:
         return "unknown"
 
 
-def provenance(device: torch.device) -> dict:
+def provenance(device) -> dict:
+    """The versions, host and device a run records in its manifest (torch, NumPy and SciPy imported
+    here: a report, which imports this module for `now`, needs none of them)."""
+    import numpy
+    import scipy
+    import torch
+
     info = {
         "kvharness": package_version(), "git_sha": git_sha(), "python": platform.python_version(),
         "torch": torch.__version__, "numpy": numpy.__version__, "scipy": scipy.__version__,

@@ -132,6 +132,8 @@ def read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     except ValueError as exc:  # object arrays need pickle, which is refused
         raise ValueError(f"{path}: refused: {str(exc).splitlines()[0]} (only plain numeric arrays are "
                          f"loaded, never pickle)") from None
+    except PermissionError:
+        raise   # load_capture: "cannot be read", not "not an archive"
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: not a readable .npz archive or truncated ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from None
@@ -188,6 +190,9 @@ def _check(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str])
             raise ValueError(f"{path}: tensor {name} has shape {tensors[name].shape}; expected ({n_tokens},)")
     if np.any(np.diff(tensors["segments"]) < 0):
         raise ValueError(f"{path}: segments must be non-decreasing")
+    overlap = overlapping_windows(tensors["positions"], tensors["segments"])
+    if overlap is not None:
+        raise ValueError(f"{path}: {overlap}")
     expected = {"layers": n_layers, "heads": q.shape[1], "kv_heads": n_kv, "head_dim": dim, "n_tokens": n_tokens}
     for key, value in expected.items():
         if metadata[key] != str(value):
@@ -212,6 +217,28 @@ def _check(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str])
                    tensors["segments"].astype(np.int64))
 
 
+def overlapping_windows(positions: np.ndarray, segments: np.ndarray) -> str | None:
+    """Why the tokens are not one window of consecutive positions per segment (p, p+1, ... in each
+    forward pass), or None. A position that repeats or steps back inside a segment is a second
+    window overlapping the first, joined to it under one segment number: a replayed window could
+    span both (tokens that never attended to each other, one token twice) and the calibration
+    part could share tokens with the evaluated one."""
+    positions, segments = positions.astype(np.int64), segments.astype(np.int64)
+    if positions.size and positions.min() < 0:
+        i = int(np.argmin(positions))
+        return f"position {int(positions[i])} at token {i} is negative; valid: positions 0, 1, ... within each segment"
+    same = segments[1:] == segments[:-1]
+    step = np.diff(positions)
+    wrong = np.flatnonzero(same & (step != 1))
+    if not wrong.size:
+        return None
+    i = int(wrong[0]) + 1
+    what = "overlapping windows" if step[i - 1] < 1 else "a gap"
+    return (f"{what} in segment {int(segments[i])}: token {i} is at position {int(positions[i])} after position "
+            f"{int(positions[i - 1])}; valid: consecutive positions (p, p+1, ...) within each segment, one "
+            f"non-overlapping window (forward pass) per segment number")
+
+
 def load_capture(path: str | Path) -> Capture:
     """The validated capture at `path` (.safetensors or .npz); ValueError naming the file and problem."""
     path = Path(path)
@@ -220,8 +247,12 @@ def load_capture(path: str | Path) -> Capture:
                          f"got {path.suffix or 'no suffix'!r}")
     if not path.is_file():
         raise ValueError(f"{path}: no such capture file")
-    stat = path.stat()
-    return _load_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    try:
+        stat = path.stat()
+        return _load_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except OSError as exc:   # permission denied, an I/O error: one line too
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or type(exc).__name__}); give a capture file "
+                         f"you may read") from None
 
 
 @functools.lru_cache(maxsize=2)

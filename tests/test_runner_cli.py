@@ -175,6 +175,7 @@ def test_openmp_wait_policy_is_set_before_torch_loads(given, expected):
              "import harness\n"
              "seen = (os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)\n"
              "import harness.cli\n"
+             "harness.cli.build_parser()\n"          # every command's modules, torch among them
              "print(*seen, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -286,3 +287,19 @@ def test_all_with_a_bad_setting_names_the_setting(capsys):
     assert main(["run", "--scenario", "gaussian", "--scheme", "all", "--dim", "0", "--trials", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--dim 0 must be a positive integer" in err and "skipping" not in err
+
+
+def test_a_command_imports_only_its_own_modules():
+    """`harness report`'s parser is built from its own module alone: the command line does not
+    import torch for a command that does not use it; the full parser (no or an unknown command,
+    --help) still has every command."""
+    import subprocess
+    import sys
+
+    from harness.cli import build_parser
+    probe = ("import sys; from harness.cli import build_parser; parser, handlers = build_parser(['report', 'x']); "
+             "print(sorted(handlers), 'torch' in sys.modules)")
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert seen.stdout.split() == ["['report']", "False"], seen.stdout + seen.stderr
+    _, handlers = build_parser(["--help"])
+    assert {"run", "report", "export", "list", "validate"} <= set(handlers)

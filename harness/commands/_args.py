@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Callable
-
-from ..sweep import MAX_SEED
 
 
 class EveryName(tuple):
@@ -58,6 +58,153 @@ def path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path; give a file or directory name")
     return Path(text)
+
+
+# ---------------------------------------------------------------- the door: every path a command reads or writes
+# One check per kind of path, run before any work (as the argparse type of the option, or through
+# check_path where the path is known only later: a default, a directory named in a file): what
+# is wrong in one line, with what is valid. Nothing is created by a check; the write probe is an
+# unnamed temporary file (O_TMPFILE where the file system has it), gone when closed.
+
+OUTPUT_DIR, OUTPUT_FILE, INPUT_FILE, INPUT_DIR, WRITABLE_DIR = \
+    "output directory", "output file", "input file", "input directory", "writable directory"
+VALID = {OUTPUT_DIR: "a new directory (its missing parents are made) or an existing one you may write to",
+         OUTPUT_FILE: "a file name in an existing directory you may write to",
+         INPUT_FILE: "an existing file you may read",
+         INPUT_DIR: "an existing directory you may read",
+         WRITABLE_DIR: "an existing directory you may write to"}
+
+
+def _cannot_write(directory: Path) -> str | None:
+    """Why (a few words) no file can be made in the existing directory `directory` (mode bits for
+    this user, a read-only file system, ...), or None: os.access for the effective user, then a
+    real probe (root passes os.access on any directory of a writable file system)."""
+    effective = os.access in os.supports_effective_ids
+    if not os.access(directory, os.W_OK | os.X_OK, effective_ids=effective):
+        return "read-only for this user or on its file system"
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+def _cannot_read(target: Path, directory: bool) -> str | None:
+    effective = os.access in os.supports_effective_ids
+    if not os.access(target, os.R_OK | (os.X_OK if directory else 0), effective_ids=effective):
+        return "cannot be read (permission denied)"
+    try:
+        if directory:
+            with os.scandir(target) as entries:
+                next(entries, None)
+        else:
+            with open(target, "rb") as f:
+                f.read(1)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or type(exc).__name__})"
+    return None
+
+
+def path_problem(target: Path, kind: str, noun: str | None = None) -> str | None:
+    """What makes `target` unusable as a `kind` (OUTPUT_DIR, OUTPUT_FILE, INPUT_FILE, INPUT_DIR,
+    WRITABLE_DIR), to follow its name, or None. An output directory may not exist yet: then every
+    existing ancestor must be a directory and the nearest one writable (mkdir makes the rest). A
+    missing input is ': no such NOUN' where `noun` is given (the readers' own words)."""
+    if kind != OUTPUT_FILE and target.is_symlink() and not target.exists():   # a file is written through it
+        return f"is a symbolic link to {os.readlink(target)}, which does not exist"
+    if kind in (INPUT_FILE, INPUT_DIR, WRITABLE_DIR):
+        if not target.exists():
+            above = next((p for p in target.absolute().parents if p.exists()), None)
+            if above is not None and not above.is_dir():
+                return f"lies under {above}, which is a file"
+            return f": no such {noun}" if noun else "does not exist"
+        if kind == INPUT_FILE:
+            if target.is_dir():
+                return "is a directory"
+            if not stat.S_ISREG(target.stat().st_mode):   # opening a FIFO to probe it would wait for a writer
+                return "is not a regular file (a device, FIFO or socket)"
+            return _cannot_read(target, directory=False)
+        if not target.is_dir():
+            return "is a file"
+        return _cannot_read(target, directory=True) or (_not_writable(target) if kind == WRITABLE_DIR else None)
+    if kind == OUTPUT_FILE:
+        if target.is_dir():
+            return "is a directory"
+        parent = Path(os.path.realpath(target)).parent
+        if not parent.exists():
+            return f"cannot be written: the directory {parent} does not exist"
+        if not parent.is_dir():
+            return f"lies under {parent}, which is a file"
+        reason = _cannot_write(parent)
+        return f"cannot be written: {parent} is not writable ({reason})" if reason else None
+    if kind != OUTPUT_DIR:
+        raise ValueError(f"unknown kind of path {kind!r}; valid: {', '.join(VALID)}")
+    if target.exists():
+        if not target.is_dir():
+            return "is a file"
+        return _cannot_read(target, directory=True) or _not_writable(target)
+    above = next((p for p in target.absolute().parents if p.exists()), None)
+    if above is None:
+        return None
+    if not above.is_dir():
+        return f"lies under {above}, which is a file"
+    reason = _cannot_write(above)
+    return f"cannot be made: {above} is not writable ({reason})" if reason else None
+
+
+def _not_writable(directory: Path) -> str | None:
+    reason = _cannot_write(directory)
+    return f"is not writable ({reason})" if reason else None
+
+
+def _door(kind: str, what: str | None = None, noun: str | None = None):
+    """An argparse type for a path of `kind`, refused at parsing, before any work; `what` names
+    what is valid more closely (e.g. 'a capture FILE.safetensors or .npz')."""
+    def parse(text: str) -> Path:
+        # Path('') is the current directory, where a run would write its store: the empty name is refused
+        problem = path_problem(Path(text), kind, noun) if text.strip() else "an empty path"
+        if problem:
+            shown = "" if not text.strip() else text if problem.startswith(":") else f"{text} "
+            raise argparse.ArgumentTypeError(f"{shown}{problem}; valid: {what or VALID[kind]}")
+        return Path(text)
+    parse.__name__ = kind.replace(" ", "_")
+    return parse
+
+
+def output_dir(text: str) -> Path:
+    """--out of the commands that write a run directory (module comment above)."""
+    return _door(OUTPUT_DIR)(text)
+
+
+def output_file(what: str | None = None):
+    """An argparse type for a file a command writes (fit --out, capture --out, export --output)."""
+    return _door(OUTPUT_FILE, what)
+
+
+def input_file(what: str | None = None, noun: str | None = None):
+    """An argparse type for a file a command reads (a capture, a spec, a text)."""
+    return _door(INPUT_FILE, what, noun)
+
+
+# the capture FILE of fit, recommend and predictivity (its readers say "no such capture file" too)
+capture_file = input_file("a capture FILE.safetensors or .npz (harness capture) you may read", "capture file")
+
+
+def input_dir(what: str | None = None):
+    """An argparse type for a directory a command reads (a run, a model)."""
+    return _door(INPUT_DIR, what)
+
+
+def check_path(target: Path, kind: str, command: str, option: str, what: str | None = None) -> None:
+    """UsageError (one line: the option, the path, what is wrong, what is valid) unless `target`
+    can serve as `kind`: the door for paths known only after parsing (a default, a run directory
+    named inside a file, a run a command writes into)."""
+    from ..errors import UsageError
+    problem = path_problem(target, kind)
+    if problem:
+        space = "" if problem.startswith(":") else " "
+        raise UsageError(f"harness {command}: {option} {target}{space}{problem}; valid: {what or VALID[kind]}")
 
 
 def _repeated(items) -> None:
@@ -142,24 +289,18 @@ def check_test_options(args, command: str) -> None:
         raise UsageError(f"harness {command}: --margin {args.margin} must be a positive finite number")
     if args.permutations < 1:
         raise UsageError(f"harness {command}: --permutations {args.permutations} must be a positive integer")
+    from ..sweep import MAX_SEED   # here: harness.sweep imports torch, which `harness report` does not need
     if not 0 <= args.seed <= MAX_SEED:
         raise UsageError(f"harness {command}: --seed {args.seed} must be an integer in 0..{MAX_SEED}")
     if getattr(args, "out", None) is not None:
-        check_out_dir(args.out, command, "give a directory for the runs")
+        check_out_dir(args.out, command, "a directory for the runs: new, or existing and writable")
 
 
 def check_out_dir(out: Path, command: str, advice: str) -> None:
-    """UsageError unless `out` can be a directory: it is one or does not exist yet, with no file on
-    its way up (mkdir would fail) and not a symbolic link to nowhere (mkdir would fail too)."""
-    from ..errors import UsageError
-    if out.is_symlink() and not out.exists():
-        raise UsageError(f"harness {command}: --out {out} is a symbolic link to {os.readlink(out)}, which does not "
-                         f"exist; {advice}")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"harness {command}: --out {out} is a file; {advice}")
-    above = next((p for p in out.absolute().parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise UsageError(f"harness {command}: --out {out} lies under {above}, which is a file; {advice}")
+    """UsageError unless `out` can be a directory this command writes (path_problem OUTPUT_DIR):
+    it is one or does not exist yet, with no file on its way up (mkdir would fail), not a symbolic
+    link to nowhere (mkdir would fail too), and writable (or its nearest existing ancestor)."""
+    check_path(out, OUTPUT_DIR, command, "--out", advice)
 
 
 def add_margin_arguments(p) -> None:

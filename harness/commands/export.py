@@ -8,15 +8,16 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..store import LOCK_FILE, MANIFEST_FILE, RESULTS_FILE, RunStore
+from ._args import OUTPUT_FILE, check_path, input_dir, output_file
 
 NAME = "export"
 HELP = "write a run's trials as CSV or Parquet"
 
 
 def add_arguments(p):
-    p.add_argument("directory", type=Path)
+    p.add_argument("directory", type=input_dir("a run directory (holding results.sqlite) you may read"))
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
-    p.add_argument("--output", type=Path, default=None, help="file to write (default DIR/results.FORMAT)")
+    p.add_argument("--output", type=output_file(), default=None, help="file to write (default DIR/results.FORMAT)")
 
 
 # The files a run directory's own commands write (run, report; sqlite's side files): never an
@@ -50,6 +51,8 @@ def check_output(directory: Path, output: Path) -> Path:
     if _not_regular(target):
         raise UsageError(f"harness export: --output {output} is not a regular file (a device, FIFO or socket); "
                          f"give a file name")
+    # the default DIR/results.FORMAT in a read-only run too, before the trials are read
+    check_path(output, OUTPUT_FILE, "export", "--output", "give --output FILE in a directory you may write to")
     return target
 
 

@@ -3,18 +3,18 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from ..errors import UsageError
-from ._args import path
+from ._args import capture_file, output_file
 
 NAME = "fit"
 HELP = "fit a capture's per-layer statistics: nearest scenario family, and a spec for --scenario fitted:SPEC.json"
 
 
 def add_arguments(p):
-    p.add_argument("capture", type=Path, help="capture FILE.safetensors or .npz (harness capture)")
-    p.add_argument("--out", type=path, default=None, help="write the spec to SPEC.json (scenario fitted:SPEC.json)")
+    p.add_argument("capture", type=capture_file, help="capture FILE.safetensors or .npz (harness capture)")
+    p.add_argument("--out", type=output_file("SPEC.json in an existing directory you may write to"), default=None,
+                   help="write the spec to SPEC.json (scenario fitted:SPEC.json)")
     p.add_argument("--fit-fraction", type=float, default=0.5,
                    help="fit on the first fraction of the tokens (default 0.5: replay:FILE's calibration part, so "
                         "its evaluation windows stay held out)")

@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 
 import schemes
 
 from ..errors import UsageError
 from ..sweep import SweepConfig
-from ._args import comma_list, path, sweep_into
+from ._args import capture_file, comma_list, input_file, output_dir, sweep_into
 
 NAME = "predictivity"
 HELP = "rank codecs at equal storage on fitted/generic scenarios and on replayed real windows: Kendall's tau per layer"
@@ -46,8 +45,10 @@ def is_quantiser(name: str) -> bool:
 
 
 def add_arguments(p):
-    p.add_argument("capture", type=Path, help="capture FILE.safetensors or .npz (harness capture)")
-    p.add_argument("--spec", type=Path, required=True, help="its fitted spec SPEC.json (harness fit --out)")
+    p.add_argument("capture", type=capture_file, help="capture FILE.safetensors or .npz (harness capture)")
+    p.add_argument("--spec", type=input_file("a fitted spec SPEC.json (harness fit --out) you may read",
+                                             "fitted scenario spec"),
+                   required=True, help="its fitted spec SPEC.json (harness fit --out)")
     p.add_argument("--layers", type=comma_list(int), default=None, help="layers (default: all of the spec)")
     p.add_argument("--scheme", type=comma_list(str, schemes.registry.all_schemes, known=schemes.is_registered),
                    default=None, help=f"codecs (default {','.join(DEFAULT_SCHEMES + KVPRESS_SCHEMES)}, "
@@ -59,7 +60,7 @@ def add_arguments(p):
     p.add_argument("--queries", type=int, default=64, help="queries Nq (default 64)")
     p.add_argument("--calib-tokens", type=int, default=512, help="calibration tokens (default 512)")
     p.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
-    p.add_argument("--out", type=path, required=True, help="run directory (reused when it holds this sweep)")
+    p.add_argument("--out", type=output_dir, required=True, help="run directory (reused when it holds this sweep)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

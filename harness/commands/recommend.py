@@ -12,7 +12,7 @@ import schemes
 
 from ..errors import UsageError
 from ..sweep import SweepConfig
-from ._args import comma_list, path, sweep_into
+from ._args import capture_file, comma_list, output_dir, sweep_into
 from .predictivity import DEFAULT_SCHEMES
 
 NAME = "recommend"
@@ -21,7 +21,7 @@ RESULT_FILE = "recommendation.json"
 
 
 def add_arguments(p):
-    p.add_argument("capture", type=Path, help="capture FILE.safetensors or .npz (harness capture)")
+    p.add_argument("capture", type=capture_file, help="capture FILE.safetensors or .npz (harness capture)")
     p.add_argument("--bits", type=float, required=True, help="average measured storage, bits per element")
     p.add_argument("--layers", type=comma_list(int), default=None, help="layers (default: all)")
     p.add_argument("--scheme", type=comma_list(str, schemes.registry.all_schemes, known=schemes.is_registered),
@@ -32,7 +32,7 @@ def add_arguments(p):
     p.add_argument("--queries", type=int, default=64, help="queries Nq (default 64)")
     p.add_argument("--calib-tokens", type=int, default=512, help="calibration tokens (default 512)")
     p.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
-    p.add_argument("--out", type=path, required=True, help="run directory (reused when it holds this sweep)")
+    p.add_argument("--out", type=output_dir, required=True, help="run directory (reused when it holds this sweep)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

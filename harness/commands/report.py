@@ -16,15 +16,17 @@ from stats.equal_storage import parse_levels
 from ..errors import UsageError
 from ..provenance import now, package_version
 from ..store import RESULTS_FILE, RunStore
-from ._args import Once, unique_items
+from ._args import WRITABLE_DIR, Once, check_path, input_dir, unique_items
 
 NAME = "report"
 HELP = "write DIR/report.html and DIR/report.pdf (summary, figures, provenance) from a stored run"
 
 
 def add_arguments(p):
-    p.add_argument("directory", type=Path, help="a run directory (holding results.sqlite)")
-    p.add_argument("--null", type=Path, default=None, metavar="NULL_DIR",
+    p.add_argument("directory", type=input_dir("a run directory (holding results.sqlite) you may read"),
+                   help="a run directory (holding results.sqlite)")
+    p.add_argument("--null", type=input_dir("a run directory (holding results.sqlite) you may read"), default=None,
+                   metavar="NULL_DIR",
                    help="a run of the same cells differing only in RNG family, seed, impl, device or dtype: "
                         "the implementation null of the codec-difference verdicts")
     p.add_argument("--screenshot", action="store_true",
@@ -129,6 +131,8 @@ def write_report(directory: Path, null_directory: Path | None = None, n_permutat
 
 
 def run(args) -> int:
+    if not args.json:   # report.html and report.pdf go into the run directory
+        check_path(args.directory, WRITABLE_DIR, "report", "DIR", "a run directory you may write to (report.html goes there), or --json")
     store = RunStore(args.directory)
     if not store.path.exists():
         raise UsageError(f"harness report: {args.directory} holds no {RESULTS_FILE}; give a run directory "

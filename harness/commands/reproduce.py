@@ -12,7 +12,7 @@ from stats.margins import ALPHA
 from ..devices import DEVICES
 from ..errors import UsageError
 from ..store import RESULTS_FILE
-from ._args import path
+from ._args import OUTPUT_DIR, check_path, output_dir
 
 NAME = "reproduce"
 HELP = "run what each claim of a paper needs and judge every claim (reproduced / partly / refuted / inconclusive)"
@@ -27,7 +27,7 @@ def add_arguments(p):
                    help="a reduced grid for a 2-core CPU (30 trials, d 64/128, S 256, b 2-4; about two minutes); "
                         "default: the paper's §3 grid (200 trials, d 64/128/256, b 2..7, n_cal 512) at S 1024")
     p.add_argument("--size", choices=("tiny", "quick", "paper"), default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", type=path, default=None, help="run directory (default runs/amd-paper-<time>)")
+    p.add_argument("--out", type=output_dir, default=None, help="run directory (default runs/amd-paper-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted reproduction in --out")
     p.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     p.add_argument("--device", choices=DEVICES, default="auto", help="auto (default), cpu or cuda")
@@ -52,10 +52,10 @@ def run(args) -> int:
         check(size, seed=args.seed, device=args.device)
     except ValueError as exc:
         raise UsageError(f"harness reproduce: {exc}") from None
+    if args.out is None:   # --out itself passed the door (output_dir) as it was parsed
+        check_path(Path("runs"), OUTPUT_DIR, "reproduce", "--out's default",
+                   "give --out DIR, a directory you may write to")
     out = args.out or Path("runs") / f"{args.target}-{datetime.now():%Y%m%d-%H%M%S}"
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"harness reproduce: --out {out} is a file; give a directory (new, or holding this "
-                         f"reproduction with --resume)")
     print(f"harness reproduce {args.target}, size {size.name}; reduced from the paper: {size.reduced}")
     start = time.perf_counter()
     try:

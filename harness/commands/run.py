@@ -14,7 +14,7 @@ from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
 from ..sweep import GRIDS, IMPLS, SweepConfig, grid
-from ._args import EveryName, check_out_dir, comma_list, path
+from ._args import OUTPUT_DIR, EveryName, check_path, comma_list, output_dir
 
 NAME = "run"
 HELP = "run a sweep (the cross product of the flags) into a run directory"
@@ -60,7 +60,7 @@ def add_arguments(p):
     p.add_argument("--rng", choices=("pcg64", "mt19937", "philox"),
                    help="bit-generator family of every random stream (default pcg64)")
     p.add_argument("--impl", choices=IMPLS, help="torch (default) or reference (independent NumPy)")
-    p.add_argument("--out", type=path, default=None, help="run directory (default runs/<scenario>-<time>)")
+    p.add_argument("--out", type=output_dir, default=None, help="run directory (default runs/<scenario>-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary table")
     p.add_argument("--workers", type=int, default=None, help="run cells on a local Dask cluster of N workers")
@@ -141,8 +141,9 @@ def run(args) -> int:
     config = config_from_args(args)
     check_memory(config, resolve_device(config.device))  # before a directory is made
     check_data(config)
-    if args.out is not None:
-        check_out_dir(args.out, "run", "give a directory (new, or holding this run with --resume)")
+    if args.out is None:   # --out itself passed the door (output_dir) as it was parsed
+        check_path(Path("runs"), OUTPUT_DIR, "run", "--out's default",
+                   "give --out DIR, a directory you may write to")
     out = args.out or default_out(config)
     store = RunStore(out)
     try:

@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..errors import UsageError
-from ._args import path
+from ._args import output_file
 
 NAME = "selftest"
 HELP = "the known-answer benchmark: the rate of right verdicts on known bugs and harmless changes"
@@ -21,7 +21,7 @@ def add_arguments(p):
     p.add_argument("--repetitions", type=int, default=None,
                    help="repetitions of every case, each at its own root seed (default 10; 1 with --quick)")
     p.add_argument("--json", action="store_true", help="print the JSON payload instead of the table")
-    p.add_argument("--out", type=path, default=None, metavar="FILE", help="also write the JSON payload to FILE")
+    p.add_argument("--out", type=output_file(), default=None, metavar="FILE", help="also write the JSON payload to FILE")
 
 
 def run(args) -> int:

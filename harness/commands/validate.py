@@ -27,7 +27,7 @@ from stats.margins import ALPHA
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
-from ._args import add_margin_arguments, check_spread_margin, check_test_options, path
+from ._args import add_margin_arguments, check_spread_margin, check_test_options, output_dir
 from ..sweep import IMPLS, MAX_SEED, SweepConfig
 
 NAME = "validate"
@@ -56,7 +56,7 @@ def add_arguments(p):
     p.add_argument("--alpha", type=float, default=ALPHA, help=f"family-wise level (default {ALPHA})")
     add_margin_arguments(p)
     p.add_argument("--permutations", type=int, default=1000, help="energy-test permutations (default 1000)")
-    p.add_argument("--out", type=path, default=None, help="directory for the runs (default: a temporary one)")
+    p.add_argument("--out", type=output_dir, default=None, help="directory for the runs (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
