@@ -13,9 +13,11 @@ carries one-time work (its codec's tables, the first use of a code path), the co
 differ tenfold, and a first run compiles for tens of seconds. It adds, cell by cell, the trials
 left times the cell's own cost per trial after its first chunk (cell.chunk_plan puts the short
 chunk first): measured on its latest chunk, compiling taken out; else an earlier run's on this
-machine (CostHistory), scaled to this run's speed; else its first chunk's, scaled by how later
-chunks compare with first ones in the cells seen on both. Until one of these is known the ETA
-is `unknown`. Its error, replayed on recorded runs, is in docs/performance.md.
+machine (CostHistory), scaled to this run's speed; else the mean of the known cells' (a first
+chunk says little of it); a cell yet to run the current chunk of trials is scaled by the
+machine's speed now against the chunk before (its load moves); the data still to draw and the
+work around the cells (commits) are added as measured. Until some cost is known the ETA is
+`unknown`. Its error, replayed on recorded runs, is in docs/performance.md.
 """
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ class RemainingTime:
         self.prior = {cell: cost for cell, cost in (prior or {}).items() if cell in self.trials_left}
         self._first: dict = {}     # cell -> (trials, seconds) of its first chunk in this run
         self._later: dict = {}     # cell -> its own seconds per trial on its latest chunk after the first
+        self._earlier: dict = {}   # cell -> the same on the later chunk before that
+        self._at: dict = {}        # cell -> the first trial of its latest chunk
         self._draws: dict = {}     # first trial of a chunk of trials -> (trials, seconds around its first cell)
         self._around = [0.0, 0.0]  # over the other later chunks: seconds around the cells' work, their own
         self._drawn, self._end = 0, None   # the end of the trials drawn so far; of those to draw
@@ -69,7 +73,10 @@ class RemainingTime:
         if cell not in self._first:   # its own work only: the run's start (building the codecs) is in the first gap
             self._first[cell] = (trials, wall)
             return
+        if cell in self._later:
+            self._earlier[cell] = self._later[cell]
         self._later[cell] = wall / trials
+        self._at[cell] = first_trial
         if first_trial is not None and first_trial not in self._draws:
             self._draws[first_trial] = (trials, seconds - wall)
         else:
@@ -81,6 +88,13 @@ class RemainingTime:
         a later chunk; else the earlier run's, scaled by this run's speed against it (over the
         cells measured on both). (A first chunk says little of it: one-time work dominates it.)"""
         known = dict(self._later)
+        # the machine's speed now against the chunk before (its load changes): measured on the
+        # cells that have run the current chunk of trials, applied to those yet to run it
+        current = max((at for at in self._at.values() if at is not None), default=None)
+        moved = [c for c in self._earlier if self._at.get(c) == current]
+        if moved and current is not None:
+            drift = sum(self._later[c] for c in moved) / sum(self._earlier[c] for c in moved)
+            known.update({c: cost * drift for c, cost in known.items() if self._at.get(c) != current})
         both = [c for c in self._later if c in self.prior and self.prior[c] > 0]
         speed = sum(self._later[c] for c in both) / sum(self.prior[c] for c in both) if both else 1.0
         for cell, cost in self.prior.items():

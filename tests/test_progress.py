@@ -65,9 +65,9 @@ def test_a_first_run_says_unknown_until_a_cell_runs_past_its_first_chunk_then_tr
     first_later = next(i for i, e in enumerate([e for e in events if e["kind"] == "chunk"]) if e["start"] > 0)
     assert all(eta is None for _, eta, _ in seen[:first_later])   # the one-time work's size is not guessed
     ratios = np.array([eta / left for _, eta, left in seen[first_later:] if left > 1])
-    # the recorded machine's load moved the truth itself by up to 1.5x between chunks of trials
+    # the recorded machine's load moved the truth itself by up to 2x between chunks of trials
     assert np.median(np.abs(np.log(ratios))) < math.log(1.5)
-    assert np.mean(np.abs(np.log(ratios)) < math.log(1.5)) >= 0.75
+    assert np.abs(np.log(ratios)).max() < math.log(3)
 
 
 def test_the_rate_and_the_line_leave_the_compiling_out_and_show_it():
