@@ -9,8 +9,19 @@ the codec's own Encoded changed before the codec decodes them, or in post-proces
 codec decoded: every decoded tensor comes from the wrapped codec. Each bug is modelled on a real
 kind of KV-quantiser bug and has a stated SIZE (a fraction of tokens, channels or trials, a
 factor's error, a width), run at that size; at its `neutral` size it is no bug (identical
-output, tests/test_known_answers.py). The right answer: `codec-difference`, from
-`harness validate --scheme CODEC --against bug:NAME/CODEC` (null: a seed change of each).
+output, tests/test_known_answers.py). The right answer (Bug.target): `codec-difference`, from
+`harness validate --scheme CODEC --against bug:NAME/CODEC` (null: a seed change of each), except
+for the bugs too small to matter (a scale or table stored at too low a precision), whose right
+answer is `negligible`: significant, and shown inside every margin. One bug changes only the
+spread (uneven-calls: each trial's K error 1 ± 5 % times the codec's, the signs balanced by
+construction, at the codec's storage).
+
+Designs (PLUGIN_DESIGNS). Every bug runs three ways: in-process as above, and installed as the
+entry points of a package (kvcommon.plugins.installed; loaded as every plug-in is), once as
+`plug:NAME/CODEC`, which declares CODEC's seed family (schemes.registry.plugin_family) and so
+draws CODEC's rotations and sketches (its rows are the in-process ones, which the benchmark
+checks), and once as `plug-own:NAME/CODEC`, which declares none and draws its own: the paired
+differences then carry the two codecs' independent draws, and small bugs are found less often.
 
 Harmless changes. A change of an implementation variable that must not be called a codec
 difference: dtype, RNG family, reference implementation and seed through `harness validate
@@ -26,12 +37,14 @@ answer is no `codec-difference` in any of the 30 cells.
 
 Every case calls the command's own `run` in this process (the argparse namespace its parser
 builds, its JSON output captured), so the bugged codecs registered here are visible to it;
-repetition i uses root seed ROOT_SEED + 10·i. Targets: a rate of at least TARGET (95 %).
+repetition i uses root seed ROOT_SEED + 10·i. Targets: a rate of at least TARGET (95 %) in-process
+(the plug-in designs' rates are stated beside it).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -40,6 +53,7 @@ import platform
 import subprocess
 import tempfile
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -95,10 +109,16 @@ class Bug:
     neutral: float = 0.0
     scenario: str = "gaussian"
     budget: int = 2
+    target: str = "codec-difference"    # the right verdict; `negligible` for a bug too small to matter
 
     @property
     def scheme(self) -> str:
         return f"bug:{self.name}/{self.wrapped}"
+
+    def plugin(self, shares: bool) -> str:
+        """Its name as an entry-point plug-in (PLUGIN_DESIGNS): `plug:` declares the wrapped codec's
+        seed family, `plug-own:` declares none."""
+        return f"{'plug' if shares else 'plug-own'}:{self.name}/{self.wrapped}"
 
     def at(self, size: float) -> "Bug":
         return dataclasses.replace(self, size=size)
@@ -203,6 +223,52 @@ def spec_of(bug: Bug) -> SchemeSpec:
 def registered_bugs(bugs):
     """Context: the bugged codecs registered for the block only (schemes.registry.registered)."""
     return registered([spec_of(b) for b in bugs])
+
+
+# --- the bugged codecs as an installed third-party package --------------------------------
+PLUGIN_PACKAGE = "kvharness-known-bugs"
+# the design of each bug case: the bugged codec's name in it and whether it shares the codec's draws
+PLUGIN_DESIGNS = {"in-process": None, "plug-in, shared draws": True, "plug-in, own draws": False}
+INSTALLED = types.SimpleNamespace()   # the installed package's factories, read by EntryPoint.load
+
+
+def plugin_factory(bug: Bug, shares: bool):
+    """The factory a third-party package would publish for `bug`: the same BuggedScheme, which
+    declares the wrapped codec's seed family (`seed_family`, schemes.registry.plugin_family) when
+    it shares its draws and nothing otherwise (it then draws under its own name)."""
+    name = bug.plugin(shares)
+
+    def make(*, budget: int, dim: int, seed: int = 0, **options) -> Scheme:
+        scheme = BuggedScheme(budget=budget, dim=dim, seed=seed, bug=bug, **options)
+        scheme.name = name
+        return scheme
+    make.__doc__ = f"{bug.wrapped} with a known bug, as a plug-in: {bug.modelled_on}"
+    if shares:
+        make.seed_family = seed_family(bug.wrapped)
+    return make
+
+
+@contextlib.contextmanager
+def installed_bugs(bugs):
+    """Context: the bugged codecs installed as the entry points of one package
+    (kvcommon.plugins.installed), each twice: `plug:NAME/CODEC`, which declares CODEC's seed family,
+    and `plug-own:NAME/CODEC`, which does not. They load the way every plug-in loads
+    (schemes.registry), from harness.known_answers.INSTALLED; on exit nothing stays."""
+    from kvcommon import plugins
+    from schemes.registry import ENTRY_POINT_GROUP, reload_plugins
+    points = {}
+    for bug in bugs:
+        for shares in (True, False):
+            attribute = f"{'shared' if shares else 'own'}_{bug.name}_{bug.wrapped}".replace("-", "_")
+            setattr(INSTALLED, attribute, plugin_factory(bug, shares))
+            points[bug.plugin(shares)] = f"{__name__}:INSTALLED.{attribute}"
+    try:
+        with plugins.installed(PLUGIN_PACKAGE, ENTRY_POINT_GROUP, points):
+            reload_plugins()
+            yield
+    finally:
+        reload_plugins()
+        INSTALLED.__dict__.clear()
 
 
 # --- building blocks of the bugs -----------------------------------------------------------
@@ -321,11 +387,84 @@ def _qjl_decode(w, enc, k_hat, v_hat):
     return k0 + f * (k - k0), v0 + f * (v - v0)
 
 
-def _qjl_logits(w, q, enc, logits):
+def _without_qjl(enc: Encoded) -> Encoded:
+    """A copy of enc whose QJL correction is zero (every residual norm 0)."""
     zero = _clone(enc)
     zero.codes.update({k: torch.zeros_like(t) for k, t in zero.codes.items() if k.endswith(".residual_norm")})
-    mse = w.inner.score(q, zero)
+    return zero
+
+
+def _qjl_logits(w, q, enc, logits):
+    mse = w.inner.score(q, _without_qjl(enc))
     return mse + (1 - w.size) * (logits - mse)
+
+
+# uneven-calls: the per-trial gain of K's QJL correction, stored with the codes
+QJL_GAIN = "k.qjl_gain"
+
+
+def call_signs(w, n_trials: int) -> torch.Tensor:
+    """(B,) float64 ±1, one per trial: trials 2j and 2j + 1 take opposite signs, which of the two
+    is + drawn per pair j, so the signs of every pair sum to zero whatever the data."""
+    signs = []
+    for t in w.trial_indices(n_trials):
+        first_up = generator(w.rng, w.seed, "uneven-calls", t // 2).random() < 0.5
+        signs.append(1.0 if first_up == (t % 2 == 0) else -1.0)
+    return torch.tensor(signs, dtype=torch.float64)
+
+
+def _uneven_patch(w, enc, k, v):
+    """Stores, per trial, the gain g of K's QJL correction that makes the trial's K error
+    ‖K − (K₀ + g·D)‖² equal (1 ± size) times the codec's (g = 1), with K₀ the decoding without the
+    correction and D = K̂ − K₀ the correction: the quadratic ‖E₀ − g·D‖² = (1 ± size)·‖E₀ − D‖²,
+    E₀ = K − K₀, solved for its root nearer g = 1. The QJL correction raises the MSE (it is unbiased
+    for inner products, not MSE-optimal: ‖E₀ − g·D‖² is least at g* = ⟨E₀, D⟩/‖D‖² < 1), so both
+    signs have a root while size ≤ 1 − min/‖E₀ − D‖²."""
+    if w.size <= 0:
+        return
+    k_hat = w.inner.decode(enc)[0]
+    k0 = w.inner.decode(_without_qjl(enc))[0]
+    d, e0 = (k_hat - k0).double().flatten(1), (k - k0).double().flatten(1)
+    dd, ed, ee = (d * d).sum(1), (e0 * d).sum(1), (e0 * e0).sum(1)
+    target = (ee - 2 * ed + dd) * (1 + w.size * call_signs(w, len(dd)).to(dd.device))
+    root = (ed * ed - dd * (ee - target)).clamp(min=0).sqrt()
+    enc.codes[QJL_GAIN] = torch.where(dd > 0, (ed + root) / dd.clamp(min=1e-300), 1.0).to(torch.float32)
+
+
+def _uneven_decode(w, enc, k_hat, v_hat):
+    if QJL_GAIN not in enc.codes:
+        return k_hat, v_hat
+    k0 = w.inner.decode(_without_qjl(enc))[0]
+    gain = enc.codes[QJL_GAIN].to(k_hat.dtype)[:, None, None, None]
+    return k0 + gain * (k_hat - k0), v_hat
+
+
+def _uneven_logits(w, q, enc, logits):
+    if QJL_GAIN not in enc.codes:
+        return logits
+    mse = w.inner.score(q, _without_qjl(enc))
+    return mse + enc.codes[QJL_GAIN].to(logits.dtype)[:, None, None, None] * (logits - mse)
+
+
+def bf16_truncated(t: torch.Tensor) -> torch.Tensor:
+    """float32 t cut to bfloat16's 8 significant bits by dropping its low 16 bits (rounding toward
+    zero, as a conversion by bit shift does), still float32: each value smaller by less than 2⁻⁷
+    of itself, never larger."""
+    return (t.to(torch.float32).contiguous().view(torch.int32) & -65536).view(torch.float32).to(t.dtype)
+
+
+def _bf16_norm(w, enc, k, v):
+    """The norms of the fraction's tokens truncated to bfloat16 on their way to storage (stored
+    as float32 as before, so the storage is the codec's)."""
+    _rows_of(enc, "kv", "norm", lambda t: _masked_rows(t, w.size, bf16_truncated(t)))
+
+
+def _fp16_codebook(w, enc, k, v):
+    """The Lloyd–Max tables passed through float16 (still stored as float32): each centroid off
+    by at most 2⁻¹¹ of itself."""
+    if w.size > 0:
+        for key in [k for k in enc.side if k.startswith("codebook.")]:
+            enc.side[key] = enc.side[key].half().to(enc.side[key].dtype)
 
 
 def _rows_of(enc, prefix: str, key: str, change):
@@ -495,6 +634,16 @@ BUGS = (
     Bug("inverted-sketch", "tq-qkv", 0.1, "fraction of tokens",
         "the QJL sketch's bits inverted (a bit-order bug) on some tokens, in decode and scores",
         patch=_inverted_sketch),
+    Bug("uneven-calls", "tq-qkv", 0.05, "relative change of each trial's K error, ± by trial",
+        "quality that varies from call to call at the same mean and storage: each trial's K error "
+        "(1 ± 5 %) times the codec's, through a per-call gain of the QJL correction",
+        patch=_uneven_patch, post=_uneven_decode, logits=_uneven_logits),
+    Bug("bf16-norm", "tq-kv", 1.0, "fraction of tokens",
+        "a scale stored at too low a precision: the per-token norms truncated to bfloat16 (relative error < 2⁻⁷)",
+        patch=_bf16_norm, target="negligible"),
+    Bug("fp16-codebook", "tq-kv", 1.0, "fraction of tables (all or none)",
+        "a table stored at too low a precision: the Lloyd–Max centroids cast through float16 (relative error ≤ 2⁻¹¹)",
+        patch=_fp16_codebook, target="negligible"),
 )
 
 
@@ -601,7 +750,15 @@ def validate_case(s: Settings, scheme: str, seed: int, *, against: str | None = 
         else:
             a, b = base, RunStore(Path(tmp) / "variant").trials()
         return {"verdict": payload["verdict"], "command": "harness " + " ".join(map(str, argv)),
-                "differs": differing(a, b), **_six_d_shift(a, b)}
+                "differs": differing(a, b), "shared_draws": payload.get("shared_draws"),
+                "rows_digest": _digest(b), **_six_d_shift(a, b)}
+
+
+def _digest(frame) -> str:
+    """A digest of a frame's six-D metrics in trial order: equal digests, equal rows."""
+    from stats.metrics import SIX_D
+    values = np.ascontiguousarray(frame.sort_values("trial")[list(SIX_D)].to_numpy(np.float64))
+    return hashlib.sha256(values.tobytes()).hexdigest()[:16]
 
 
 @contextlib.contextmanager
@@ -736,7 +893,7 @@ def _summary(case: dict, outcomes: list[dict], wall_s: float) -> dict:
         for v in o.get("verdicts", [o.get("verdict")]):
             counts[v] = counts.get(v, 0) + 1
     if case["kind"] == "bug":
-        right = [o["verdict"] == "codec-difference" for o in outcomes]
+        right = [o["verdict"] == case["target"] for o in outcomes]
     else:
         right = [not set(FLAGGED) & set(o.get("verdicts", [o.get("verdict")])) for o in outcomes]
     rate = sum(right) / len(right) if right else None
@@ -766,15 +923,22 @@ def run_selftest(settings: Settings = Settings(), repetitions: int = 10, *, prog
     seeds = _seeds(repetitions)
     started, before = time.perf_counter(), machine()
     cases = []
-    with registered_bugs(bugs):
+    with registered_bugs(bugs), installed_bugs(bugs):
         for bug in bugs:
-            t0 = time.perf_counter()
-            outcomes = [validate_case(settings, bug.wrapped, r, against=bug.scheme, scenario=bug.scenario,
-                                      budget=bug.budget) for r in seeds]
-            cases.append(_summary({"case": bug.name, "kind": "bug", "codec": bug.wrapped, "scheme": bug.scheme,
-                                   "scenario": bug.scenario, "budget": bug.budget, "size": bug.size,
-                                   "neutral": bug.neutral, "unit": bug.unit, "modelled_on": bug.modelled_on,
-                                   "target": "codec-difference"}, outcomes, time.perf_counter() - t0))
+            case = {"case": bug.name, "kind": "bug", "codec": bug.wrapped, "scheme": bug.scheme,
+                    "scenario": bug.scenario, "budget": bug.budget, "size": bug.size, "neutral": bug.neutral,
+                    "unit": bug.unit, "modelled_on": bug.modelled_on, "target": bug.target}
+            designs = {}
+            for design, shares in PLUGIN_DESIGNS.items():
+                scheme = bug.scheme if shares is None else bug.plugin(shares)
+                t0 = time.perf_counter()
+                outcomes = [validate_case(settings, bug.wrapped, r, against=scheme, scenario=bug.scenario,
+                                          budget=bug.budget) for r in seeds]
+                designs[design] = _summary({**case, "scheme": scheme, "design": design}, outcomes,
+                                           time.perf_counter() - t0)
+                designs[design]["rows_digest"] = [o["rows_digest"] for o in outcomes]
+                designs[design]["shared_draws"] = [o["shared_draws"] for o in outcomes]
+            cases.append(_with_designs(designs))
             say(_progress_line(cases[-1]))
     for change in harmless:
         case = {"case": change.name, "kind": "harmless", "codec": settings.scheme, "scenario": settings.scenario,
@@ -812,9 +976,27 @@ def run_selftest(settings: Settings = Settings(), repetitions: int = 10, *, prog
             "wall_s": round(time.perf_counter() - started, 1), "machine": before, "machine_after": machine()}
 
 
+def _with_designs(designs: dict) -> dict:
+    """A bug's row: its in-process design's summary, with every design's (PLUGIN_DESIGNS) under
+    `designs`, each saying whether its bugged codec's rows are the in-process one's, repetition by
+    repetition (a plug-in that shares the codec's draws is the same codec, so they must be)."""
+    inprocess = designs["in-process"]
+    out = {k: v for k, v in inprocess.items() if k not in ("rows_digest", "shared_draws")}
+    out["designs"] = {}
+    for design, summary in designs.items():
+        same = [a == b for a, b in zip(summary["rows_digest"], inprocess["rows_digest"])]
+        out["designs"][design] = {
+            "scheme": summary["scheme"], "verdicts": summary["verdicts"], "rate": summary["rate"],
+            "met": summary["met"], "effect_sd": summary["effect_sd"], "wall_s": summary["wall_s"],
+            "command": summary.get("command"), "shared_draws": summary["shared_draws"],
+            "rows_identical_to_in_process": sum(same)}
+    return out
+
+
 def _progress_line(case: dict) -> str:
     verdicts = ", ".join(f"{v} {n}" for v, n in case["verdicts"].items())
-    return f"{case['case']} ({case['kind']}): {verdicts}; rate {case['rate']:.0%} ({case['wall_s']:.0f} s)"
+    plugins = "".join(f"; {d} {_percent(r['rate'])}" for d, r in case.get("designs", {}).items() if d != "in-process")
+    return f"{case['case']} ({case['kind']}): {verdicts}; rate {case['rate']:.0%}{plugins} ({case['wall_s']:.0f} s)"
 
 
 def _percent(x) -> str:
@@ -826,7 +1008,9 @@ def table_markdown(payload: dict) -> str:
     case with its kind, size, repetitions, the rate of each verdict (over cells, for the
     seed-only compare) and whether the target rate is met, then a line with the settings."""
     verdicts = payload["verdicts"]
-    head = ["case", "kind", "size", "reps"] + verdicts + ["right answer", f"target ≥ {payload['target']:.0%} met"]
+    plugins = [d for d in PLUGIN_DESIGNS if d != "in-process"]
+    head = ["case", "kind", "size", "reps"] + verdicts + ["right answer", f"target ≥ {payload['target']:.0%} met"] + \
+        [f"right answer, {d}" for d in plugins]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in payload["cases"]:
         if c["kind"] == "bug":
@@ -841,9 +1025,15 @@ def table_markdown(payload: dict) -> str:
         met = "skipped" if c.get("skipped") else ("yes" if c["met"] else "no")
         name = c["case"] + (f" {what}" if what else "")
         lines.append("| " + " | ".join([name, c["kind"], size, str(c["repetitions"])] + rates +
-                                       [f"{_percent(c['rate'])} {c['target']}", met]) + " |")
+                                       [f"{_percent(c['rate'])} {c['target']}", met] +
+                                       [_design_cell(c, d) for d in plugins]) + " |")
     s = payload["settings"]
     m = payload.get("machine", {})
+    lines.append("")
+    lines.append("In-process: `bug:NAME/CODEC`, registered in the benchmark's process and seeded like CODEC; "
+                 "plug-in: the same bugged codec installed as an entry point of a package, `plug:NAME/CODEC` "
+                 "declaring CODEC's seed family (shared draws), `plug-own:NAME/CODEC` declaring none (draws of "
+                 "its own); a plug-in cell gives the rate of the right answer and the verdicts that were not it.")
     lines.append("")
     lines.append(f"Validate cases: d = {s['dim']}, S = {s['seq_len']}, {s['queries']} queries, {s['trials']} trials, "
                  f"{s['permutations']} permutations; seed-only compare: {s['compare_scenario']}, "
@@ -852,6 +1042,18 @@ def table_markdown(payload: dict) -> str:
                  f"{payload['seeds'][0]}, {payload['seeds'][0] + 10}, ...); {payload['wall_s']:.0f} s on "
                  f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores ({_load(payload)}).")
     return "\n".join(lines)
+
+
+def _design_cell(case: dict, design: str) -> str:
+    """A bug's rate of the right answer in a plug-in design, with the other verdicts' counts
+    (and, for shared draws, a note where its rows were not the in-process ones); — for others."""
+    d = case.get("designs", {}).get(design)
+    if d is None:
+        return "—"
+    wrong = ", ".join(f"{v} {n}" for v, n in d["verdicts"].items() if v != case["target"])
+    differ = case["repetitions"] - d["rows_identical_to_in_process"]
+    note = f"; rows unlike in-process in {differ}" if design.endswith("shared draws") and differ else ""
+    return _percent(d["rate"]) + (f" ({wrong}{note})" if wrong or note else "")
 
 
 def _load(payload: dict) -> str:
@@ -866,9 +1068,13 @@ def _load(payload: dict) -> str:
 
 def summary_markdown(payload: dict) -> str:
     """The benchmark in three rows (the README's; docs/statistics.md has every case): per kind, how
-    many cases meet the target and the lowest rate of the right answer."""
+    many cases meet the target and the lowest rate of the right answer; the bugs' row states the
+    same for their plug-in designs (PLUGIN_DESIGNS)."""
     lines = ["| cases | right answer | met the ≥ 95 % target | lowest rate |", "|---|---|---|---|"]
-    for kind, count, answer in (("bug", "bugs injected into real codecs", "`codec-difference`"),
+    bugs = [c for c in payload["cases"] if c["kind"] == "bug"]
+    bug_answer = "`codec-difference`, or `negligible` for the " + \
+        f"{sum(c['target'] == 'negligible' for c in bugs)} stated so"
+    for kind, count, answer in (("bug", "bugs injected into real codecs", bug_answer),
                                 ("harmless", "harmless implementation changes",
                                  "neither `codec-difference` nor `implementation-discrepancy`"),
                                 ("seed-compare", "seed-only compares of 30 cells", "no `codec-difference` cell")):
@@ -876,8 +1082,16 @@ def summary_markdown(payload: dict) -> str:
         if not cases:
             continue
         lowest = min(cases, key=lambda c: c["rate"])
-        lines.append(f"| {count} ({len(cases)}) | {answer} | {sum(c['met'] for c in cases)} of {len(cases)} | "
-                     f"{_percent(lowest['rate'])} ({lowest['case']}) |")
+        met, low = f"{sum(c['met'] for c in cases)} of {len(cases)}", f"{_percent(lowest['rate'])} ({lowest['case']})"
+        if kind == "bug":
+            met, low = f"in-process {met}", f"in-process {low}"
+            for design in [d for d in PLUGIN_DESIGNS if d != "in-process"]:
+                rows = [(c["case"], c["designs"][design]) for c in cases if design in c.get("designs", {})]
+                if rows:
+                    name, worst = min(rows, key=lambda r: r[1]["rate"])
+                    met += f"; {design} {sum(d['met'] for _, d in rows)} of {len(rows)}"
+                    low += f"; {design} {_percent(worst['rate'])} ({name})"
+        lines.append(f"| {count} ({len(cases)}) | {answer} | {met} | {low} |")
     m = payload.get("machine", {})
     lines.append("")
     lines.append(f"From `harness selftest --repetitions {payload['repetitions']}` ({payload['wall_s'] / 60:.0f} min on "

@@ -3,7 +3,9 @@
 A codec is registered in one of two ways: a module of this repository calls `register(name,
 factory, description)` (with impl="reference" for the independent NumPy implementation of a
 name, schemes/reference/), a third-party package declares an entry point in the group
-`kvharness.schemes` (name = scheme name, value = a Scheme subclass or a factory). A factory is
+`kvharness.schemes` (name = scheme name, value = a Scheme subclass or a factory; one that wraps a
+built-in may declare whose random draws it shares with a `seed_family` attribute, see
+plugin_family). A factory is
 `make(budget=, dim=, seed=, **options)` returning a Scheme; `build` is the one place a factory
 is called (by the sweep, `validate`, the conformance checks, `reproduce`, `effect`): it checks
 budget, dim and seed, sets the codec's RNG family (Scheme.rng) and validates it. Families that
@@ -141,9 +143,43 @@ def _load_plugins() -> dict[str, SchemeSpec]:
                 _broken_plugins[ep.name] = (f"plug-in {where} is {type(factory).__name__} {factory!r}, not a "
                                             f"Scheme subclass or a factory returning a Scheme")
                 continue
+            try:
+                family = plugin_family(ep.name, factory)
+            except ValueError as exc:
+                _broken_plugins[ep.name] = f"plug-in {where}: {exc}"
+                continue
             doc = (getattr(factory, "__doc__", None) or "third-party scheme").strip().splitlines()[0]
-            _plugins[ep.name] = SchemeSpec(ep.name, factory, doc)
+            _plugins[ep.name] = SchemeSpec(ep.name, factory, doc, family)
     return _plugins
+
+
+def seed_families() -> list[str]:
+    """The seed families a plug-in may declare: each built-in codec's (seed_family), sorted."""
+    return sorted({spec.family or spec.name for spec in _BUILTIN.as_dict().values()})
+
+
+def plugin_family(name: str, factory) -> str:
+    """The seed family an entry point's Scheme subclass or factory declares with its attribute
+    `seed_family` ("" where it declares none: the plug-in draws under its own name). A plug-in that
+    wraps a built-in (tq-kv, say) declares that codec's family (`seed_family = "tq"`), so that it
+    draws the same rotations and sketches as the codec on the same data and `validate --against`
+    pairs the two on the codecs' own randomness too, as the built-in variants of a family are
+    paired. ValueError naming the valid families for a family no built-in has."""
+    family = getattr(factory, "seed_family", "")
+    if family in ("", None):
+        return ""
+    valid = seed_families()
+    if not isinstance(family, str) or family not in valid:
+        raise ValueError(f"seed_family {family!r} of {name!r} is no built-in codec's; valid: {', '.join(valid)}")
+    return family
+
+
+def reload_plugins() -> None:
+    """Forget the loaded entry points: the next look-up reads the installed packages again (a
+    package installed or removed while this process runs: harness/known_answers.py)."""
+    global _plugins
+    _plugins = None
+    _broken_plugins.clear()
 
 
 def specs() -> dict[str, SchemeSpec]:
@@ -179,7 +215,7 @@ def spec(name: str) -> SchemeSpec | None:
 
 def seed_family(name: str) -> str:
     """The name the runner derives a scheme's seed from (harness.cell.scheme_seed): its family
-    where it declares one, else the name itself. The variants of a family at one budget and d
+    where it declares one (a built-in's `family`, a plug-in's `seed_family`), else the name itself. The variants of a family at one budget and d
     then draw the same randomness for a tensor they code alike (common random numbers): tq-kv
     and tq-kqv rotate K with the same signs, so K's codes, and every K-only metric, are equal,
     and the pair differs only in what the variants do differently (V's sketch)."""

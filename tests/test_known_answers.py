@@ -268,6 +268,60 @@ def test_logit_scale_and_inverted_sketch():
     assert torch.equal(bugged[1].codes["k.sketch"][flipped], torch.bitwise_not(clean[1].codes["k.sketch"][flipped]))
 
 
+def test_uneven_calls_keeps_the_mean_and_widens_the_spread_at_the_codecs_storage():
+    """Each trial's K error is (1 ± size) times the codec's, the signs opposite within every pair of
+    trials (2j, 2j + 1) and drawn independently of the data: the mean K error over trials is the
+    codec's by construction, its trial-to-trial spread wider; V is untouched, and the storage is the
+    codec's plus one float32 gain per trial."""
+    from schemes.base import BitLedger
+    bug = BUG["uneven-calls"]
+    k, *_ = data = _data(10, b=8)
+    clean, bugged = _pair(bug, data)
+    error = lambda x: ((x - k).double() ** 2).flatten(1).sum(1)   # noqa: E731
+    ratio = error(bugged[2]) / error(clean[2])
+    signs = ka.call_signs(bugged[0], len(k))
+    torch.testing.assert_close(ratio, 1 + bug.size * signs, rtol=1e-4, atol=0)
+    assert torch.equal(signs.reshape(-1, 2).sum(1), torch.zeros(len(k) // 2, dtype=torch.float64))
+    assert torch.equal(bugged[3], clean[3])
+    extra = BitLedger.per_trial(bugged[1]).cache - BitLedger.per_trial(clean[1]).cache
+    assert extra.tolist() == [32.0] * len(k)
+    # the scores move with the decoded K: the gain scales the QJL part of the codec's logits too
+    assert not torch.equal(bugged[4], clean[4])
+
+
+def test_precision_bugs_round_their_scales_toward_zero_and_keep_the_storage():
+    from schemes.base import BitLedger
+    clean, bugged = _pair(BUG["bf16-norm"])
+    before, after = clean[1].codes["k.norm"], bugged[1].codes["k.norm"]
+    assert after.dtype == before.dtype and (after <= before).all() and (after < before).any()
+    assert ((before - after) / before).max().item() < 2 ** -7
+    clean, bugged = _pair(BUG["fp16-codebook"])
+    table, rounded = clean[1].side["codebook.2bit"], bugged[1].side["codebook.2bit"]
+    assert ((rounded - table).abs() / table.abs()).max().item() <= 2 ** -11 and not torch.equal(rounded, table)
+    assert torch.equal(BitLedger.per_trial(bugged[1]).cache, BitLedger.per_trial(clean[1]).cache)
+
+
+def test_each_bug_states_its_right_answer():
+    from stats.validation import VERDICTS
+    assert {b.target for b in ka.BUGS} <= set(VERDICTS)
+    assert {b.name for b in ka.BUGS if b.target == "negligible"} == {"bf16-norm", "fp16-codebook"}
+
+
+def test_bugs_install_as_a_plugin_package_that_shares_the_codecs_draws_or_not():
+    bug = BUG["sign-flip"]
+    before = schemes.available()
+    data = _data(11)
+    with ka.installed_bugs([bug]), ka.registered_bugs([bug]):
+        shared, own = bug.plugin(True), bug.plugin(False)
+        assert {shared, own} <= set(schemes.available())
+        assert schemes.registry.seed_family(shared) == "tq" and schemes.registry.seed_family(own) == own
+        assert schemes.registry.spec(shared).factory is ka.INSTALLED.shared_sign_flip_tq_kv
+        # at one seed the plug-in is the in-process bug: the seed family decides only which seed
+        for x, y in zip(_coded(bug.scheme, data)[2:], _coded(shared, data)[2:]):
+            assert torch.equal(x, y)
+    assert schemes.available() == before and not vars(ka.INSTALLED)
+
+
 # --- the harmless changes and the benchmark ------------------------------------------------
 TINY = ka.Settings(dim=32, seq_len=64, queries=8, trials=21, permutations=100, compare_trials=6,
                    compare_schemes=("tq-kv", "int4"), compare_budgets=(2,), skip_slow=True)
@@ -322,6 +376,13 @@ def test_a_small_benchmark_runs_end_to_end_and_renders_its_table():
     json.dumps(payload)
     assert [c["case"] for c in payload["cases"]] == ["sign-flip", "wrong-norm", "dtype", "chunk-size", "workers",
                                                      "seed-only compare"]
+    for bug in payload["cases"][:2]:
+        designs = bug["designs"]
+        assert list(designs) == list(ka.PLUGIN_DESIGNS)
+        assert designs["plug-in, shared draws"]["rows_identical_to_in_process"] == 1
+        assert designs["plug-in, own draws"]["rows_identical_to_in_process"] == 0
+        assert designs["plug-in, shared draws"]["shared_draws"] == [True]
+        assert designs["plug-in, own draws"]["shared_draws"] == [False]
     workers = payload["cases"][4]
     assert workers["repetitions"] == 1 or workers.get("skipped")
     compare = payload["cases"][-1]
@@ -341,6 +402,9 @@ def test_the_shipped_table_renders():
     table = ka.table_markdown(payload)
     assert len([line for line in table.splitlines() if line.startswith("| ")]) == len(payload["cases"]) + 1
     assert {c["case"] for c in payload["cases"]} >= {b.name for b in ka.BUGS} | {h.name for h in ka.HARMLESS}
+    for bug in ka.BUGS:
+        case = next(c for c in payload["cases"] if c["case"] == bug.name)
+        assert case["target"] == bug.target and set(case["designs"]) == set(ka.PLUGIN_DESIGNS)
 
 
 @pytest.mark.parametrize("argv, message", [(["--repetitions", "0"], "--repetitions 0 must be a positive integer"),

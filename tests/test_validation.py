@@ -423,6 +423,66 @@ def test_validate_codec_difference(runs, capsys, against):
     assert len(payload["null"]) == 2 and payload["against"] == against
 
 
+def test_validate_against_says_whether_the_codecs_share_their_draws(runs, capsys):
+    payload = validate_json(capsys, "--scheme", "tq-kv", "--against", "tq-kqv", "--out", str(runs / "kv-tq-kqv"))
+    assert payload["shared_draws"] is True and payload["seed_families"] == {"tq-kv": "tq", "tq-kqv": "tq"}
+    assert main(["validate", *SMALL, "--scheme", "tq-kv", "--against", "int4", "--out", str(runs / "kv-int4")]) == 0
+    out = capsys.readouterr().out
+    assert "codec draws: not shared (seed families 'tq' and 'int4'): paired on the data only" in out
+    payload = validate_json(capsys, "--scheme", "tq-kv", "--against", "int4", "--out", str(runs / "kv-int4"))
+    assert payload["shared_draws"] is False
+    payload = validate_json(capsys, "--scheme", "tq-kv", "--vary", "seed", "--out", str(runs / "kv-seed"))
+    assert payload["shared_draws"] is None   # one codec on both sides: no second codec to pair with
+
+
+def _installed_wrappers(families: dict[str, object]):
+    """A package whose entry points `wrap-<name>` are factories of tq-kv declaring `seed_family` =
+    families[name] (None: no declaration), installed through kvcommon.plugins.installed."""
+    import types
+
+    from kvcommon import plugins
+    from schemes import registry
+
+    module = types.ModuleType("kvharness_test_wrappers")
+    for name, family in families.items():
+        def make(*, budget, dim, seed=0, **options):
+            return schemes.create("tq-kv", budget=budget, dim=dim, seed=seed, **options)
+        if family is not None:
+            make.seed_family = family
+        setattr(module, name, make)
+    import sys
+    sys.modules[module.__name__] = module
+    points = {f"wrap-{name}": f"{module.__name__}:{name}" for name in families}
+    return plugins.installed("kvharness-test-wrappers", registry.ENTRY_POINT_GROUP, points)
+
+
+def test_a_plugin_declares_whose_draws_it_shares(runs, capsys):
+    from schemes import registry
+
+    try:
+        with _installed_wrappers({"shared": "tq", "own": None, "wrong": "tqq"}):
+            registry.reload_plugins()
+            assert registry.seed_family("wrap-shared") == "tq" and registry.seed_family("wrap-own") == "wrap-own"
+            reason = registry.unavailable()["wrap-wrong"]
+            assert "seed_family 'tqq' of 'wrap-wrong' is no built-in codec's; valid: " in reason
+            assert "int4" in reason and "tq" in reason.split("valid: ")[1].split(", ") and "\n" not in reason
+            with pytest.raises(ValueError, match="'wrap-wrong' cannot run here: .*valid: "):
+                schemes.create("wrap-wrong", budget=2, dim=16)
+            # declared: the wrapper draws tq-kv's rotations, so its rows are tq-kv's trial by trial
+            payload = validate_json(capsys, "--scheme", "tq-kv", "--against", "wrap-shared",
+                                    "--out", str(runs / "wrap-shared"))
+            assert payload["shared_draws"] is True and payload["verdict"] != "codec-difference", payload["reason"]
+            frame = RunStore(runs / "wrap-shared" / "base").trials()
+            a, b = (frame[frame.scheme == s].sort_values("trial")[list(SIX_D)].to_numpy() for s in ("tq-kv", "wrap-shared"))
+            assert np.array_equal(a, b)
+            assert main(["validate", *SMALL, "--scheme", "tq-kv", "--against", "wrap-own",
+                         "--out", str(runs / "wrap-own")]) == 0
+            assert "codec draws: not shared (seed families 'tq' and 'wrap-own')" in capsys.readouterr().out
+    finally:
+        registry.reload_plugins()
+    assert not registry.is_registered("wrap-shared")
+
+
 SPECTRAL = ["--scenario", "spectral_decay", "--scheme", "sq-kv", "--against", "sq-qkv", "--budget", "2", "--dim", "32",
             "--seq-len", "128", "--queries", "16", "--trials", "40", "--permutations", "299", "--json"]
 

@@ -1,7 +1,9 @@
 """harness selftest: the known-answer benchmark of the verdict rule (harness/known_answers.py).
 Bugs modelled on real ones, wrapped around the real codecs and registered for the benchmark only,
-must come out `codec-difference`; harmless implementation changes must not; a 30-cell seed-only
-`compare` must have no `codec-difference` cell. Prints the table of rates (Markdown) or JSON."""
+must come out `codec-difference` (or `negligible`, for those stated too small to matter), each
+also as an installed plug-in that shares the codec's draws and one that does not; harmless
+implementation changes must not; a 30-cell seed-only `compare` must have no `codec-difference`
+cell. Prints the table of rates (Markdown) or JSON."""
 from __future__ import annotations
 
 import json

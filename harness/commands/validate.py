@@ -5,7 +5,8 @@ verdict (stats/validation.py).
 Runs (each a run directory under --out, or a temporary directory). Every null has the design of
 the comparison it judges (stats/validation.py, 'Nulls'): paired on the same data when that is.
 - with --against B: `base` holds A and B on the base configuration (same data: a paired main
-  comparison A vs B). The nulls A(base) vs A(variant) and B(base) vs B(variant) change one
+  comparison A vs B; paired on the codecs' own draws too when A and B share a seed family, which
+  the output states). The nulls A(base) vs A(variant) and B(base) vs B(variant) change one
   implementation variable on the same data: --vary dtype, impl or device change it in `variant`;
   --vary seed and rng change the codecs' own seed or RNG family in `variant` (scheme_seed,
   scheme_rng), the data staying as they are.
@@ -172,11 +173,13 @@ def run(args) -> int:
         changed = ("codec seed" if args.vary == "seed" else "codec RNG family" if args.vary == "rng"
                    else args.vary)
         described = f"{a} vs {b}; null: {changed} change of each, on the same data"
+        families = {a: schemes.registry.seed_family(a), b: schemes.registry.seed_family(b)}
     else:
         main = (_cell(base, a), _cell(variant, a))
         nulls = [(_cell(base, a), _cell(frames["null"], a))]
         null = "codec seed change, on the same data" if args.vary in PAIRED_VARIABLES else "seed change"
         described = f"{a} vs {a} with {args.vary} changed; null: {null}"
+        families = None
     try:
         # without --against both sides are A: only args.vary differs, so a flagged difference is the
         # implementations' (stats.validation.decide: implementation-discrepancy), never the codec's
@@ -190,12 +193,16 @@ def run(args) -> int:
         payload.update(scenario=args.scenario, scheme=a, against=args.against, vary=args.vary,
                        budget=args.budget, dim=args.dim, seq_len=args.seq_len, queries=args.queries,
                        trials=args.trials, comparison=described,
+                       shared_draws=None if families is None else len(set(families.values())) == 1,
+                       seed_families=families,
                        runs={k: c.to_json() for k, c in sweeps.items()},
                        out=str(args.out) if args.out else None)
         print(json.dumps(payload, indent=2, default=float))
         return 0
     print(f"{args.scenario}, budget {args.budget}, dim {args.dim}: {described}")
     print(f"verdict: {result.verdict} ({result.reason})")
+    if families is not None:
+        print(draws_line(families))
     if result.storage:
         st = result.storage
         print(f"storage: {a} {st['a']:.4g}, {args.against or a} {st['b']:.4g} bits/element "
@@ -216,6 +223,18 @@ def run(args) -> int:
     for n in result.nulls:
         print(f"{n.label} ({n.tests}): min Holm p {min(n.p_holm.values()):.3g}, significant: {n.rejects}")
     return 0
+
+
+def draws_line(families: dict[str, str]) -> str:
+    """Whether the two codecs of `--against` share their own random draws (rotations, sketches):
+    they do when their seed families (schemes.registry.seed_family) are one, and are then paired on
+    those draws as well as on the data; otherwise each side's draws add to the paired differences,
+    and a difference of a given size is found less often."""
+    (a, fa), (b, fb) = families.items()
+    if fa == fb:
+        return f"codec draws: shared (seed family {fa!r}): paired on the codecs' own draws as well as the data"
+    return (f"codec draws: not shared (seed families {fa!r} and {fb!r}): paired on the data only; a plug-in that "
+            f"wraps a built-in declares its family with `seed_family` (docs/codecs.md)")
 
 
 def _num(x):
