@@ -408,7 +408,7 @@ def test_the_shipped_table_renders():
 
 
 @pytest.mark.parametrize("argv, message", [(["--repetitions", "0"], "--repetitions 0 must be a positive integer"),
-                                           (["--out", "/nonexistent/dir/x.json"], "must be a file in an existing")])
+                                           (["--out", "/nonexistent/dir/x.json"], "cannot be written: the directory /nonexistent/dir does not exist")])
 def test_selftest_usage_errors(argv, message, capsys):
     assert main(["selftest", *argv]) == 2
     err = capsys.readouterr().err
