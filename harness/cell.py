@@ -23,6 +23,7 @@ run_cell_chunk for how each kind of scheme compresses the N tokens.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
@@ -34,7 +35,9 @@ import torch
 import scenarios
 import schemes
 from schemes.base import BitLedger, TrialBits, codec_logits, encode_codec, fit_codec
-from schemes.conformance import ConformanceError
+from scenarios.conformance import expected_shapes
+from schemes.conformance import (ConformanceError, in_project, require_decoded, require_encoding_of,
+                                 require_scored)
 from kvcommon.memo import IdentityMemo
 from kvcommon.rng import generator, seed_sequence
 from kvcommon.rows import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, EVICTION_METRIC_NAMES, METRIC_NAMES, TRIAL_COLUMNS
@@ -85,6 +88,20 @@ def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, memory_byt
     forced = os.environ.get(CHUNK_TRIALS_ENV)
     return min(size, max(1, int(forced))) if forced else size
 
+class ScenarioError(ValueError):
+    """A scenario drew something other than what was asked (a tensor missing or of another shape)."""
+
+
+def _check_draw(draw: dict, shape: scenarios.TrialShape) -> None:
+    """ScenarioError unless the draw has every tensor the trial shape asks for, with its shape."""
+    for name, expected in expected_shapes(shape).items():
+        got = np.shape(draw[name]) if name in draw else None
+        if got != expected:
+            raise ScenarioError(f"{name} has shape {got}, not {expected} (heads {shape.n_heads}, tokens "
+                                f"{shape.seq_len}, dimension {shape.dim} asked)" if got is not None else
+                                f"the draw lacks {name!r}")
+
+
 def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype,
                 prefill_queries: bool = False) -> dict[str, torch.Tensor]:
     """The scenario's data for the given trials, stacked to (B, H, n, d) tensors on device:
@@ -102,6 +119,7 @@ def draw_trials(config: SweepConfig, cell: Cell, trials: range, device, dtype,
             return generator(config.rng, config.seed, "data", cell.scenario, cell.dim, cell.seq_len,
                              cell.queries, config.heads, _t, *labels)
         draws.append(scenario.draw(streams, shape))
+        _check_draw(draws[-1], shape)
     tensors = ("k", "v", "q", "k_cal", "v_cal") + (("k_decode", "v_decode") if config.decode_tokens else ()) + \
         tuple(name for name in ("q_prefill", "q_prefill_decode") if name in draws[0])
     out = {name: torch.from_numpy(np.stack([d[name] for d in draws])).to(device=device, dtype=dtype)
@@ -141,9 +159,9 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
     exact = None
     if "k_decode" not in data:
         exact = data.get("exact")   # the chunk's exact attention, shared by the cells of the chunk (run_chunk)
-        enc = encode_codec(scheme, data["k"], data["v"], data["positions"], data.get("q_prefill"))
-        k_hat, v_hat = scheme.decode(enc)
         k, v = data["k"], data["v"]
+        enc = _encoded(scheme, k, v, data["positions"], data.get("q_prefill"))
+        k_hat, v_hat = _decoded(scheme, enc, k, v)
         logits_hat = codec_logits(scheme, data["q"], enc, k_hat, _logits)
         bits = BitLedger.per_trial(enc)
         kept = scheme.kept(enc)
@@ -151,11 +169,13 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
         k = torch.cat((data["k"], data["k_decode"]), dim=2)
         v = torch.cat((data["v"], data["v_decode"]), dim=2)
         if scheme.capabilities.decode_tokens:
-            enc = encode_codec(scheme, data["k"], data["v"], data["positions"])
+            enc = _encoded(scheme, data["k"], data["v"], data["positions"])
             dec = scheme.encode_decode_tokens(data["k_decode"], data["v_decode"], enc,
                                               positions=data["positions_decode"])
-            k_pre, v_pre = scheme.decode(enc)
+            require_encoding_of(dec, data["k_decode"], data["v_decode"])
+            k_pre, v_pre = _decoded(scheme, enc, data["k"], data["v"])
             k_new, v_new = scheme.decode_decode_tokens(dec, enc)
+            require_decoded((k_new, v_new), data["k_decode"], data["v_decode"])
             k_hat, v_hat = torch.cat((k_pre, k_new), dim=2), torch.cat((v_pre, v_new), dim=2)
             logits_hat = exact_logits(data["q"], k_hat)
             bits = BitLedger.per_trial(enc) + BitLedger.per_trial(dec)
@@ -165,14 +185,31 @@ def run_cell_chunk(scheme: schemes.Scheme, data: dict[str, torch.Tensor]) -> tup
         else:
             queries = torch.cat((data["q_prefill"], data["q_prefill_decode"]), dim=2) \
                 if "q_prefill_decode" in data else None
-            enc = encode_codec(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])), queries)
-            k_hat, v_hat = scheme.decode(enc)
+            enc = _encoded(scheme, k, v, torch.cat((data["positions"], data["positions_decode"])), queries)
+            k_hat, v_hat = _decoded(scheme, enc, k, v)
             logits_hat = codec_logits(scheme, data["q"], enc, k_hat, exact_logits)
             bits = BitLedger.per_trial(enc)
             kept = scheme.kept(enc)
+    require_scored(logits_hat, kept, data["q"], k)
     metrics = trial_metrics(k, v, data["q"], k_hat, v_hat, logits_hat, kept, exact=exact)
     metrics.update(_diagnostics(scheme, len(k)))
     return {name: m.cpu().numpy() for name, m in metrics.items()}, bits
+
+def _encoded(scheme: schemes.Scheme, k: torch.Tensor, v: torch.Tensor, positions, queries=None) -> schemes.Encoded:
+    """encode_codec, and the encoding checked to code k and v (its shape, dtype and per-trial
+    slices: what the ledger reads)."""
+    enc = encode_codec(scheme, k, v, positions, queries)
+    require_encoding_of(enc, k, v)
+    return enc
+
+
+def _decoded(scheme: schemes.Scheme, enc, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """scheme.decode, checked to return K and V exactly as the input's shape and dtype (a (1, H, S, d)
+    K broadcast over the batch is refused, not measured)."""
+    decoded = tuple(scheme.decode(enc))
+    require_decoded(decoded, k, v)
+    return decoded
+
 
 _LOGITS = IdentityMemo(8)
 
@@ -249,8 +286,9 @@ class NonFiniteData(ValueError):
 @dataclass(frozen=True)
 class CellFailure:
     """What run_chunk yields in place of a cell's rows when the chunk gave none to store: the
-    reason in one line, naming the cell (the codec raised; a trial's data, metrics or bits are
-    not finite; the codec wrote its input in place)."""
+    reason in one line, naming the cell (the codec raised or broke the protocol; a trial's data,
+    metrics or bits are not finite; the codec wrote its input; its sampled encoding does not
+    stand alone; the scenario failed its checks)."""
     reason: str
 
 
@@ -288,15 +326,25 @@ def non_finite_columns(columns: dict[str, np.ndarray], trials: range) -> str | N
     return f"{', '.join(names[:4])}{', …' if len(names) > 4 else ''} not finite in {_trial_list(trials, trials_bad)}"
 
 
-def _versions(data: dict) -> dict[str, int]:
-    """The version counters of the chunk's tensors (torch bumps one at every in-place write)."""
-    return {name: x._version for name, x in data.items()
-            if isinstance(x, torch.Tensor) and not x.is_inference()}
+def _snapshot(data: dict) -> dict[str, torch.Tensor]:
+    """A copy of every tensor of the chunk a codec is handed (all but the exact attention, which
+    only the metrics read), taken once per chunk: what _written compares each cell's data to."""
+    return {name: x.clone() for name, x in data.items() if isinstance(x, torch.Tensor)}
 
 
-def _written(data: dict, before: dict[str, int]) -> list[str]:
-    """The chunk's tensors written in place since their version counters were `before`."""
-    return [name for name, version in _versions(data).items() if version != before[name]]
+def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    if x.device.type == "cpu":     # NumPy's comparison: a fraction of torch.equal's time on the CPU
+        return bool(np.array_equal(x.detach().numpy(), y.numpy()))
+    return torch.equal(x, y)
+
+
+def _written(data: dict, before: dict[str, torch.Tensor]) -> list[str]:
+    """The chunk's tensors whose contents differ from the snapshot `before`: a codec wrote them by
+    any path (in place, through .data or a NumPy view, an out= argument), version counter bumped
+    or not."""
+    return [name for name, x in before.items() if not _same(data[name], x)]
 
 
 def _chunk_data(config, cells, trials, device, dtype, prefill_queries) -> dict:
@@ -306,15 +354,45 @@ def _chunk_data(config, cells, trials, device, dtype, prefill_queries) -> dict:
     return data
 
 
-def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits) -> None:
-    """The conformance check of a stored encoding (schemes.conformance.require_standalone) on the
-    chunk's first trial: coded alone by a new instance of the cell's codec, fitted as the sweep
-    fits it, its ledger is what its tensors occupy and equals the trial's bits in the chunk, and
-    another new instance decodes its stored bytes exactly as the encoder does. ConformanceError
-    where not. On new instances, so the cell's own scheme and its rows are untouched; the
-    prefill's encoding where the sweep has decode tokens."""
-    from schemes.conformance import require_standalone
-    one = {name: x[:1] for name, x in data.items()
+def sample_trial(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, trials: range) -> int | None:
+    """The trial of this chunk whose encoding is checked to stand alone (check_sample), or None:
+    drawn from the seed, never always trial 0. This repository's codecs: one trial of the cell,
+    drawn from the stream (seed, "check", cell), checked in whichever chunk holds it (so the
+    check does not depend on chunking); a plug-in's: a trial of every chunk, drawn from the
+    stream (seed, "check", cell, first trial of the chunk), so a codec honest only on some chunks
+    is found on the others."""
+    if in_project(scheme):
+        trial = int(generator(config.rng, config.seed, "check", *cell.key).integers(config.trials))
+        return trial if trial in trials else None
+    return trials[int(generator(config.rng, config.seed, "check", *cell.key, trials.start).integers(len(trials)))]
+
+
+@contextlib.contextmanager
+def _memos_untouched():
+    """Every memo (kvcommon.memo.IdentityMemo) as it was before the block, its live entries kept:
+    the codings of a check's one trial (check_sample) evict nothing the chunk's cells share, which
+    on a chunk of 24 trials would be coded again."""
+    saved = {memo: dict(memo.entries) for memo in list(IdentityMemo._every)}
+    try:
+        yield
+    finally:
+        for memo, entries in saved.items():
+            memo.entries.clear()
+            memo.entries.update({key: entry for key, entry in entries.items() if all(r() is not None for r in entry[0])})
+
+
+def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, trial: int) -> None:
+    """The conformance check of a stored encoding (schemes.conformance.require_standalone) on one
+    trial of the chunk (sample_trial): coded alone by a new instance of the cell's codec, fitted as
+    the sweep fits it, its ledger is what its tensors occupy and equals the trial's bits in the
+    chunk, and another new instance decodes its stored bytes, twice, exactly as the encoder does:
+    in this process for this repository's codecs, in a separate one for a plug-in
+    (schemes.conformance.decode_elsewhere: no module-level state of the encoder travels).
+    ConformanceError where not. On new instances, so the cell's own scheme and its rows are
+    untouched; the prefill's encoding where the sweep has decode tokens."""
+    from schemes.conformance import decode_elsewhere, decode_here, require_standalone
+    i = int((data["trials"] == trial).nonzero()[0, 0])
+    one = {name: x[i:i + 1] for name, x in data.items()
            if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")}
     one["positions"] = data["positions"]
 
@@ -323,52 +401,101 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits) -
         _fit(scheme, one)
         return scheme
     first = fitted()
-    enc = encode_codec(first, one["k"], one["v"], one["positions"], one.get("q_prefill"))
+    enc = _encoded(first, one["k"], one["v"], one["positions"], one.get("q_prefill"))
     reference = tuple(first.decode(enc)) + ((first.score(one["q"], enc),) if first.capabilities.scores_on_codes else ())
-    require_standalone(enc, reference, fitted(), one["q"])
+    if in_project(first):
+        decodings = decode_here(fitted(), enc, one["q"])
+    else:
+        options = dict(budget=cell.budget, dim=cell.dim, rng=config.codec_rng, label=cell.scheme,
+                       seed=scheme_seed(config.codec_seed, schemes.registry.seed_family(cell.scheme), cell.budget,
+                                        cell.dim))
+        decodings = decode_elsewhere(schemes.registry.spec(cell.scheme).factory, options,
+                                     (one["k_cal"], one["v_cal"], one["trials"]), enc, one["q"])
+    require_standalone(enc, reference, decodings)
     alone = BitLedger.per_trial(enc)
-    if not config.decode_tokens and (float(bits.cache[0]) != float(alone.cache[0]) or
-                                     float(bits.model[0]) != float(alone.model[0])):
-        raise ConformanceError(f"trial {int(one['trials'][0])} is charged {float(bits.cache[0]):.0f} + "
-                               f"{float(bits.model[0]):.0f} bits in its chunk but {float(alone.cache[0]):.0f} + "
+    if not config.decode_tokens and (float(bits.cache[i]) != float(alone.cache[0]) or
+                                     float(bits.model[i]) != float(alone.model[0])):
+        raise ConformanceError(f"trial {trial} is charged {float(bits.cache[i]):.0f} + "
+                               f"{float(bits.model[i]):.0f} bits in its chunk but {float(alone.cache[0]):.0f} + "
                                f"{float(alone.model[0]):.0f} coded alone")
 
 
-def _run_one(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, data: dict, trials: range, device):
-    """The cell's rows on the chunk's data, or a CellFailure; and whether the codec wrote the data.
-    A cell's first chunk (trial 0) also has its first trial checked as a stored encoding (check_sample)."""
-    before = _versions(data)
+def _failure(cell: Cell, exc: Exception, conformance: str) -> CellFailure:
+    """The cell's failure for an exception of its codec: `conformance` says what a ConformanceError
+    means here; any other exception is the codec raising."""
+    what = conformance if isinstance(exc, ConformanceError) else f"the codec raised {type(exc).__name__}"
+    return CellFailure(f"{describe(cell)}: {what}: {exc}".replace("\n", " "))
+
+
+def _wrote(cell: Cell, written: list[str]) -> CellFailure:
+    return CellFailure(f"{describe(cell)}: codec {cell.scheme} wrote its input {', '.join(written)} in place; "
+                       f"a codec must leave the data it is given as it was")
+
+
+def _run_one(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, data: dict, trials: range, device,
+             before: dict[str, torch.Tensor]):
+    """The cell's rows on the chunk's data, or a CellFailure; and the data the codec wrote (the
+    tensors differing from `before`, the chunk's snapshot, compared once the codec is done: the
+    data are then drawn again). One trial of the chunk drawn from the seed (sample_trial) is
+    checked as a stored encoding (check_sample)."""
     try:
         metrics, bits = run_cell_chunk(scheme, data)
-        bad = non_finite_columns({**metrics, **_storage_columns(config, bits)}, trials)
-        if not bad and trials.start == 0 and not _written(data, before):
-            check_sample(config, cell, data, bits)
     except Exception as exc:  # noqa: BLE001 - a codec's failure costs its own cell, named, not the sweep
-        written = _written(data, before)
-        what = "the codec's encoding of its first trial does not stand alone: " if isinstance(exc, ConformanceError) \
-            else f"the codec raised {type(exc).__name__}: "
-        return CellFailure(f"{describe(cell)}: {what}{exc}".replace("\n", " ")), written
+        return _failure(cell, exc, "the codec breaks the protocol"), _written(data, before)
+    bad = non_finite_columns({**metrics, **_storage_columns(config, bits)}, trials)
+    failure = CellFailure(f"{describe(cell)}: {bad}") if bad else None
+    trial = None if bad else sample_trial(config, cell, scheme, trials)
+    if trial is not None:
+        try:
+            with _memos_untouched():
+                check_sample(config, cell, data, bits, trial)
+        except Exception as exc:  # noqa: BLE001
+            failure = _failure(cell, exc, f"the codec's encoding of trial {trial} does not stand alone")
     written = _written(data, before)
     if written:
-        return CellFailure(f"{describe(cell)}: codec {cell.scheme} wrote its input {', '.join(written)} in place; "
-                           f"a codec must leave the data it is given as it was"), written
-    if bad:
-        return CellFailure(f"{describe(cell)}: {bad}"), written
-    return list(_rows(config, cell, device, trials, metrics, bits)), written
+        return _wrote(cell, written), written
+    return failure or list(_rows(config, cell, device, trials, metrics, bits)), written
+
+
+def scenario_fault(config: SweepConfig, cell: Cell, data: dict, trials: range, device, dtype,
+                   prefill_queries: bool) -> str | None:
+    """Why the scenario's data of this chunk cannot be measured, in words, or None: a plug-in
+    scenario (not this repository's) must draw a trial identically twice (the determinism of
+    scenarios.conformance.check_same_seed_same_trial), checked on a trial drawn from the seed
+    before any row is stored. (draw_trials checks every scenario's shapes.)"""
+    if in_project(scenarios.create(cell.scenario, **config.scenario_params.get(cell.scenario, {}))):
+        return None
+    trial = trials[int(generator(config.rng, config.seed, "check", cell.scenario, trials.start).integers(len(trials)))]
+    i = trial - trials.start
+    again = draw_trials(config, cell, range(trial, trial + 1), device, dtype, prefill_queries)
+    differ = [name for name, x in again.items() if name not in ("positions", "positions_decode", "trials")
+              and not _same(x, data[name][i:i + 1])]
+    differ += [name for name in ("positions", "positions_decode") if name in again and not _same(again[name], data[name])]
+    return f"trial {trial} drawn twice differs in {', '.join(differ)}" if differ else None
 
 
 def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dtype, cell_schemes=None):
     """One chunk of cells that share data: the trials drawn once, then each cell run on them;
     yields (cell, rows, wall_s, peak_mem_mb) per cell (wall time and peak without the draw), with
     a CellFailure in place of rows for a cell whose chunk gave none to store: a codec that
-    raised, a trial whose metrics or bits are not finite. NonFiniteData when the drawn data are
-    not finite. A codec that writes the data in place (caught by the tensors' version counters, at no
-    cost; a copy of K, V and Q per cell would cost a copy per cell and the sharing of the exact
-    side's metrics by identity) fails, and the data are drawn again for the cells after it, so
-    no codec's rows depend on its neighbours."""
+    raised or broke the protocol, a trial whose metrics or bits are not finite, a scenario whose
+    draw is not what was asked or not a function of its seed (every cell of the chunk, named as
+    the scenario's). NonFiniteData when the drawn data are not finite. A codec that writes the
+    data it is handed, by any path (found by comparing them with a snapshot taken once per chunk,
+    after each cell; a copy per cell would cost as much and lose the sharing of codings and of
+    the exact side's metrics by identity), fails, named, and the data are drawn again for the
+    cells after it, so no codec's rows depend on its neighbours."""
     cell_schemes = cell_schemes if cell_schemes is not None else {c: create_scheme(config, c) for c in cells}
     prefill_queries = any(cell_schemes[c].capabilities.prefill_queries for c in cells)
-    data = _chunk_data(config, cells, trials, device, dtype, prefill_queries)
+    try:
+        data = _chunk_data(config, cells, trials, device, dtype, prefill_queries)
+        fault = scenario_fault(config, cells[0], data, trials, device, dtype, prefill_queries)
+    except ScenarioError as exc:
+        data, fault = None, str(exc)
+    if fault:
+        for cell in cells:
+            yield cell, CellFailure(f"{describe(cell)}: scenario {cell.scenario} failed its checks: {fault}"), 0.0, 0.0
+        return
     bad_data = non_finite_data(data, trials)
     # budget by budget: the variants of a family that code a tensor alike at one budget run one
     # after another, so the few codings and decodings they share are remembered (PerTensorScheme)
@@ -376,13 +503,15 @@ def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dty
         raise NonFiniteData(f"scenario {cells[0].scenario} drew data that are not finite ({bad_data}; dim "
                             f"{cells[0].dim}, seq_len {cells[0].seq_len}, queries {cells[0].queries}, calib_tokens "
                             f"{cells[0].calib_tokens}); no cell can be measured on them")
+    before = _snapshot(data)
     for cell in sorted(cells, key=lambda c: c.budget):
         t0 = time.perf_counter()
         reset_peak(device)
-        rows, written = _run_one(config, cell, cell_schemes[cell], data, trials, device)
+        rows, written = _run_one(config, cell, cell_schemes[cell], data, trials, device, before)
         peak = peak_bytes(device) or 0
         if written:   # the data as drawn for the cells after this one
             data = _chunk_data(config, cells, trials, device, dtype, prefill_queries)
+            before = _snapshot(data)
         yield cell, rows, time.perf_counter() - t0, peak / 2 ** 20
 
 def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell=None, *,

@@ -41,7 +41,8 @@ def draw(scenario: Scenario, shape: TrialShape, trial: int = 0, seed: int = 0, r
     return scenario.draw(streams, shape)
 
 
-def _expected(shape: TrialShape) -> dict[str, tuple]:
+def expected_shapes(shape: TrialShape) -> dict[str, tuple]:
+    """The tensors a trial of `shape` holds, with their shapes (what the sweep asks a scenario for)."""
     h, s, d = shape.n_heads, shape.seq_len, shape.dim
     out = {"k": (h, s, d), "v": (h, s, d), "q": (h, shape.n_queries, d), "k_cal": (h, shape.n_calib, d),
            "v_cal": (h, shape.n_calib, d), "positions": (s,)}
@@ -61,7 +62,7 @@ def check_shapes_dtype_finite(factory: Factory) -> None:
     scenario = factory()
     for shape in SHAPES:
         trial = draw(scenario, shape)
-        for name, expected in _expected(shape).items():
+        for name, expected in expected_shapes(shape).items():
             require(name in trial, f"a trial of shape {shape} lacks {name!r}")
             x = np.asarray(trial[name])
             require(x.shape == expected, f"{name} has shape {x.shape}, not {expected} (shape {shape})")

@@ -59,8 +59,36 @@ class Encoded:
 
 
 def stored_bits(tensor: torch.Tensor) -> int:
-    """Bits a tensor occupies as stored: elements × element width (uint8 holds packed codes)."""
+    """Bits a tensor's own elements occupy: elements × element width (uint8 holds packed codes)."""
     return tensor.numel() * tensor.element_size() * 8
+
+
+def entry_bits(enc: "Encoded") -> dict[tuple[str, str], int]:
+    """Bits each entry ("codes" or "side", key) of enc occupies as serialized: its elements
+    (stored_bits), and the bits of its storage that no entry's elements cover. torch.save writes
+    a view's whole storage (once, however many entries view it), so a one-element view of a tensor
+    holding the whole cache stores the whole cache; the uncovered bits go to the entry with the
+    largest view of that storage. For a codec whose entries own their storage, exactly
+    stored_bits."""
+    entries = [(part, key, t) for part in ("codes", "side") for key, t in getattr(enc, part).items()]
+    bits = {(part, key): stored_bits(t) for part, key, t in entries}
+    by_storage: dict[tuple, list] = {}
+    for part, key, t in entries:
+        by_storage.setdefault((t.device, t.untyped_storage().data_ptr()), []).append((part, key, t))
+    for views in by_storage.values():
+        uncovered = views[0][2].untyped_storage().nbytes() * 8 - sum(bits[p, k] for p, k, _ in views)
+        if uncovered > 0:
+            part, key, _ = max(views, key=lambda view: bits[view[0], view[1]])
+            bits[part, key] += uncovered
+    return bits
+
+
+def nonzero_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """8 × the non-zero bytes of each trial's slice of a codes entry (B, ...), float64 (B,): what a
+    trial's own copy holds at least, whatever its layout (a batch pads with zeros), so the floor
+    under the bits it may claim (Encoded.exact_bits)."""
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).reshape(len(tensor), -1)
+    return 8 * (flat != 0).sum(dim=1).cpu().double()
 
 
 def _check_model_keys(enc: Encoded) -> None:
@@ -169,8 +197,8 @@ class BitLedger:
         """The ledger of the stored tensors, per trial (padding of variable-length streams included)."""
         _check_model_keys(enc)
         b, h, s, d = enc.shape
-        parts = {f"codes.{k}": stored_bits(t) // b for k, t in enc.codes.items()}
-        parts.update({f"side.{k}": stored_bits(t) for k, t in enc.side.items()})
+        serialized = entry_bits(enc)
+        parts = {f"{part}.{k}": bits // b if part == "codes" else bits for (part, k), bits in serialized.items()}
         model = frozenset(f"{part}.{k}" for part in ("codes", "side") for k in getattr(enc, part) if k in enc.model)
         return cls(parts, 2 * h * s * d, model, h)
 
@@ -178,16 +206,27 @@ class BitLedger:
     def per_trial(enc: Encoded) -> TrialBits:
         """Each trial's bits, per cache and per model: as `of`, but a variable-length stream
         counts the bits its own trial needs (Encoded.exact_bits), not the batch's padding, and an
-        entry only some trials use is charged only to them."""
+        entry only some trials use is charged only to them. A claim never goes below what the
+        trial's own slice holds (nonzero_bits), and storage no entry's elements cover is charged
+        on top (entry_bits)."""
         _check_model_keys(enc)
         b, h, s, d = enc.shape
         cache = torch.zeros(b, dtype=torch.float64)
         model = torch.zeros(b, dtype=torch.float64)
-        for entries, per_trial in ((enc.codes, True), (enc.side, False)):
-            for key, t in entries.items():
+        serialized = entry_bits(enc)
+        for part, per_trial in (("codes", True), ("side", False)):
+            for key, t in getattr(enc, part).items():
+                whole = serialized[part, key]
                 exact = enc.exact_bits.get(key)
-                bits = exact.detach().cpu().double() if exact is not None else \
-                    float(stored_bits(t) // b if per_trial else stored_bits(t))
+                if exact is None:
+                    bits = float(whole // b if per_trial else whole)
+                else:
+                    uncovered = whole - stored_bits(t)
+                    bits = exact.detach().cpu().double().reshape(-1)
+                    if per_trial:
+                        bits = torch.maximum(bits, nonzero_bits(t)) + uncovered // b
+                    else:
+                        bits = bits + uncovered
                 if key in enc.model:
                     model += bits
                 else:

@@ -25,8 +25,13 @@ a codec takes beyond the plain protocol it gets where it declares it (Scheme.cap
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
+import os
+import pickle
+import subprocess
+import sys
 from typing import Callable
 
 import torch
@@ -34,8 +39,8 @@ import torch
 from kvcommon.checks import Check, ConformanceError, require, run_checks
 from kvcommon.rows import METRIC_NAMES
 
-from .base import BitLedger, Encoded, encode_codec, fit_codec, stored_bits
-from .registry import MAX_BUDGET, MIN_BUDGET, build
+from .base import BitLedger, Encoded, encode_codec, entry_bits, fit_codec
+from .registry import MAX_BUDGET, MIN_BUDGET, build, create, spec
 
 Factory = Callable[..., object]
 
@@ -80,47 +85,205 @@ def _largest(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
-def stored_copy(enc: Encoded) -> Encoded:
-    """enc as a deployment would store and load it: its tensors and tables written to bytes
-    (torch.save) and read back, so nothing of it is shared with the encoder's objects."""
+def encoding_bytes(enc: Encoded) -> bytes:
+    """enc as a deployment stores it: its tensors and tables written to bytes (torch.save)."""
     buffer = io.BytesIO()
     torch.save({"shape": list(enc.shape), "dtype": str(enc.dtype).removeprefix("torch."), "codes": enc.codes,
                 "side": enc.side, "exact_bits": enc.exact_bits, "model": sorted(enc.model)}, buffer)
-    buffer.seek(0)
-    data = torch.load(buffer, weights_only=True)
+    return buffer.getvalue()
+
+
+def encoding_from_bytes(stored: bytes) -> Encoded:
+    """An Encoded read back from encoding_bytes, sharing nothing with the encoder's objects."""
+    data = torch.load(io.BytesIO(stored), weights_only=True)
     return Encoded(tuple(data["shape"]), getattr(torch, data["dtype"]), data["codes"], data["side"],
                    data["exact_bits"], set(data["model"]))
 
 
-def require_standalone(enc: Encoded, reference: tuple, fresh, q: torch.Tensor | None = None) -> None:
+def stored_copy(enc: Encoded) -> Encoded:
+    """enc as a deployment would store and load it (encoding_bytes, encoding_from_bytes)."""
+    return encoding_from_bytes(encoding_bytes(enc))
+
+
+# The packages of this repository: their codecs and scenarios are checked in the sweep's own process; any other
+# code (an entry-point plug-in) decodes its stored bytes in a separate process (decode_elsewhere).
+PROJECT_PACKAGES = ("schemes", "scenarios", "harness")
+N_DECODES = 2    # a decoder must be a function of its input: the stored bytes are decoded twice
+
+
+def in_project(obj) -> bool:
+    """Whether obj's class is this repository's code (PROJECT_PACKAGES), not a plug-in's."""
+    return type(obj).__module__.partition(".")[0] in PROJECT_PACKAGES
+
+
+def _decodings(scheme, stored: bytes, q: torch.Tensor | None) -> list[tuple]:
+    """N_DECODES decodings (k̂, v̂, and the score of q where the codec scores on its codes) of the
+    stored bytes by `scheme`, each from its own copy."""
+    out = []
+    for _ in range(N_DECODES):
+        copy = encoding_from_bytes(stored)
+        decoded = tuple(scheme.decode(copy))
+        if q is not None and scheme.capabilities.scores_on_codes:
+            decoded += (scheme.score(q, copy),)
+        out.append(decoded)
+    return out
+
+
+_CANNOT_DECODE = ("a new instance, built and fitted as the encoder, cannot decode the stored encoding ({}): the "
+                  "codec decodes from something the encoding does not hold")
+
+
+def decode_here(fresh, enc: Encoded, q: torch.Tensor | None = None) -> list[tuple]:
+    """The stored bytes of enc decoded N_DECODES times by `fresh`, a new instance built and fitted
+    as the encoder was, in this process (this repository's codecs)."""
+    try:
+        return _decodings(fresh, encoding_bytes(enc), q)
+    except Exception as exc:  # noqa: BLE001 - the codec's own failure, said as the property it breaks
+        raise ConformanceError(_CANNOT_DECODE.format(f"{type(exc).__name__}: {exc}")) from None
+
+
+def decode_elsewhere(factory: Factory, build_options: dict, fit_data: tuple, enc: Encoded,
+                     q: torch.Tensor | None = None) -> list[tuple]:
+    """The stored bytes of enc decoded N_DECODES times in a separate Python process (_Decoder) by a
+    new instance, build(factory, **build_options), fitted on fit_data = (k_cal, v_cal, trials) as
+    the encoder was: nothing of the encoder's process (module-level state, caches keyed by an id in
+    the codes) reaches it. The factory travels by reference (pickle), as an installed plug-in's
+    entry point names it; ConformanceError where it cannot, or where the decoding fails."""
+    buffer = io.BytesIO()
+    try:
+        torch.save({"factory": _importable(factory), "options": build_options, "fit": fit_data,
+                    "stored": encoding_bytes(enc), "q": q}, buffer)
+    except Exception as exc:  # noqa: BLE001 - pickling a local class or an unpicklable option
+        raise ConformanceError(f"the codec's factory cannot be handed to a separate process by reference "
+                               f"({type(exc).__name__}: {exc}): a plug-in's stored bytes are decoded there, "
+                               f"so its factory must be importable by name") from None
+    answer = torch.load(io.BytesIO(_DECODER.ask(buffer.getvalue())), weights_only=True)
+    if "error" in answer:
+        raise ConformanceError(_CANNOT_DECODE.format(answer["error"]))
+    return answer["decodings"]
+
+
+def _importable(factory: Factory) -> Factory:
+    """factory as the other process can import it: `partial(schemes.create, name, ...)` becomes the
+    registered name's own factory (this process's registry may list plug-ins the other's cannot)."""
+    if isinstance(factory, functools.partial) and factory.func is create and factory.args:
+        found = spec(factory.args[0])
+        if found is not None:
+            return functools.partial(found.factory, *factory.args[1:], **factory.keywords)
+    return factory
+
+
+def _frame(stream, payload: bytes) -> None:
+    stream.write(len(payload).to_bytes(8, "little") + payload)
+    stream.flush()
+
+
+def _unframe(stream) -> bytes | None:
+    header = stream.read(8)
+    return stream.read(int.from_bytes(header, "little")) if len(header) == 8 else None
+
+
+class _Decoder:
+    """The separate process of decode_elsewhere: started on first use and kept for the sweep, so a
+    plug-in is imported there once. It only ever builds, fits and decodes, never encodes: no
+    encoder's state is ever in it. Requests and answers are length-prefixed bytes on its stdin and
+    stdout (what a plug-in prints goes to its stderr)."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+
+    def ask(self, request: bytes) -> bytes:
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-c", _CHILD],      # -P: the modules on the path given, not the cwd's
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        try:
+            _frame(self.process.stdin, pickle.dumps({"path": [p for p in sys.path if p], "request": request}))
+            answer = _unframe(self.process.stdout)
+        except OSError:
+            answer = None
+        if answer is None:
+            self.process = None
+            raise ConformanceError("the separate process decoding the stored encoding died (the codec crashed it)")
+        return answer
+
+
+_DECODER = _Decoder()
+# The answers go to the process's original stdout; anything printed (on import, by a plug-in) to stderr.
+_CHILD = ("import os; answers = os.fdopen(os.dup(1), 'wb'); os.dup2(2, 1); "
+          "from schemes.conformance import _decode_child; _decode_child(answers)")
+
+
+def _decode_child(answers) -> None:
+    """_Decoder's process: answer each request (build, fit, decode) on `answers` with the
+    decodings, or the error in words, until its stdin closes."""
+    while (message := _unframe(sys.stdin.buffer)) is not None:
+        message = pickle.loads(message)
+        sys.path.extend(p for p in message["path"] if p not in sys.path)
+        try:
+            request = torch.load(io.BytesIO(message["request"]), weights_only=False)
+            scheme = build(request["factory"], **request["options"])
+            fit_codec(scheme, *request["fit"])
+            answer = {"decodings": _decodings(scheme, request["stored"], request["q"])}
+        except Exception as exc:  # noqa: BLE001 - reported to the sweep as the codec's failure
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        buffer = io.BytesIO()
+        torch.save(answer, buffer)
+        _frame(answers, buffer.getvalue())
+
+
+def require_standalone(enc: Encoded, reference: tuple, decodings: list[tuple]) -> None:
     """The encoding of one trial stands alone (ConformanceError where it does not): its ledger
     counts the bits its tensors occupy (a trial coded alone has no padding, so its exact bits are
-    its stored bits), and `fresh`, a new instance built and fitted as the encoder was, decodes its
-    stored bytes (stored_copy) to reference = (k̂, v̂) the encoder decoded, exactly, and scores
-    them (q given: reference's third entry) as the encoder did."""
+    its stored bits), and each of `decodings`, made from its stored bytes by a new instance built
+    and fitted as the encoder was (decode_here, decode_elsewhere), is reference = (k̂, v̂[, logits])
+    the encoder decoded, exactly: the same every time, with the input's shape and dtype."""
     ledger, stored = BitLedger.per_trial(enc), BitLedger.of(enc)
     require(enc.n_trials == 1, f"require_standalone takes the encoding of one trial, not {enc.n_trials}")
     require(float(ledger.cache[0]) == stored.total and float(ledger.model[0]) == stored.model_total,
              f"a trial coded alone is charged {float(ledger.cache[0]):.0f} per-cache and {float(ledger.model[0]):.0f} "
              f"per-model bits, but its stored tensors occupy {stored.total} and {stored.model_total} (exact_bits may "
              f"only leave out the padding of a batch)")
-    copy = stored_copy(enc)
-    try:
-        decoded = fresh.decode(copy)
-    except Exception as exc:  # noqa: BLE001 - the codec's own failure, said as the property it breaks
-        raise ConformanceError(f"a new instance, built and fitted as the encoder, cannot decode the stored encoding "
-                               f"({type(exc).__name__}: {exc}): the codec decodes from something the encoding does "
-                               f"not hold") from None
-    for what, x, x_ref in (("K", decoded[0], reference[0]), ("V", decoded[1], reference[1])):
-        require(x.shape == x_ref.shape and torch.equal(x, x_ref),
-                 f"a new instance, built and fitted as the encoder, decodes the stored encoding to another {what} "
-                 f"(by up to {_largest(x - x_ref) if x.shape == x_ref.shape else math.inf:.3g}): the codec decodes "
-                 f"from something the encoding does not hold")
-    if q is not None and len(reference) > 2:
-        logits = fresh.score(q, copy)
-        require(torch.equal(logits, reference[2]),
-                 "a new instance, built and fitted as the encoder, scores the stored encoding differently: the "
-                 "codec scores from something the encoding does not hold")
+    for n, decoded in enumerate(decodings, 1):
+        for what, x, x_ref in zip(("K", "V", "the logits"), decoded, reference):
+            same = x.shape == x_ref.shape and x.dtype == x_ref.dtype and torch.equal(x, x_ref)
+            require(same, f"a new instance, built and fitted as the encoder, {'scores' if what == 'the logits' else 'decodes'}"
+                          f" the stored encoding to another {what} (decoding {n} of {len(decodings)}; by up to "
+                          f"{_largest(x - x_ref) if x.shape == x_ref.shape else math.inf:.3g}): the codec decodes from "
+                          f"something the encoding does not hold, or not as a function of it")
+
+
+def require_encoding_of(enc: Encoded, k: torch.Tensor, v: torch.Tensor) -> None:
+    """enc codes k and v: Encoded.shape and dtype are theirs (the ledger divides by the shape), and
+    every codes entry has one slice per trial (the ledger charges a trial its slice)."""
+    require(tuple(k.shape) == tuple(v.shape), f"K {tuple(k.shape)} and V {tuple(v.shape)} differ in shape")
+    require(tuple(enc.shape) == tuple(k.shape) and enc.dtype == k.dtype,
+             f"the encoding claims shape {tuple(enc.shape)} and dtype {enc.dtype} for K and V of shape "
+             f"{tuple(k.shape)} and dtype {k.dtype}")
+    for key, t in enc.codes.items():
+        require(t.dim() > 0 and t.shape[0] == k.shape[0],
+                 f"codes.{key} has shape {tuple(t.shape)}, not one slice per trial ({k.shape[0]})")
+
+
+def require_scored(logits: torch.Tensor, kept: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
+    """The codec's logits are (B, H, Nq, S) and its kept mask, where it evicts, bool (B, H, S)."""
+    expected = (*q.shape[:3], k.shape[2])
+    require(tuple(logits.shape) == expected, f"the logits have shape {tuple(logits.shape)}, not (B, H, Nq, S) = "
+                                             f"{expected}")
+    require(kept is None or (kept.dtype == torch.bool and tuple(kept.shape) == tuple(k.shape[:3])),
+             f"kept() returns {getattr(kept, 'dtype', None)} of shape {tuple(getattr(kept, 'shape', ()))}, not bool "
+             f"of shape (B, H, S) = {tuple(k.shape[:3])}")
+
+
+def require_decoded(decoded: tuple, k: torch.Tensor, v: torch.Tensor) -> None:
+    """decode returned K and V of exactly the input's shape, dtype and device (nothing broadcast)."""
+    require(len(decoded) == 2, f"decode returned {len(decoded)} tensors, not (K, V)")
+    for what, x_hat, x in (("K", decoded[0], k), ("V", decoded[1], v)):
+        require(isinstance(x_hat, torch.Tensor) and x_hat.shape == x.shape and x_hat.dtype == x.dtype
+                 and x_hat.device == x.device,
+                 f"decode returned {what} as {getattr(x_hat, 'dtype', type(x_hat).__name__)} of shape "
+                 f"{tuple(getattr(x_hat, 'shape', ()))} for an input {x.dtype} of shape {tuple(x.shape)} on {x.device}")
 
 
 # --- the checks ------------------------------------------------------------------------------
@@ -162,15 +325,14 @@ def check_input_not_mutated(factory: Factory) -> None:
 
 
 def check_ledger_matches_storage(factory: Factory) -> None:
-    """bits() counts exactly the stored tensors, split into per-cache and per-model parts that add
+    """bits() counts exactly the stored tensors (as serialized: schemes.base.entry_bits), split into per-cache and per-model parts that add
     up to the stand-alone total, with no per-trial tensor held at full width."""
     k, v, _ = _data()
     scheme = _make(factory)
     enc, _ = _roundtrip(scheme, k, v)
     ledger = scheme.bits(enc)
     b, h, s, d = SHAPE
-    every = {("codes", key): stored_bits(t) // b for key, t in enc.codes.items()}
-    every.update({("side", key): stored_bits(t) for key, t in enc.side.items()})
+    every = {(part, key): bits // b if part == "codes" else bits for (part, key), bits in entry_bits(enc).items()}
     stray = enc.model - (enc.codes.keys() | enc.side.keys())
     require(not stray, f"Encoded.model names entries that are not stored: {sorted(stray)}")
     model = sum(bits for (_, key), bits in every.items() if key in enc.model)
@@ -200,7 +362,8 @@ def check_ledger_matches_storage(factory: Factory) -> None:
 def check_encoding_stands_alone(factory: Factory) -> None:
     """A trial's encoding, stored as bytes and loaded, decodes and scores on a new instance
     (built and fitted as the encoder: per-model constants are shared) exactly as the encoder
-    decodes it, after the encoder has coded another cache; coded alone, its ledger is the bits
+    decodes it, twice, after the encoder has coded another cache (a plug-in's in a separate
+    process, where no module-level state of the encoder's reaches); coded alone, its ledger is the bits
     its tensors occupy, and in a batch it is charged the same."""
     k_cal, v_cal, _ = _data(5)
     k, v, q = _data(0)
@@ -215,7 +378,12 @@ def check_encoding_stands_alone(factory: Factory) -> None:
     enc = _encode(first, k[one], v[one])
     reference = tuple(first.decode(enc)) + ((first.score(q[one], enc),) if first.capabilities.scores_on_codes else ())
     _encode(first, -2 * k[:1], v[:1])        # a decoder reading what its encoder saw last now reads this
-    require_standalone(enc, reference, fitted(one), q[one])
+    if in_project(first):
+        decodings = decode_here(fitted(one), enc, q[one])
+    else:                                    # a plug-in: where no state of its encoder's process reaches
+        decodings = decode_elsewhere(factory, dict(budget=BUDGET, dim=DIM, seed=0, rng=RNG),
+                                     (k_cal[one], v_cal[one], one), enc, q[one])
+    require_standalone(enc, reference, decodings)
     batch = BitLedger.per_trial(_encode(fitted(torch.arange(3)), k, v))
     alone = BitLedger.per_trial(enc)
     require(float(batch.cache[1]) == float(alone.cache[0]) and float(batch.model[1]) == float(alone.model[0]),

@@ -1,16 +1,17 @@
-"""The example plug-in packages under examples/, loaded from their files as their packages publish
-them (CI installs the packages themselves into a clean venv)."""
-import functools
-import importlib.util
+"""The example plug-in packages under examples/, imported as their installed packages are: by
+module name from a folder on sys.path (CI installs the packages themselves into a clean venv).
+Imported by name, so a separate process (the sweep decodes a plug-in's stored bytes in one,
+schemes.conformance.decode_elsewhere) imports the same module, as it would an installed one."""
+import importlib
+import sys
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@functools.cache
 def load_example(package: str, module: str):
-    """The module `module` of examples/<package>, executed once."""
-    spec = importlib.util.spec_from_file_location(module, EXAMPLES / package / f"{module}.py")
-    loaded = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded
+    """The module `module` of examples/<package>, imported by name (once: Python caches it)."""
+    folder = str(EXAMPLES / package)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    return importlib.import_module(module)

@@ -163,3 +163,38 @@ def test_store_without_the_storage_columns_reports_migrates_and_resumes(tmp_path
     kept = [c for c in clean.columns if c not in STORAGE_COLUMNS]
     pd.testing.assert_frame_equal(resumed[kept], clean[kept], check_exact=False, rtol=1e-12)
     pd.testing.assert_frame_equal(tq[list(STORAGE_COLUMNS)], clean[clean.scheme == "tq-kv"][list(STORAGE_COLUMNS)])
+
+
+# --- the ledger reads what is serialized; every built-in codec's figures are those of before ----
+def _previous_ledger(enc) -> tuple[list[float], list[float]]:
+    """Each trial's (per-cache, per-model) bits as the ledger counted them before it read the
+    storages: each entry's own bytes (counted here from NumPy's copy of its elements), a codes
+    entry's split over the B trials, exact_bits where the codec gives them."""
+    b = enc.shape[0]
+    cache, model = [0.0] * b, [0.0] * b
+    for part in ("codes", "side"):
+        for key, t in getattr(enc, part).items():
+            own = 8 * len(t.detach().cpu().numpy().tobytes())
+            for i in range(b):
+                bits = float(enc.exact_bits[key][i]) if key in enc.exact_bits else float(own // b if part == "codes" else own)
+                (model if key in enc.model else cache)[i] += bits
+    return cache, model
+
+
+@pytest.mark.parametrize("name", schemes.available(families=False))
+def test_every_builtin_codecs_bits_are_unchanged(name):
+    """BitLedger.per_trial, which charges a view its whole storage and a claim at least its
+    trial's non-zero bytes, gives every built-in codec the figures of the previous ledger, at two
+    budgets, called as the sweep calls it (fitted with the trial indices, positions and queries)."""
+    from schemes.conformance import _encode
+
+    options = {"shard": {"kmeans_iter": 2}, "shard-pca-decode": {"kmeans_iter": 2}}.get(name, {})
+    g = torch.Generator().manual_seed(3)
+    k, v, k_cal, v_cal = (torch.randn(3, 2, 96, 32, generator=g) * (1 + torch.arange(32)) for _ in range(4))
+    for budget in (2, 4):
+        scheme = schemes.create(name, budget=budget, dim=32, seed=5, **options)
+        engine.fit_codec(scheme, k_cal, v_cal, torch.arange(3))
+        enc = _encode(scheme, k, v)
+        bits = BitLedger.per_trial(enc)
+        cache, model = _previous_ledger(enc)
+        assert bits.cache.tolist() == cache and bits.model.tolist() == model
