@@ -1,16 +1,24 @@
 """python -m harness: the command line (harness/cli.py), with Ctrl-C and SIGTERM handled from the
 first instruction, before the imports: the first of either is raised where the program is, as
-errors.Interrupted, and the CLI exits 130 or 143 with one line (a run keeps every stored chunk,
+Interrupted (a KeyboardInterrupt that carries the signal), and the CLI exits 128 + the signal's
+number, 130 or 143, with one line (a run keeps every stored chunk,
 its Dask workers stopped with it); any later one is ignored while the program stops, so that no
 second traceback follows the line."""
 import signal
 import sys
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM (defined here: the handler may run while harness.errors is importing)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def _interrupted(signum, frame):
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, signal.SIG_IGN)
-    from .errors import Interrupted
     raise Interrupted(signum)
 
 

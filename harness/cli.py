@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, StoreError) as exc:   # bad input, or a run directory that cannot be used as asked
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (errors.Interrupted, from harness/__main__.py)
+    except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM (harness/__main__.py raises Interrupted)
         print("interrupted: a run keeps every chunk of trials it stored; rerun it with --resume to finish", file=sys.stderr)
         return 128 + getattr(exc, "signum", signal.SIGINT)
     except Exception as exc:  # any other failure: one line, exit 1 (the traceback on request)
