@@ -21,6 +21,7 @@ from kvcommon import plugins
 from schemes import Encoded, registry
 from schemes.base import BitLedger, Capabilities
 from test_plugins import _codec_entry_points
+from test_scenario_conformance import GlobalSeed
 
 AbsMax = load_example("absmax-codec", "absmax_codec").AbsMax
 Laplace = load_example("laplace-scenario", "laplace_scenario").Laplace
@@ -246,17 +247,6 @@ def test_exact_bits_never_go_below_what_a_trials_own_slice_holds():
         floor = sum(8 * np.count_nonzero(np.frombuffer(t[i].numpy().tobytes(), dtype=np.uint8))
                     for t in enc.codes.values())
         assert float(bits[i]) == floor > 1
-
-
-@dataclass(frozen=True)
-class GlobalSeed(Laplace):
-    """Draws K from NumPy's global state, not the streams it is handed."""
-    name = "global-seed"
-
-    def draw(self, streams, shape):
-        out = super().draw(streams, shape)
-        out["k"] = np.random.standard_normal(out["k"].shape)
-        return out
 
 
 @dataclass(frozen=True)
