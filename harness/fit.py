@@ -10,8 +10,10 @@ part replay:FILE calibrates on, so the replayed windows stay held out):
   K/V alignment, and for RoPE captures how much RoPE spreads the layer's keys; and the sequence's
   structure on each segment (harness/structure.py: attention sinks, recency, heavy hitters,
   neighbour correlation, logit spread);
-- per query head the order along the sequence (`transition`: a VAR(1) of the joint tokens) and the
-  tail law under which its whitened tokens are likelier (`tail_law`);
+- per query head the mean of a token as a function of its position (`position_profile`: where
+  tokens depend on their absolute position, as through learned position embeddings), the order along
+  the sequence around it (`transition`: a VAR(1) of the joint tokens) and the tail law under which its
+  whitened tokens are likelier (`tail_law`);
 - the nearest of the scenario families (`FAMILIES`, `FEATURES`, `family_distances`).
 """
 from __future__ import annotations
@@ -221,6 +223,46 @@ def transition(joint: np.ndarray, segments: np.ndarray, model) -> np.ndarray | N
     return (basis * np.sqrt(lam[keep])) @ gain @ (basis / np.sqrt(lam[keep])).T
 
 
+def dct_basis(positions: np.ndarray, length: int, n: int) -> np.ndarray:
+    """(len(positions), n) cosines cos(π (p + ½) j / length), j = 0..n−1: the DCT-II basis of
+    functions on positions 0..length−1 (j = 0 the constant)."""
+    return np.cos(np.pi * (np.asarray(positions, dtype=float)[:, None] + 0.5) * np.arange(n) / length)
+
+
+def position_profile(joint: np.ndarray, positions: np.ndarray, segments: np.ndarray) -> np.ndarray | None:
+    """The deviation of a token's mean from the overall mean as a function of its position, on a
+    query head's tokens joint (n, 3d): coefficients W (c − 1, 3d) of the cosines j = 1..c−1
+    (`dct_basis`, length = the largest position + 1), fitted by least squares with the constant.
+
+    c is chosen by leave-one-segment-out cross-validation over c = 1, 2, 4, ... up to a quarter of
+    the positions: each segment's tokens are predicted from the profile fitted on the others,
+    the error summed over the coordinates in units of their sd. c = 1 (no dependence on
+    position the held-out segments confirm) gives None, as do fewer than two segments (a
+    profile fitted on one segment cannot be told from that segment's own drift)."""
+    ids = np.unique(segments)
+    length = int(positions.max()) + 1
+    if ids.size < 2 or length < 8:
+        return None
+    scaled = (joint - joint.mean(0)) / np.maximum(joint.std(0), 1e-12)
+    candidates = [2 ** i for i in range(int(math.log2(length // 4)) + 1)]
+    errors = []
+    for c in candidates:
+        basis = dct_basis(positions, length, c)
+        error = 0.0
+        for held in ids:
+            out = segments == held
+            with small_linalg():
+                w = np.linalg.lstsq(basis[~out], scaled[~out], rcond=None)[0]
+            error += float(np.sum((scaled[out] - basis[out] @ w) ** 2))
+        errors.append(error)
+    c = candidates[int(np.argmin(errors))]
+    if c == 1:
+        return None
+    with small_linalg():
+        w = np.linalg.lstsq(dct_basis(positions, length, c), joint, rcond=None)[0]
+    return w[1:]
+
+
 def tail_law(white: np.ndarray, dof: float | None, scale2: np.ndarray) -> str:
     """The tail law of scenarios/fitted.py under which the whitened tokens white (n, p) are more
     likely: "coordinate" (i.i.d. unit-variance Student-t(dof) coordinates, Gaussian for dof None)
@@ -311,6 +353,10 @@ def fit_capture(cap: Capture, *, fit_fraction: float = 0.5, progress=None) -> di
         for qh in range(cap.q.shape[1]):
             kv = qh // cap.group_size
             joint = np.hstack((k_pre[kv], v[kv], q_pre[qh]))
+            profile = position_profile(joint, cap.positions[part], cap.segments[part])
+            if profile is not None:   # the rest of the law is that of the tokens around their position's mean
+                length = int(cap.positions[part].max()) + 1
+                joint = joint - dct_basis(cap.positions[part], length, profile.shape[0] + 1)[:, 1:] @ profile
             white = whitened(joint)
             dof = fit_dof(white)
             scale2 = scale2_quantiles(white)
@@ -319,6 +365,8 @@ def fit_capture(cap: Capture, *, fit_fraction: float = 0.5, progress=None) -> di
                     "scale2_quantiles": _digits(scale2), "tail": tail_law(white, dof, scale2)}
             fitted = transition(joint, cap.segments[part], head_model(head))
             head["transition"] = None if fitted is None else _digits(fitted.ravel())
+            if profile is not None:
+                head["position_mean"] = {"length": length, "coefficients": _digits(profile.ravel())}
             heads.append(head)
             dofs.append(dof)
             spreads.append(norm_overdispersion(white))

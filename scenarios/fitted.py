@@ -30,7 +30,16 @@ does — attention against distance, the heavy hitters that recency leaves, the 
 correlation. B is fitted across all 3d coordinates at once (harness/fit.py, `transition`), so it
 can rotate as well as decay (position embeddings oscillate with distance, which no set of
 per-coordinate decays expresses). order="iid", or a spec without a transition (written before
-it), draws independent tokens, as before. Per trial, as replay:FILE draws: `shape.n_heads`
+it), draws independent tokens, as before.
+
+Position. Where a token's mean depends on its absolute position (learned position embeddings,
+first tokens unlike the others) and the fit confirmed it on held-out segments, a head has a
+`position_mean`: x_t = μ + m(p_t) + (the process above), m(p) = Σ_j W_j cos(π (p + ½) j / P) over
+j = 1..c−1, P the positions the fit saw (harness/fit.py, position_profile); μ, Σ, B and the tail
+are then those of the tokens around m(p). Such a spec draws each trial's window at positions
+p0..p0+S−1, p0 uniform in [0, P − S] as replay's windows lie anywhere in a segment, and its
+calibration tokens independently at uniform positions, as replay picks them. `:position=none`
+leaves m out (every window at positions 0..S−1, as specs without it draw). Per trial, as replay:FILE draws: `shape.n_heads`
 key/value heads of `layer` (heads="random": without replacement; "first": 0..H−1), a query head of
 each one's group, S window tokens at positions 0..S−1, Nq evaluated queries — the q of window
 tokens drawn at random, as replay takes real queries from the window — and n_cal calibration
@@ -56,6 +65,7 @@ from .base import Scenario
 FORMAT = "kvharness-fitted/1"
 N_SCALE_QUANTILES = 65
 ORDERS = ("fitted", "iid")
+POSITIONS = ("fitted", "none")
 # a covariance's negative eigenvalues tolerated, relative to its largest: what rounding a positive
 # semi-definite one to 7 significant digits (tril) can produce; beyond it the spec is not a law
 COVARIANCE_TOLERANCE = 1e-5
@@ -74,6 +84,15 @@ class TokenModel:
     scale2_quantiles: np.ndarray
     transition: np.ndarray | None = None
     tail: str = "coordinate"
+    position_mean: tuple[int, np.ndarray] | None = None   # (P, W (c − 1, 3d)): module docstring, "Position"
+
+    def deviation(self, positions: np.ndarray) -> np.ndarray:
+        """(n, 3d) m(p), the mean's deviation at each of the positions (n,) (zeros without a profile)."""
+        if self.position_mean is None:
+            return np.zeros((len(positions), self.mean.shape[0]))
+        length, weights = self.position_mean
+        j = np.arange(1, weights.shape[0] + 1)
+        return np.cos(np.pi * (np.asarray(positions, dtype=float)[:, None] + 0.5) * j / length) @ weights
 
     @functools.cached_property
     def basis(self) -> tuple[np.ndarray, np.ndarray]:
@@ -174,10 +193,13 @@ def head_model(entry: dict) -> TokenModel:
     cov[np.tril_indices(n)] = entry["cov"]
     cov = cov + np.tril(cov, -1).T
     transition = entry.get("transition")
+    profile = entry.get("position_mean")
     return TokenModel(np.asarray(entry["mean"], dtype=float), cov, entry["dof"],
                       np.asarray(entry["scale2_quantiles"], dtype=float),
                       None if transition is None else np.asarray(transition, dtype=float).reshape(n, n),
-                      entry.get("tail", "coordinate"))
+                      entry.get("tail", "coordinate"),
+                      None if profile is None else (int(profile["length"]),
+                                                    np.asarray(profile["coefficients"], dtype=float).reshape(-1, n)))
 
 
 def tril(cov: np.ndarray) -> list[float]:
@@ -227,6 +249,16 @@ def _check_spec(path: Path, data) -> Spec:
                 ok = False
             if not ok:
                 raise bad(f"layer {i} head {h}: transition must be null or {n * n} finite numbers ({n} x {n}, row by row)")
+            profile = entry.get("position_mean")
+            try:
+                coefficients = None if profile is None else np.asarray(profile["coefficients"], dtype=float)
+                ok = profile is None or (int(profile["length"]) >= 1 and coefficients.ndim == 1
+                                         and coefficients.size % n == 0 and np.all(np.isfinite(coefficients)))
+            except (KeyError, TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise bad(f"layer {i} head {h}: position_mean must be null or a length >= 1 and coefficients, "
+                          f"a multiple of {n} finite numbers")
             if entry.get("tail", "coordinate") not in TAILS:
                 raise bad(f"layer {i} head {h}: tail {entry.get('tail')!r}; valid: {', '.join(TAILS)}")
     return Spec(str(path), data, dim, len(layers), n_heads, n_kv, rope)
@@ -267,6 +299,7 @@ class Fitted(Scenario):
     heads: str = "random"
     tail: str = "fitted"
     order: str = "fitted"
+    position: str = "fitted"
 
     def validate(self) -> None:
         if not self.source:
@@ -277,6 +310,8 @@ class Fitted(Scenario):
             raise ValueError(f"scenario fitted: order={self.order!r}; valid: {', '.join(ORDERS)}")
         if self.heads not in ("random", "first"):
             raise ValueError(f"scenario fitted: heads={self.heads!r}; valid: random, first")
+        if self.position not in POSITIONS:
+            raise ValueError(f"scenario fitted: position={self.position!r}; valid: {', '.join(POSITIONS)}")
         spec = load_spec(self.source)
         if isinstance(self.layer, bool) or not isinstance(self.layer, int) or not -1 <= self.layer < spec.n_layers:
             raise ValueError(f"scenario fitted: layer={self.layer!r}; valid: -1 (middle) or 0..{spec.n_layers - 1}")
@@ -298,6 +333,21 @@ class Fitted(Scenario):
         if shape.n_heads > spec.n_kv_heads:
             raise ValueError(f"{spec.path}: {shape.n_heads} heads requested, the spec has {spec.n_kv_heads} "
                              f"key/value heads")
+        length = self.position_length(spec)
+        if length is not None and shape.seq_len > length:
+            raise ValueError(f"{spec.path}: seq_len {shape.seq_len} exceeds the {length} positions its layer "
+                             f"{self.layer_index(spec)} was fitted on (the mean depends on position); lower --seq-len "
+                             f"or draw with fitted:...:position=none")
+
+    def position_length(self, spec: Spec) -> int | None:
+        """P, the positions the layer's position profiles span, or None: no head of the layer has one,
+        or position=none."""
+        if self.position == "none":
+            return None
+        layer = self.layer_index(spec)
+        lengths = [model.position_mean[0] for model in (spec.token_model(layer, h) for h in range(spec.n_heads))
+                   if model.position_mean is not None]
+        return max(lengths) if lengths else None
 
     def draw(self, streams, shape):
         """One trial, float64: k, v (H, S, d); q (H, Nq, d); k_cal, v_cal (H, n_cal, d); positions (S,);
@@ -312,17 +362,24 @@ class Fitted(Scenario):
             heads = np.arange(h)
         out = {"k": np.empty((h, s, d)), "v": np.empty((h, s, d)), "q": np.empty((h, shape.n_queries, d)),
                "k_cal": np.empty((h, n_cal, d)), "v_cal": np.empty((h, n_cal, d))}
-        positions = np.arange(s)
+        length = self.position_length(spec)
+        positions = np.arange(s) if length is None else int(streams("start").integers(length - s + 1)) + np.arange(s)
         for i, head in enumerate(heads):
             query_head = int(head) * spec.group_size + int(streams("query_head", i).integers(spec.group_size))
             model = spec.token_model(layer, query_head)
             window = model.sample(streams("tokens", i), s, self.tail, self.order)
-            cal = model.sample(streams("calibration", i), n_cal, self.tail, self.order)
+            if length is None:
+                cal_positions = np.arange(n_cal)
+                cal = model.sample(streams("calibration", i), n_cal, self.tail, self.order)
+            else:   # as replay takes them: independent tokens at any position
+                window += model.deviation(positions)
+                cal_positions = streams("calibration_positions", i).integers(length, size=n_cal)
+                cal = model.sample(streams("calibration", i), n_cal, self.tail, "iid") + model.deviation(cal_positions)
             k, v, q_own = window[:, :d], window[:, d:2 * d], window[:, 2 * d:]
             k_cal = cal[:, :d]
             if spec.rope is not None:
                 k, q_own = rope_np(k, positions, spec.rope), rope_np(q_own, positions, spec.rope)
-                k_cal = rope_np(k_cal, np.arange(n_cal), spec.rope)
+                k_cal = rope_np(k_cal, cal_positions, spec.rope)
             tokens = streams("queries", i).choice(s, size=shape.n_queries, replace=shape.n_queries > s)
             out["k"][i], out["v"][i], out["q"][i] = k, v, q_own[tokens]
             out["k_cal"][i], out["v_cal"][i] = k_cal, cal[:, d:2 * d]

@@ -686,3 +686,70 @@ def test_a_spec_whose_covariance_is_not_a_covariance_is_refused_in_one_line(know
                  "--seq-len", "32", "--queries", "4", "--trials", "2", "--quiet", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "not positive semi-definite" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def known_profile(positions, p, length):
+    """A smooth mean against position (n, p): on a third of the coordinates a slow ramp and one
+    period of a cosine (as learned position embeddings vary), on the others nothing."""
+    t = np.asarray(positions, dtype=float)[:, None] / length
+    amplitude = np.where(np.arange(p) % 3 == 0, 1.5, 0.0)
+    return amplitude * (t - 0.5) + amplitude * np.cos(2 * np.pi * t)
+
+
+def test_a_mean_that_depends_on_position_is_recovered_and_drawn_where_windows_lie(tmp_path):
+    """Tokens = a known profile of their position + independent Gaussian noise, over 8 segments of
+    256 positions: the fit finds the profile (its residual against the truth within the noise a
+    per-position average leaves), fits the rest of the law on the tokens around it (covariance back
+    to the noise's), and a draw places its window at p0..p0+S−1 inside the P positions with mean
+    μ + m(p) there. The same tokens shuffled across positions have no profile; S > P is refused in
+    one line, and :position=none draws exactly what the spec without the profile draws."""
+    from scenarios.fitted import head_model, load_spec
+    gen = np.random.default_rng(8)
+    p, seg, n = 3 * DIM, 256, 2048
+    positions = np.arange(n) % seg
+    truth = known_profile(positions, p, seg)
+    x = truth + gen.standard_normal((n, p))
+    k, v, q = (x[None, None, :, i * DIM:(i + 1) * DIM] for i in range(3))
+    path = write_capture(tmp_path / "pos.npz", k, v, q, segment_len=seg)
+    spec = fit_capture(load_capture(path), fit_fraction=1.0)
+    head = spec["layers"][0]["heads"][0]
+    model = head_model(head)
+    assert model.position_mean is not None and model.position_mean[0] == seg
+    fitted = model.mean + model.deviation(np.arange(seg))
+    true_mean = known_profile(np.arange(seg), p, seg) + 0.0
+    # each position's mean is known from 8 tokens (sd 1/√8 = 0.35); a smooth fit does far better
+    assert np.sqrt(np.mean((fitted - true_mean) ** 2)) < 0.35 / 2
+    assert np.abs(np.diag(model.cov) - 1).max() < 0.15            # the noise's variance, not the profile's
+    shuffled = x[gen.permutation(n)]
+    k, v, q = (shuffled[None, None, :, i * DIM:(i + 1) * DIM] for i in range(3))
+    flat = write_capture(tmp_path / "flat.npz", k, v, q, segment_len=seg)
+    assert "position_mean" not in fit_capture(load_capture(flat), fit_fraction=1.0)["layers"][0]["heads"][0]
+
+    spec_path = tmp_path / "pos.json"
+    spec_path.write_text(json.dumps(spec))
+    s = 64
+    shape = TrialShape(n_heads=1, seq_len=s, n_queries=8, dim=DIM, n_calib=16)
+    scenario = scenarios.create(f"fitted:{spec_path}", heads="first", order="iid")
+    sums, counts = np.zeros((seg, DIM)), np.zeros(seg)
+    for trial in range(300):
+        draw = scenario.draw(lambda *labels, t=trial: generator("pcg64", t, *labels), shape)
+        pos = draw["positions"]
+        assert np.array_equal(pos, pos[0] + np.arange(s)) and 0 <= pos[0] <= seg - s
+        sums[pos] += draw["k"][0]
+        counts[pos] += 1
+    seen = counts >= 30
+    drawn = sums[seen] / counts[seen, None]
+    np.testing.assert_allclose(drawn, fitted[seen, :DIM], atol=5 / math.sqrt(30))
+    too_long = TrialShape(n_heads=1, seq_len=seg + 1, n_queries=8, dim=DIM, n_calib=16)
+    with pytest.raises(ValueError, match=rf"seq_len {seg + 1} exceeds the {seg} positions.*position=none"):
+        scenario.check_shape(too_long)
+    without = json.loads(spec_path.read_text())
+    del without["layers"][0]["heads"][0]["position_mean"]
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(without))
+    streams = lambda *labels: generator("pcg64", 3, *labels)  # noqa: E731
+    a = scenarios.create(f"fitted:{spec_path}:position=none", heads="first").draw(streams, shape)
+    b = scenarios.create(f"fitted:{plain}", heads="first").draw(streams, shape)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    assert load_spec(spec_path).token_model(0, 0).position_mean is not None
