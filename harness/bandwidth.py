@@ -9,9 +9,9 @@ move at least: the two together say how near a codec runs to the memory limit.
   streams from memory, not from cache.
 - codec traffic: per vector (one token of K or V, d elements), the least an encode followed by
   a decode must move: read the vector in its dtype, write its codes as stored; read the codes,
-  write the decoded vector in the dtype decode returns. The codes' bytes are the codec's own
-  per-cache ledger (scheme.bits(enc).total, schemes.base.BitLedger: every stored tensor,
-  padding included), per vector; per-model constants (codebooks, rotation signs, sketch
+  write the decoded vector in the dtype decode returns. The codes' bytes are the sweep's
+  per-cache ledger of the stored tensors (schemes.base.BitLedger.per_trial, never the codec's
+  own bits()), per vector; per-model constants (codebooks, rotation signs, sketch
   matrices; Encoded.model) are left out: a deployment holds them once per layer-head, not per
   vector. A codec that moves more (a dozen passes over the vector) reaches a smaller fraction.
 - fraction of the bandwidth: vectors/s × minimum bytes per vector ÷ the triad's bytes/s. It is
@@ -126,12 +126,14 @@ def device_peak(device: torch.device) -> tuple[float, str] | None:
         return None
 
 
-def codec_traffic(k: torch.Tensor, enc, ledger, decoded: tuple[torch.Tensor, torch.Tensor]) -> dict:
+def codec_traffic(k: torch.Tensor, enc, decoded: tuple[torch.Tensor, torch.Tensor]) -> dict:
     """The least an encode+decode of K and V (B, H, S, d) must move, per vector (one token of K
-    or V): bytes read in, the codes' bytes (ledger.total, per cache, over its 2·H·S vectors;
-    written once and read once), bytes written out."""
+    or V): bytes read in, the codes' bytes (the sweep's measured ledger of the stored tensors,
+    BitLedger.per_trial: a trial's per-cache bits over its 2·H·S vectors, averaged over the
+    trials; written once and read once), bytes written out."""
+    from schemes.base import BitLedger
     _, h, s, d = enc.shape
-    code = ledger.total / 8 / (2 * h * s)
+    code = float(BitLedger.per_trial(enc).cache.mean()) / 8 / (2 * h * s)
     read_in, write_out = d * k.element_size(), d * decoded[0].element_size()
     return {"read_bytes_per_vector": read_in, "code_bytes_per_vector": code, "write_bytes_per_vector": write_out,
             "bytes_per_vector": read_in + 2 * code + write_out}

@@ -138,7 +138,7 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
     codec and width is timed in turn, repeat after repeat (`_alternate`; the slow reference
     implementation once), so a change of the machine's load hits them alike and one run's widths
     compare. The raw samples (s) go to `samples` in the same layout, and the least bytes each
-    encode+decode moves (bandwidth.codec_traffic, from the codec's own ledger of its coding) to
+    encode+decode moves (bandwidth.codec_traffic, from the measured ledger of its stored tensors) to
     `traffic`."""
     k, v = _gaussian_caches(shape, device)
     made: dict[tuple, tuple] = {}          # (scheme, its first coding, the timed call)
@@ -161,14 +161,13 @@ def scheme_throughput(shape: BenchShape, device: torch.device, names: list[str] 
     times = _alternate({key: m[2] for key, m in made.items() if key[1] != "reference"}, shape.repeats)
     times.update((key, timing.samples(m[2], 1)) for key, m in made.items() if key[1] == "reference")
     result: dict = {}
-    for (name, impl, budget), (s, first, _) in made.items():
+    for (name, impl, budget), (_, first, _) in made.items():
         result.setdefault(name, {}).setdefault(impl, {})[budget] = (
             2 * k.shape[0] * shape.seq_len / min(times[name, impl, budget]))
         if samples is not None:
             samples.setdefault(name, {}).setdefault(impl, {})[budget] = times[name, impl, budget]
         if traffic is not None:   # from the untimed warm-up call's coding
-            traffic.setdefault(name, {}).setdefault(impl, {})[budget] = codec_traffic(
-                k, first["enc"], s.bits(first["enc"]), first["out"])
+            traffic.setdefault(name, {}).setdefault(impl, {})[budget] = codec_traffic(k, first["enc"], first["out"])
     return result
 
 

@@ -87,7 +87,7 @@ class CompressedAttention:
     def _key_hook(self, i, site):
         import torch.nn.functional as F
 
-        from schemes.base import codec_logits, encode_codec
+        from schemes.base import BitLedger, codec_logits, encode_codec
         from stats.metrics import exact_logits, trial_metrics
 
         def to_heads(x, n_heads):  # (B, N, H·d) -> (B, H, N, d)
@@ -106,7 +106,7 @@ class CompressedAttention:
             logits_hat = codec_logits(scheme, q_kv, enc, k_hat, exact_logits)
             self.metrics.append({n: float(m[0]) for n, m in trial_metrics(k, v, q_kv, k_hat, v_hat, logits_hat,
                                                                          scheme.kept(enc)).items()})
-            self.bits.append(scheme.bits(enc).bits_per_element)
+            self.bits.append(float(BitLedger.per_trial(enc).bits_per_element.mean()))   # the sweep's ledger
             self._pending_v[i] = v_hat.transpose(1, 2).reshape(output.shape).to(output.dtype)
             return k_hat.transpose(1, 2).reshape(output.shape).to(output.dtype)
         return hook

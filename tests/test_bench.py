@@ -201,3 +201,37 @@ def test_codec_widths_are_timed_in_turn(monkeypatch):
     assert widths == [2, 4] * (1 + shape.repeats)
     assert {b: len(t) for b, t in samples["tq-kv"]["torch"].items()} == {2: 3, 4: 3}
     assert rates["tq-kv"]["torch"][4] == 2 * 8 * 16 / min(samples["tq-kv"]["torch"][4])
+
+
+class _UnderReporting:
+    """tq-kv whose bits() claims one bit per cache: what a plug-in may override."""
+
+    @staticmethod
+    def factory(**options):
+        import schemes
+        from schemes.base import BitLedger
+        scheme = schemes.create("tq-kv", **options)
+
+        def bits(enc):
+            return BitLedger({"codes.claimed": 1}, 2 * enc.shape[1] * enc.shape[2] * enc.shape[3])
+        scheme.bits = bits
+        return scheme
+
+
+def test_bench_traffic_is_the_measured_ledger_whatever_bits_claims():
+    """The codes' bytes per vector come from the stored tensors (the sweep's ledger): a codec
+    whose bits() under-reports gets tq-kv's figure, not its claim."""
+    import torch
+
+    from harness import bench
+    from schemes.base import BitLedger
+    from schemes.registry import SchemeSpec, registered
+    shape = bench.BenchShape(scheme="tq-kv", budget=3, dim=32, seq_len=16, queries=4, trials=2, repeats=1)
+    traffic: dict = {}
+    with registered([SchemeSpec("under-reporter", _UnderReporting.factory, "tq-kv claiming 1 bit")]):
+        bench.scheme_throughput(shape, torch.device("cpu"), ["tq-kv", "under-reporter"], (3,), traffic=traffic)
+    honest = traffic["tq-kv"]["torch"][3]["code_bytes_per_vector"]
+    assert traffic["under-reporter"]["torch"][3]["code_bytes_per_vector"] == honest
+    k = torch.randn(8, 1, 16, 32)
+    enc = _UnderReporting.factory(budget=3, dim=32).encode(k, k)
+    assert honest == float(BitLedger.per_trial(enc).cache.mean()) / 8 / (2 * 16) > 1 / 8 / (2 * 16)

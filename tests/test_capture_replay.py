@@ -368,6 +368,24 @@ def test_effect_embedding_cosine_improves_with_budget(minilm):
     assert high.rel_mse_k < low.rel_mse_k and 0.9 < low.emb_cos_min <= 1
 
 
+def test_effect_reports_the_measured_ledger_whatever_bits_claims(minilm):
+    """Inside the model too the bits per element are the stored tensors' (the sweep's ledger): tq-kv
+    whose bits() claims one bit per cache gets tq-kv's figure (its rotations are its own: a layer's
+    codec is seeded by its name)."""
+    import schemes
+    from harness.effect import measure_effect
+    from schemes.base import BitLedger
+    from schemes.registry import SchemeSpec, registered
+
+    def under_reporting(**options):
+        scheme = schemes.create("tq-kv", **options)
+        scheme.bits = lambda enc: BitLedger({"codes.claimed": 1}, 2 * math.prod(enc.shape[1:]))
+        return scheme
+    with registered([SchemeSpec("under-reporter", under_reporting, "tq-kv claiming 1 bit")]):
+        honest, claimed = measure_effect(minilm, ["tq-kv", "under-reporter"], [3], n_held_out=1)
+    assert claimed.bits_per_element == honest.bits_per_element > 3
+
+
 def test_capture_cli_on_a_local_rope_model(minilm, tmp_path):
     """`harness capture --model DIR`: a random Llama saved as safetensors, with MiniLM's tokenizer."""
     import shutil
