@@ -82,14 +82,14 @@ def run_rows(config, n_threads: int, directory: Path) -> dict:
 def generate(trials: int = 400, codecs=CODECS, runs=tuple(RUNS), log=None) -> dict:
     """The arrays of the stored file (module doc) for `trials` trials per cell, each run
     through run_sweep in a temporary directory. `log(name, seconds)` is told each run's time."""
-    from schemes import reference
+    from schemes.registry import reference_specs
     cells = [(c, b) for c in codecs for b in BUDGETS]
     values = np.full((len(runs), len(cells), trials, len(SIX_D)), np.nan)
     base = None
     with tempfile.TemporaryDirectory(prefix="kvharness-operating-") as tmp:
         for r, name in enumerate(runs):
             changes, n_threads, data = RUNS[name]
-            names = [c for c in codecs if name != "impl" or c in reference.available()]
+            names = [c for c in codecs if name != "impl" or c in reference_specs()]
             config = dataclasses.replace(base_config(trials, names), **changes)
             start = time.perf_counter()
             rows = run_rows(config, n_threads, Path(tmp) / name)

@@ -9,7 +9,7 @@ indices, encode_codec with the tokens' positions and prefill queries, each where
 declares it takes them): a factory that passes the checks runs in a sweep. Any of these will do:
 
     functools.partial(schemes.create, "tq-kv")                  # a registered codec
-    functools.partial(schemes.reference.create, "tq-kv")        # its NumPy reference
+    functools.partial(schemes.create, "tq-kv", impl="reference")  # its NumPy reference
     functools.partial(MyCodec, group=32)                        # an unregistered class, configured
     functools.partial(schemes.create, "kvpress:SnapKVPress", window_size=8)
 

@@ -60,8 +60,13 @@ def register(name: str, factory: Callable[..., Scheme], description: str = "", *
     """Add a built-in scheme; names are canonical lowercase and unique. family: see seed_family.
     impl="reference": the independent NumPy implementation of a torch codec's name (--impl
     reference). description: the factory's first docstring line when empty."""
+    _registry(impl).add(name, _spec(name, factory, description, family))
+
+
+def _spec(name: str, factory: Callable[..., Scheme], description: str, family: str) -> SchemeSpec:
+    """The registry entry; description: the factory's first docstring line when empty."""
     description = description or (getattr(factory, "__doc__", None) or "scheme").strip().splitlines()[0]
-    _registry(impl).add(name, SchemeSpec(name, factory, description, family))
+    return SchemeSpec(name, factory, description, family)
 
 
 def _registry(impl: str) -> Registry[SchemeSpec]:
@@ -70,9 +75,12 @@ def _registry(impl: str) -> Registry[SchemeSpec]:
         return _BUILTIN
     if impl == "reference":
         try:
-            from . import reference  # noqa: F401 - its modules register on import
+            from . import reference   # its modules list their factories on import
         except ImportError as exc:
             raise ValueError(f"the reference implementation is unavailable here ({exc}); valid: torch") from None
+        for name, (factory, description) in reference.FACTORIES.items():
+            if name not in _REFERENCE:
+                _REFERENCE.add(name, _spec(name, factory, description, ""))
         return _REFERENCE
     raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
 

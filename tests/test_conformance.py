@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import schemes
-from schemes import conformance, reference
+from schemes import conformance
+from schemes.registry import reference_specs
 from schemes.base import Encoded
 from schemes.baselines import GroupQuant
 from schemes.conformance import CHECKS, ConformanceError, check_scheme
@@ -22,7 +23,7 @@ SMALL_CACHE_OPTIONS = {
 }
 
 FACTORIES = {name: partial(schemes.create, name, **SMALL_CACHE_OPTIONS.get(name, {})) for name in schemes.available()}
-FACTORIES.update({f"reference:{name}": partial(reference.create, name) for name in reference.available()})
+FACTORIES.update({f"reference:{name}": partial(schemes.create, name, impl="reference") for name in reference_specs()})
 
 
 @pytest.mark.parametrize("check,factory", conformance.pytest_params(FACTORIES))
@@ -180,7 +181,7 @@ def test_build_checks_the_configuration_once_for_every_implementation():
     refused by both), and the RNG family set on the built codec, never handed to a factory."""
     from schemes.registry import build
 
-    for create in (schemes.create, reference.create):
+    for create in (schemes.create, partial(schemes.create, impl="reference")):
         with pytest.raises(ValueError, match="seed -1 must be a non-negative integer"):
             create("tq-kv", budget=2, dim=16, seed=-1)
         assert create("tq-kv", budget=2, dim=16, rng="mt19937").rng == "mt19937"

@@ -6,6 +6,7 @@ hybrid vs closed-form moments + Newton), Hadamard (popcount formula vs concatena
 and random streams. Agreement is therefore evidence about both.
 """
 import dataclasses
+import functools
 import math
 import re
 
@@ -25,6 +26,7 @@ from harness.runner import run_sweep
 from harness.store import RunStore
 from harness.sweep import Cell, SweepConfig
 from schemes import reference
+from schemes.registry import reference_specs
 from schemes.base import BitLedger
 from schemes.hadamard import hadamard_matrix as torch_hadamard
 from schemes.lloyd_max import beta_codebook
@@ -51,23 +53,23 @@ def rel_mse_per_trial(x, x_hat):
 # --- registry and validation --------------------------------------------------------------------
 
 def test_registry_lists_the_family_and_rejects_bad_input():
-    assert set(NAMES) <= set(reference.available())
+    assert set(NAMES) <= set(reference_specs())
     with pytest.raises(ValueError, match="unknown scheme 'tq-xv'.*available: .*tq-kv"):
-        reference.create("tq-xv", budget=2, dim=16)
+        schemes.create("tq-xv", impl="reference", budget=2, dim=16)
     for budget in (0, 9, 2.5, True):
         with pytest.raises(ValueError, match="outside 1..8"):
-            reference.create("tq-kv", budget=budget, dim=16)
+            schemes.create("tq-kv", impl="reference", budget=budget, dim=16)
     with pytest.raises(ValueError, match="not a power of two"):
-        reference.create("tq-kv", budget=2, dim=12)
+        schemes.create("tq-kv", impl="reference", budget=2, dim=12)
     with pytest.raises(ValueError, match="not a power of two"):  # an RHT sketch needs it too
         ReferenceTurboQuant(budget=2, dim=12, rotate=False, sketch_k="rht").validate()
-    reference.create("plain-kv", budget=2, dim=12)  # no Hadamard, any d >= 2
+    schemes.create("plain-kv", impl="reference", budget=2, dim=12)  # no Hadamard, any d >= 2
     with pytest.raises(ValueError, match="unknown RNG family"):
-        reference.create("tq-kv", budget=2, dim=16, rng="xorshift")
+        schemes.create("tq-kv", impl="reference", budget=2, dim=16, rng="xorshift")
     with pytest.raises(ValueError, match="array namespace"):
-        reference.create("tq-kv", budget=2, dim=16, xp="jax")
+        schemes.create("tq-kv", impl="reference", budget=2, dim=16, xp="jax")
     with pytest.raises(ValueError, match="compute dtype"):
-        reference.create("tq-kv", budget=2, dim=16, compute_dtype="float16")
+        schemes.create("tq-kv", impl="reference", budget=2, dim=16, compute_dtype="float16")
     with pytest.raises(ValueError, match="taken"):
         reference.register("tq-kv", lambda **kw: None)
 
@@ -132,7 +134,7 @@ def test_distortion_on_isotropic_data_equals_the_codebook_value(name, bits):
     measured relative MSE is the codebook's normalised distortion (TurboQuant Thm. 1)."""
     dim = 64
     k = gaussian((12, 1, 256, dim), seed=1)
-    scheme = reference.create(name, budget=bits, dim=dim, seed=3)
+    scheme = schemes.create(name, impl="reference", budget=bits, dim=dim, seed=3)
     k_hat, _ = scheme.decode(scheme.encode(k, k))
     measured = rel_mse_per_trial(k, k_hat)
     expected = sphere_codebook(dim, bits).normalized_distortion
@@ -162,7 +164,7 @@ def test_same_signs_give_identical_codes_and_reconstructions(name, bits):
     k, v, q = gaussian(shape, 0), gaussian(shape, 1), gaussian((3, 2, 5, 32), 2)
     trials = torch.tensor([7, 2, 11])
     t = schemes.create(name, budget=bits, dim=32, seed=5).fit(k, v, trials=trials)
-    r = reference.create(name, budget=bits, dim=32, seed=5).fit(k, v, trials=trials)
+    r = schemes.create(name, impl="reference", budget=bits, dim=32, seed=5).fit(k, v, trials=trials)
     r.draw_signs = torch_signs(t)
     enc_t, enc_r = t.encode(k, v), r.encode(k, v)
     assert enc_t.codes.keys() == enc_r.codes.keys() and enc_t.side.keys() == enc_r.side.keys()
@@ -207,14 +209,14 @@ def same_distribution(a, b):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_metric_distributions_agree_with_torch(name):
-    ref, tor = per_trial_metrics(reference.create, name, 3), per_trial_metrics(schemes.create, name, 3)
+    ref, tor = per_trial_metrics(functools.partial(schemes.create, impl="reference"), name, 3), per_trial_metrics(schemes.create, name, 3)
     for metric in ref:
         assert same_distribution(ref[metric], tor[metric]), (metric, stats.ks_2samp(ref[metric], tor[metric]))
 
 
 def test_a_shifted_configuration_is_detected():
     """The same comparison has power: one bit less in the reference is rejected on every metric."""
-    ref, tor = per_trial_metrics(reference.create, "tq-kv", 2), per_trial_metrics(schemes.create, "tq-kv", 3)
+    ref, tor = per_trial_metrics(functools.partial(schemes.create, impl="reference"), "tq-kv", 2), per_trial_metrics(schemes.create, "tq-kv", 3)
     for metric in ref:
         assert stats.ks_2samp(ref[metric], tor[metric]).pvalue < 1e-6, metric
 
@@ -270,7 +272,7 @@ def slopes(name, bits, n_seeds=12, dim=128):
     exact = q @ k.transpose(-1, -2) / math.sqrt(dim)
     out = []
     for seed in range(n_seeds):
-        s = reference.create(name, budget=bits, dim=dim, seed=seed)
+        s = schemes.create(name, impl="reference", budget=bits, dim=dim, seed=seed)
         est = s.score(q, s.encode(k, k))
         out.append(float((est * exact).sum() / (exact ** 2).sum()))
     return np.array(out)
@@ -298,7 +300,7 @@ def test_score_on_codes_equals_the_decoded_inner_product():
     """The asymmetric estimator on codes is ⟨q, decode(K)⟩/√d: the correction is linear in Pᵀ sign."""
     k, q = gaussian((2, 2, 24, 16), 6), gaussian((2, 2, 3, 16), 7)
     for name in ("tq-qkv", "tq-fkfv"):
-        s = reference.create(name, budget=2, dim=16, seed=1)
+        s = schemes.create(name, impl="reference", budget=2, dim=16, seed=1)
         enc = s.encode(k, k)
         k_hat, _ = s.decode(enc)
         torch.testing.assert_close(s.score(q, enc), q @ k_hat.transpose(-1, -2) / 4, rtol=1e-10, atol=1e-12)
@@ -336,7 +338,7 @@ def hand_count(name, bits, n_heads, n_tokens, dim):
 def test_measured_bits_equal_the_hand_count(name, bits):
     dim = 16
     k = gaussian((3, 2, 5, dim), 8)
-    s = reference.create(name, budget=bits, dim=dim)
+    s = schemes.create(name, impl="reference", budget=bits, dim=dim)
     enc = s.encode(k, k)
     ledger = s.bits(enc)
     assert (ledger.bits_per_element, ledger.model_bits) == hand_count(name, bits, 2, 5, dim)
@@ -350,7 +352,7 @@ def test_measured_bits_equal_the_hand_count(name, bits):
 
 def test_plain_kv_pads_rows_that_do_not_fill_a_byte():
     k = gaussian((2, 1, 7, 12), 9)
-    s = reference.create("plain-kv", budget=3, dim=12)  # 36 bits per row -> 5 bytes
+    s = schemes.create("plain-kv", impl="reference", budget=3, dim=12)  # 36 bits per row -> 5 bytes
     ledger = s.bits(s.encode(k, k))
     assert (ledger.bits_per_element, ledger.model_bits) == hand_count("plain-kv", 3, 1, 7, 12)
 
@@ -364,7 +366,7 @@ def test_round_trip_keeps_dtype_and_stays_finite_on_edge_inputs(dtype):
     k[0, 0, 1] = 3.0         # constant row
     k[1, 0, 2] *= 1e30       # huge magnitude
     for name in NAMES:
-        s = reference.create(name, budget=2, dim=16, seed=2)
+        s = schemes.create(name, impl="reference", budget=2, dim=16, seed=2)
         enc = s.encode(k, k)
         k_hat, v_hat = s.decode(enc)
         logits = s.score(gaussian((2, 1, 3, 16), 13, dtype), enc)
@@ -380,7 +382,7 @@ def test_random_inputs_decode_finite_and_score_consistently(name, bits, k):
     score on codes equals q·k̂ᵀ/√d (the asymmetric estimator is linear in the sketch)."""
     k = torch.from_numpy(k)
     q = gaussian((2, 1, 2, 8), 15, torch.float32)
-    s = reference.create(name, budget=bits, dim=8, seed=1)
+    s = schemes.create(name, impl="reference", budget=bits, dim=8, seed=1)
     enc = s.encode(k, k)
     k_hat, v_hat = s.decode(enc)
     assert torch.isfinite(k_hat).all() and torch.isfinite(v_hat).all()
@@ -398,7 +400,7 @@ def test_trials_do_not_interact():
     """Trial t's signs and codes follow from its data and its trial index, whatever batch it is
     coded in; two trials of one batch get different signs."""
     k = gaussian((4, 1, 10, 16), 11)
-    s = reference.create("tq-qkqv", budget=3, dim=16, seed=4)
+    s = schemes.create("tq-qkqv", impl="reference", budget=3, dim=16, seed=4)
     enc = s.fit(k, k, trials=torch.arange(4)).encode(k, k)
     whole, _ = s.decode(enc)
     part_enc = s.fit(k[2:3], k[2:3], trials=torch.tensor([2])).encode(k[2:3], k[2:3])
@@ -412,12 +414,12 @@ def test_trials_do_not_interact():
 @pytest.mark.parametrize("family", ["pcg64", "mt19937", "philox"])
 def test_rng_families_give_valid_distinct_rotations(family):
     k = gaussian((2, 1, 32, 16), 12)
-    s = reference.create("tq-fkv", budget=3, dim=16, seed=1, rng=family)
+    s = schemes.create("tq-fkv", impl="reference", budget=3, dim=16, seed=1, rng=family)
     enc = s.encode(k, k)
-    again = reference.create("tq-fkv", budget=3, dim=16, seed=1, rng=family).encode(k, k)
+    again = schemes.create("tq-fkv", impl="reference", budget=3, dim=16, seed=1, rng=family).encode(k, k)
     assert all(torch.equal(enc.codes[key], again.codes[key]) for key in enc.codes)
     other = "pcg64" if family != "pcg64" else "philox"
-    changed = reference.create("tq-fkv", budget=3, dim=16, seed=1, rng=other).encode(k, k)
+    changed = schemes.create("tq-fkv", impl="reference", budget=3, dim=16, seed=1, rng=other).encode(k, k)
     assert not torch.equal(enc.codes["k.rotation_signs"], changed.codes["k.rotation_signs"])
 
 
@@ -438,7 +440,7 @@ def test_cli_runs_the_reference_implementation(tmp_path, family):
 
 def test_float32_compute_dtype_matches_float64_up_to_rounding():
     k = gaussian((2, 1, 64, 32), 14)
-    fine, coarse = (reference.create("tq-qkqv", budget=3, dim=32, seed=3, compute_dtype=c)
+    fine, coarse = (schemes.create("tq-qkqv", impl="reference", budget=3, dim=32, seed=3, compute_dtype=c)
                     for c in ("float64", "float32"))
     k64, _ = fine.decode(fine.encode(k, k))
     k32, _ = coarse.decode(coarse.encode(k, k))

@@ -4,6 +4,7 @@ Reference values come from independent sources: brute-force enumeration (water-f
 torch.linalg.eigh / numpy (power iteration, d_eff), the scenario's planted subspace, the
 paper's storage formula counted by hand (ledger).
 """
+import functools
 import itertools
 import math
 
@@ -362,12 +363,11 @@ def test_reference_agrees_with_torch(name, scenario):
     the same coding (relative error equal to 1e-6), a sketched one agrees in distribution: the
     mean relative error over scheme seeds within 4 standard errors of the difference (the two
     draw their sketches independently)."""
-    from schemes import reference
     data = _draw(scenario, n_trials=3, seq_len=32, dim=64)
     errors = {"torch": [], "reference": []}
     for seed in range(4):
         fitted = {}
-        for impl, make in (("torch", schemes.create), ("reference", reference.create)):
+        for impl, make in (("torch", schemes.create), ("reference", functools.partial(schemes.create, impl="reference"))):
             scheme = fitted[impl] = make(name, budget=3, dim=64, seed=seed).fit(data["k_cal"], data["v_cal"])
             enc = scheme.encode(data["k"], data["v"])
             k_hat, v_hat = scheme.decode(enc)
@@ -415,7 +415,6 @@ def test_reference_builds_the_torch_basis_on_a_degenerate_tail(budget):
        (elementwise), σ and basis to float rounding — the two differ only by rounding
        in float64 eigh/QR (~1e-15), so 1e-6 leaves room for that and is 4 orders of magnitude
        below the 5 % the exact tail costs."""
-    from schemes import reference
     from schemes.reference.spectralquant_ref import block_width, eigenbasis
     data = _draw("lowrank_aligned", n_trials=4, seq_len=64, dim=64)
     x = data["k_cal"][0, 0].numpy()
@@ -432,7 +431,7 @@ def test_reference_builds_the_torch_basis_on_a_degenerate_tail(budget):
     assert (basis[np.abs(basis).argmax(0), np.arange(64)] > 0).all()
 
     torch_sq = schemes.create("sq-kv", budget=budget, dim=64, seed=0).fit(data["k_cal"], data["v_cal"])
-    ref_sq = reference.create("sq-kv", budget=budget, dim=64, seed=0).fit(data["k_cal"], data["v_cal"])
+    ref_sq = schemes.create("sq-kv", impl="reference", budget=budget, dim=64, seed=0).fit(data["k_cal"], data["v_cal"])
     errors = {}
     for impl, scheme in (("torch", torch_sq), ("reference", ref_sq)):
         k_hat, v_hat = scheme.decode(scheme.encode(data["k"], data["v"]))
@@ -547,8 +546,7 @@ def test_the_lookup_table_equals_a_binary_search_on_every_threshold(dtype):
 def test_sketches_are_drawn_per_trial_index(impl):
     """A trial's sketches depend on its index, not on the batch it is coded in; two trials
     with the same data but other indices get other sketches."""
-    from schemes import reference
-    make = schemes.create if impl == "torch" else reference.create
+    make = schemes.create if impl == "torch" else functools.partial(schemes.create, impl="reference")
     data = _draw("spectral_decay", n_trials=2, seq_len=16, dim=32)
     both = make("sq-qkqv", budget=3, dim=32).fit(data["k_cal"], data["v_cal"], trials=torch.tensor([5, 6]))
     enc = both.encode(data["k"], data["v"])

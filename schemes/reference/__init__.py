@@ -6,11 +6,13 @@ blocks: they share no codec code with the torch path, so agreement between the t
 evidence, not tautology. The objects follow the torch Scheme protocol (schemes/base.py) and
 convert at the boundary (adapter.py).
 
-Every module of this package is imported below; a module registers its schemes by calling
-`register(name, factory, description)` at import (schemes.registry.register with
-impl="reference"), so a new reference codec is one file. A factory takes (budget, dim, seed,
-**options) and returns a scheme object; schemes.registry.build, the one way a codec is built,
-checks the configuration, sets its RNG family and validates it.
+Every module of this package is imported below; a module lists its schemes by calling
+`register(name, factory, description)` at import (into FACTORIES, which schemes.registry reads the
+first time the reference is asked for: this package imports nothing of the registry), so a new
+reference codec is one file. A factory takes (budget, dim, seed, **options) and returns a scheme
+object; schemes.registry.build, the one way a codec is built, checks the configuration, sets its
+RNG family and validates it. Build one with `schemes.create(name, impl="reference", ...)`; the
+names are `schemes.registry.reference_specs()`.
 """
 from __future__ import annotations
 
@@ -18,36 +20,19 @@ import importlib
 import pkgutil
 from typing import Callable
 
-from .. import registry
-from ..registry import SchemeSpec
+# name -> (factory, description), in registration order
+FACTORIES: dict[str, tuple[Callable[..., object], str]] = {}
 
 
 def register(name: str, factory: Callable[..., object], description: str = "") -> None:
-    """Add a reference scheme; names are the torch registry's canonical lowercase names."""
-    registry.register(name, factory, description, impl="reference")
-
-
-def specs() -> dict[str, SchemeSpec]:
-    return registry.reference_specs()
-
-
-def available() -> list[str]:
-    """Names of every reference scheme, in registration order."""
-    return list(specs())
-
-
-def create(name: str, *, budget: int, dim: int, seed: int = 0, rng: str | None = None, **options):
-    """A ready reference scheme for one configuration (schemes.registry.create, impl="reference");
-    ValueError naming what is valid otherwise.
-
-    Options the TurboQuant family understands: xp ("numpy" | "cupy" | a module) and
-    compute_dtype ("float64" | "float32").
-    """
-    return registry.create(name, budget=budget, dim=dim, seed=seed, rng=rng, impl="reference", **options)
+    """Add a reference scheme; names are the torch registry's canonical lowercase names, each once."""
+    if name in FACTORIES:
+        raise ValueError(f"reference scheme name {name!r} is taken")
+    FACTORIES[name] = (factory, description)
 
 
 for _module in pkgutil.iter_modules(__path__):
     if not _module.ispkg and not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["available", "create", "register", "specs"]
+__all__ = ["FACTORIES", "register"]
