@@ -13,6 +13,8 @@ from the query law on streams of their own, for codecs that observe the prefill'
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import zlib
 from dataclasses import dataclass, fields
@@ -147,12 +149,23 @@ class Scenario:
                      f"{largest * self.temperature / lo:.2g}] here")
         raise ValueError(f"scenario {self.name} ({given}): {reason}; {valid}")
 
-    def population(self, gen: np.random.Generator, dim: int) -> Population:
+    def population(self, gen: np.random.Generator, dim: int, head: int = 0) -> Population:
+        """The mixing matrices of key/value head `head` (0..H−1), from gen alone. An override may
+        leave `head` out of its signature (a law the same for every head); one that names it gets
+        the head it draws, for a per-head law (e.g. dof = dof0 + head·step from scalar parameters)."""
         raise NotImplementedError
 
-    def latent(self, gen: np.random.Generator, shape) -> np.ndarray:
-        """i.i.d. unit-variance entries of the scenario's law (standard normal by default)."""
+    def latent(self, gen: np.random.Generator, shape, head: int = 0) -> np.ndarray:
+        """i.i.d. unit-variance entries of the scenario's law for head `head` (standard normal by
+        default); as population, an override may leave `head` out."""
         return gen.standard_normal(shape)
+
+    def _population(self, gen: np.random.Generator, dim: int, head: int) -> Population:
+        return self.population(gen, dim, head=head) if _takes_head(type(self).population) else \
+            self.population(gen, dim)
+
+    def _latent(self, gen: np.random.Generator, shape, head: int) -> np.ndarray:
+        return self.latent(gen, shape, head=head) if _takes_head(type(self).latent) else self.latent(gen, shape)
 
     def draw(self, streams: Streams, shape: TrialShape) -> dict[str, np.ndarray]:
         """One trial, float64 arrays: k, v, q, k_cal, v_cal, positions; with shape.n_decode = N > 0
@@ -169,10 +182,10 @@ class Scenario:
         out = {name: np.empty((h, n, d)) for name, n in
                (("k", s), ("v", s), ("q", shape.n_queries), ("k_cal", shape.n_calib), ("v_cal", shape.n_calib))}
         for head in range(h):
-            pop = self.population(streams("population", head), d)
+            pop = self._population(streams("population", head), d, head)
             for name, mix in (("k", pop.mix_k), ("v", pop.mix_v), ("k_cal", pop.mix_k), ("v_cal", pop.mix_v)):
                 n = out[name].shape[1]
-                out[name][head] = self.latent(streams(name, head), (n, mix.shape[1])) @ mix.T
+                out[name][head] = self._latent(streams(name, head), (n, mix.shape[1]), head) @ mix.T
             out["q"][head] = streams("q", head).standard_normal((shape.n_queries, d)) / self.temperature
             if shape.n_decode:
                 self._draw_decode(streams, head, pop, shape, out)
@@ -189,12 +202,18 @@ class Scenario:
     def _draw_decode(self, streams: Streams, head: int, pop: Population, shape: TrialShape,
                      out: dict[str, np.ndarray]) -> None:
         """Fill out["k_decode"], out["v_decode"] (H, N, d) at `head` from the drifted population."""
-        new = self.population(streams("population-drift", head), shape.dim)
+        new = self._population(streams("population-drift", head), shape.dim, head)
         for name, mix, mix_new in (("k", pop.mix_k, new.mix_k), ("v", pop.mix_v, new.mix_v)):
-            z_old = self.latent(streams(f"{name}_decode", head), (shape.n_decode, mix.shape[1]))
-            z_new = self.latent(streams(f"{name}_decode_drift", head), (shape.n_decode, mix_new.shape[1]))
+            z_old = self._latent(streams(f"{name}_decode", head), (shape.n_decode, mix.shape[1]), head)
+            z_new = self._latent(streams(f"{name}_decode_drift", head), (shape.n_decode, mix_new.shape[1]), head)
             tokens = out.setdefault(f"{name}_decode", np.empty((shape.n_heads, shape.n_decode, shape.dim)))
             tokens[head] = np.sqrt(1 - self.drift) * z_old @ mix.T + np.sqrt(self.drift) * z_new @ mix_new.T
+
+
+@functools.cache
+def _takes_head(method) -> bool:
+    """Whether a population or latent override takes the head (a parameter named `head`)."""
+    return "head" in inspect.signature(method).parameters
 
 
 def random_orthonormal(gen: np.random.Generator, dim: int, n_columns: int) -> np.ndarray:

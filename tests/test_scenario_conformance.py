@@ -141,3 +141,39 @@ def test_the_laplace_example_is_what_the_check_passes():
     k = draw(Laplace(), scenarios.TrialShape(1, 4096, 4, 8, 16))["k"].ravel()
     assert abs(k.var() - 1) < 0.08 and abs(((k - k.mean()) ** 4).mean() / k.var() ** 2 - 6) < 1.0
     assert dataclasses.replace(Laplace(), scale=2.0).population(None, 3).mix_k[0, 0] == 2.0
+
+
+@dataclass(frozen=True)
+class PerHeadTails(Laplace):
+    """A per-head law from scalar parameters: head h's coordinates are Student-t with
+    dof0 + h·step degrees of freedom and scale 1 + h (population and latent both take `head`)."""
+    name = "per-head-tails"
+    dof0: float = 5.0
+    step: float = 20.0
+
+    def population(self, gen, dim, head):
+        return scenarios.Population(np.eye(dim) * (1 + head), np.eye(dim) * (1 + head))
+
+    def latent(self, gen, shape, head):
+        dof = self.dof0 + head * self.step
+        return gen.standard_t(dof, shape) * np.sqrt((dof - 2) / dof)
+
+
+def test_population_and_latent_get_the_head_they_draw_when_they_name_it():
+    """Each head draws its own law (variance (1 + h)², kurtosis of Student-t(dof0 + h·step):
+    6/(dof − 4) excess) and the check passes; Laplace, whose overrides leave `head` out, draws
+    exactly as before (its rows do not move)."""
+    from scenarios.conformance import draw
+    check_scenario(PerHeadTails)
+    k = draw(PerHeadTails(), scenarios.TrialShape(2, 20000, 4, 8, 16))["k"]
+    for head, dof in ((0, 5.0), (1, 25.0)):
+        x = k[head].ravel() / (1 + head)
+        assert abs(x.var() - 1) < 0.05
+        excess = ((x - x.mean()) ** 4).mean() / x.var() ** 2 - 3
+        assert abs(excess - 6 / (dof - 4)) < (2.5 if dof == 5.0 else 0.15)
+    gen = lambda *labels: np.random.default_rng(abs(hash(labels)) % 2 ** 32)  # noqa: E731
+    shape = scenarios.TrialShape(2, 16, 4, 8, 16)
+    before = Laplace().draw(gen, shape)
+    expected = np.stack([np.random.default_rng(abs(hash(("k", h))) % 2 ** 32).laplace(0, 1 / np.sqrt(2), (16, 8))
+                         for h in range(2)])
+    np.testing.assert_array_equal(before["k"], expected)

@@ -18,7 +18,7 @@ class Laplace(Scenario):
         if not self.scale > 0:
             raise ValueError(f"scenario laplace: parameter scale={self.scale} must be positive")
 
-    def population(self, gen, dim):           # E‖k‖² = d: the query temperature sets the logits' spread
+    def population(self, gen, dim):           # E‖k‖² = scale²·d; add `head` to the signature for a per-head law
         return Population(np.eye(dim) * self.scale, np.eye(dim) * self.scale)
 
     def latent(self, gen, shape):
