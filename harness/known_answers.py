@@ -710,7 +710,7 @@ def _command(argv: list[str]) -> str:
 def _six_d_shift(frame_a, frame_b) -> dict:
     """The largest |mean(B) − mean(A)| over the six-D metrics in units of their pooled
     between-trial standard deviation, and its metric."""
-    from stats.metrics import SIX_D
+    from kvcommon.rows import SIX_D
     best = {"effect_sd": 0.0, "metric": None}
     for m in SIX_D:
         a, b = frame_a[m].to_numpy(float), frame_b[m].to_numpy(float)
@@ -756,7 +756,7 @@ def validate_case(s: Settings, scheme: str, seed: int, *, against: str | None = 
 
 def _digest(frame) -> str:
     """A digest of a frame's six-D metrics in trial order: equal digests, equal rows."""
-    from stats.metrics import SIX_D
+    from kvcommon.rows import SIX_D
     values = np.ascontiguousarray(frame.sort_values("trial")[list(SIX_D)].to_numpy(np.float64))
     return hashlib.sha256(values.tobytes()).hexdigest()[:16]
 
@@ -852,7 +852,7 @@ def compare_case(s: Settings, seed: int, *, change: str | None, schemes_: tuple,
         a, b = RunStore(root / "A").trials(), RunStore(root / "B").trials()
         identical = None
         if change is not None:
-            from stats.metrics import SIX_D
+            from kvcommon.rows import SIX_D
             key = ["scheme", "budget", "trial"]
             x, y = a.sort_values(key)[list(SIX_D)].to_numpy(), b.sort_values(key)[list(SIX_D)].to_numpy()
             identical = bool(x.shape == y.shape and np.array_equal(x, y))

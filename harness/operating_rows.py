@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stats.metrics import SIX_D
+from kvcommon.rows import SIX_D
 
 SCENARIO = "heavy_tail"
 CODECS = ("tq-kv", "sq-kv", "int4", "kivi", "shard", "h2o")

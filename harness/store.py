@@ -409,6 +409,16 @@ class RunStore:
             con.close()
         return {key for key in survey.finished if survey.sound(key)}
 
+    def completion(self) -> tuple[int, int] | None:
+        """(finished cells, cells of the run's configuration) from the manifest and the store; None
+        when the directory has no manifest, or one without a config, to say which cells the run has.
+        harness.runner.completion's answer, without the runner's imports (torch, the codecs):
+        `harness report` reads it."""
+        expected, _ = self._planned()
+        if expected is None:
+            return None
+        return len(expected & self.finished_cells()), len(expected)
+
     # --- integrity of the rows (module doc) -----------------------------------------------------
     def _planned(self) -> tuple[frozenset | None, int | None]:
         """(the cells of the manifest's configuration, its trials per cell); (None, None) without
@@ -482,7 +492,7 @@ class RunStore:
         from stats.equal_storage import storage_column
         from stats.findings import ESTIMATED, PRIMARY
         from stats.finite import finite_cells
-        from stats.metrics import SIX_D
+        from kvcommon.rows import SIX_D
         trials = self.trials()
         if trials.empty:
             return

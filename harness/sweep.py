@@ -11,13 +11,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass, field
 
-import scenarios
-import schemes
 from kvcommon.rng import RNG_FAMILIES
 
 from .devices import DEVICES, DTYPES
 
-IMPLS = schemes.registry.IMPLS
+# scenarios and schemes (torch, numba) are imported where a sweep is validated or listed, not
+# here: the store reads a manifest's configuration (SweepConfig, cells) for `harness report`,
+# which needs neither
 MAX_SEED = 2 ** 63 - 1   # the largest root seed: sqlite stores INTEGER as signed 64-bit
 
 
@@ -25,6 +25,7 @@ def paper_schemes() -> tuple[str, ...]:
     """The AMD paper's sixteen TQ/SQ schemes, as far as they are registered. From the built-ins
     and plug-ins only: listing the optional families would import kvpress and transformers
     (seconds and hundreds of MB) for names that are never paper schemes."""
+    import schemes
     return tuple(n for n in schemes.registry.all_schemes() if n.split("-")[0] in ("plain", "tq", "sq", "squ"))
 
 
@@ -136,6 +137,7 @@ class SweepConfig:
             raise ValueError(f"scheme seed {self.scheme_seed!r} must be an integer in 0..{MAX_SEED}")
         if self.scheme_rng is not None and self.scheme_rng not in RNG_FAMILIES:
             raise ValueError(f"unknown scheme RNG family {self.scheme_rng!r}; valid: {', '.join(RNG_FAMILIES)}")
+        import scenarios
         for name in self.scenarios:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
             for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,
@@ -147,6 +149,7 @@ class SweepConfig:
         """{scheme: (budget, dim, why)} for the schemes that cannot take some budget, dim or cache
         length of the sweep, in the sweep's order, with the first (budget, dim) each refuses; each
         (scheme, budget, dim) is built once (schemes.create, as the sweep builds it)."""
+        import schemes
         unfit = {}
         for name, budget, dim in itertools.product(self.schemes, self.budgets, self.dims):
             if name in unfit:
@@ -163,6 +166,7 @@ class SweepConfig:
         """ValueError (one line) when a scenario's parameters make its data overflow or vanish in
         the metrics (Scenario.check_data, a probe draw per shape). Apart from validate: the probe
         draws a (d, d) population, so it runs once one trial is known to fit in memory."""
+        import scenarios
         for name in self.scenarios:
             scenario = scenarios.create(name, **self.scenario_params.get(name, {}))
             for dim, seq_len, n_queries, n_cal in itertools.product(self.dims, self.seq_lens, self.queries,

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Generic, Iterable, TypeVar
 
 T = TypeVar("T")
+# the codecs' implementations: torch, and the independent NumPy reference (--impl); here, not in
+# schemes.registry, so a configuration is checked against them without importing the codecs
+IMPLS = ("torch", "reference")
 
 
 class Registry(Generic[T]):

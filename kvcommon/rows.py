@@ -26,6 +26,8 @@ METRIC_NAMES = tuple(
     f"{m}_{x}" for x in ("k", "v", "t") for m in ("rel_mse", "cos", "snr_err", "dir_err", "d2")
 ) + ("t_rel_mse_konly", "t_rel_mse_vonly", "kl_attn", "logit_rel_mse", "logit_slope", "ptcosine_k", "ptcosine_v")
 EVICTION_METRIC_NAMES = ("evicted_mass",)
+# the six-D error decomposition (stats.metrics), the columns the verdicts test
+SIX_D = ("snr_err_k", "dir_err_k", "snr_err_v", "dir_err_v", "snr_err_t", "dir_err_t")
 
 # Per-trial facts the built-in codecs report (Scheme.diagnostics: SpectralQuant's effective rank
 # and spectral gap of its calibrated bases); NULL for the others. Any other name a codec reports

@@ -1,4 +1,4 @@
-"""The report's figures (matplotlib/seaborn, Agg backend) from the tidy frames of stats/findings.py.
+"""The report's figures (matplotlib, Agg backend) from the tidy frames of stats/findings.py.
 
 Each builder returns a ReportFigure: a matplotlib Figure, or None with the reason the run
 cannot support it. Every codec has one fixed style (reports.styles: colour, marker, line
@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from stats.metrics import SIX_D  # noqa: E402
+from kvcommon.rows import SIX_D  # noqa: E402
 
 from stats.findings import SETTING, Findings  # noqa: E402
 from stats.margins import ALPHA  # noqa: E402

@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-import seaborn as sns
+from matplotlib.colors import to_rgb
 
 MAX_SERIES = 8  # codecs per panel
 
@@ -29,9 +29,13 @@ _FAMILIES = (
         "CompactorPress", "LeverageScorePress", "NonCausalAttnPress", "CapPress")))),
     ("other", "X", (0, (1, 1)), ()),
 )
-# colour-blind palette first; its "dark" variant gives a family of more than 10 (eviction with
-# kvpress's presses) distinct colours for its members 11-20
-_PALETTE = sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)
+# seaborn's colour-blind palette first; its "dark" variant gives a family of more than 10 (eviction
+# with kvpress's presses) distinct colours for its members 11-20. Written out (seaborn 0.13's
+# SEABORN_PALETTES, as sns.color_palette returns them): importing seaborn for these was a tenth of
+# a second of every report (issue 49)
+_PALETTE = [to_rgb(c) for c in (
+    "#0173B2", "#DE8F05", "#029E73", "#D55E00", "#CC78BC", "#CA9161", "#FBAFE4", "#949494", "#ECE133", "#56B4E9",
+    "#001C7F", "#B1400D", "#12711C", "#8C0800", "#591E71", "#592F0D", "#A23582", "#3C3C3C", "#B8850A", "#006374")]
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kvcommon import plugins
-from kvcommon.registry import Registry
+from kvcommon.registry import IMPLS, Registry
 
 from .base import Scheme
 
 ENTRY_POINT_GROUP = "kvharness.schemes"
 MIN_BUDGET, MAX_BUDGET = 1, 8
-IMPLS = ("torch", "reference")   # the torch codecs, and their independent NumPy reference (--impl)
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvcommon.rows import CELL_COLUMNS, SETTING_COLUMNS
+from kvcommon.rows import CELL_COLUMNS, SETTING_COLUMNS, SIX_D
 from .dominance import crossovers, pareto_front
 from .equal_storage import LEVEL, TOLERANCE, at_storage, default_levels, storage_column
 from .finite import finite_cells
 from .inference import holm, mean_ci
-from .metrics import SIX_D
 from .paired import two_sample
 from .margins import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
 from .validation import margin_p_values, mean_difference, same_data, validate_family

@@ -48,8 +48,6 @@ from kvcommon.memo import IdentityMemo
 from kvcommon.rows import EVICTION_METRIC_NAMES, METRIC_NAMES   # the metrics' names: columns of the row schema
 from kvcommon.threads import torch_threads
 
-SIX_D = ("snr_err_k", "dir_err_k", "snr_err_v", "dir_err_v", "snr_err_t", "dir_err_t")
-
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], -1)

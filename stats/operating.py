@@ -58,8 +58,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvcommon.rows import SIX_D
+
 from .margins import ALPHA
-from .metrics import SIX_D
 from .validation import VERDICTS, TrialSample, validate_samples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +105,7 @@ def load_pairs(path: Path = ROWS) -> list[Pair]:
         values, runs, data = z["values"].astype(np.float64), list(z["runs"]), list(z["data"])
         difference, codecs, budgets = z["difference"], list(z["codecs"]), [int(b) for b in z["budgets"]]
         if tuple(z["metrics"]) != SIX_D:
-            raise ValueError(f"{path}: metrics {tuple(z['metrics'])} are not stats.metrics.SIX_D {SIX_D}")
+            raise ValueError(f"{path}: metrics {tuple(z['metrics'])} are not kvcommon.rows.SIX_D {SIX_D}")
     missing = sorted({"base", *HARMLESS, *NULL_OF.values()} - set(runs))
     if missing:
         raise ValueError(f"{path} lacks run(s) {', '.join(missing)}; rewrite it with python -m harness.operating_rows")

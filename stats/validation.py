@@ -5,7 +5,7 @@ Samples are per-trial frames (columns as kvcommon/rows.py TRIAL_COLUMNS) of one 
 Two samples are *paired* when they ran on the same data trial by trial (same_data: one seed,
 RNG family, scenario, dim, seq_len and queries, the same trial indices); others are independent.
 
-Tests of one comparison X vs Y, twelve, on the six-D metrics m (stats.metrics.SIX_D):
+Tests of one comparison X vs Y, twelve, on the six-D metrics m (kvcommon.rows.SIX_D):
 - location of m: Δ = mean(X) − mean(Y); paired, the mean of the per-trial differences with
   SE sd/√n (t, n − 1 df); unpaired, Welch's SE and Satterthwaite's df (location_effect);
 - spread of m ("sd:m"): λ = log(s(X)/s(Y)), the log ratio of the trial-to-trial spreads, s the
@@ -85,12 +85,11 @@ import pandas as pd
 from scipy import stats as _sps
 from scipy.spatial.distance import cdist
 
-from kvcommon.rows import CELL_COLUMNS
+from kvcommon.rows import CELL_COLUMNS, SIX_D
 from .energy import EnergyResult, energy_test, paired_energy_test
 from .equal_storage import TOLERANCE, storage_column
 from .inference import holm, wilcoxon_signed_rank
 from .margins import ALPHA, SMALLEST_EFFECT, SPREAD_MARGIN
-from .metrics import SIX_D
 
 IMPLEMENTATION_VARIABLES = ("impl", "rng", "seed", "device", "dtype")
 VERDICTS = ("codec-difference", "implementation-variance", "negligible", "equivalent", "inconclusive",

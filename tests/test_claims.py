@@ -12,7 +12,8 @@ import torch
 from stats import claims as C
 from stats.claims.framework import _basis
 from stats.margins import SMALLEST_EFFECT
-from stats.metrics import SIX_D, relative_mse
+from kvcommon.rows import SIX_D
+from stats.metrics import relative_mse
 
 N = 30
 

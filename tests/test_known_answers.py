@@ -364,7 +364,7 @@ def test_run_level_changes_are_the_stated_change(tmp_path, monkeypatch):
 
 def schemes_frame(path: Path):
     from harness.store import RunStore
-    from stats.metrics import SIX_D
+    from kvcommon.rows import SIX_D
     return RunStore(path).trials().sort_values("trial")[list(SIX_D)].reset_index(drop=True)
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from kvcommon.threads import torch_threads
-from stats.metrics import (EVICTION_METRIC_NAMES, METRIC_NAMES, SIX_D, cosine, kl_attention, per_token_cosine,
+from kvcommon.rows import SIX_D
+from stats.metrics import (EVICTION_METRIC_NAMES, METRIC_NAMES, cosine, kl_attention, per_token_cosine,
                            relative_mse, trial_metrics, weighted_values)
 
 

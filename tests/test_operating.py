@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy import stats
 
-from stats.metrics import SIX_D
+from kvcommon.rows import SIX_D
 from stats.operating import (EFFECTS, HARMLESS, NULL_OF, ROWS, T_ONLY, Pair, inject, load_pairs, resample, samples,
                              study, table_markdown, trials_for_power)
 from stats.validation import VERDICTS

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from harness.operating_rows import BUDGETS, RUNS, base_config, generate, run_rows
-from stats.metrics import SIX_D
+from kvcommon.rows import SIX_D
 
 
 @pytest.mark.slow  # six small runs through the runner (about 25 s)

@@ -517,6 +517,15 @@ def test_styles_are_fixed_and_distinct_within_a_family():
     assert style("my-plugin") == style("my-plugin") and family("kvpress:KnormPress") == "eviction"
 
 
+def test_palette_is_seaborns():
+    """The palette written out in reports.styles is seaborn's colour-blind then dark palette, value
+    for value (the report no longer imports seaborn for it)."""
+    sns = pytest.importorskip("seaborn")
+    from reports.styles import _PALETTE
+
+    assert _PALETTE == list(sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10))
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed (/usr/bin/chromium); "
                     ".ci/run installs it with apt-get install chromium")
 @pytest.mark.slow
@@ -744,3 +753,25 @@ def test_a_figure_too_tall_for_legible_text_on_its_page_is_drawn_and_fits_the_bo
         plt.close(fig)
     assert dpi == MIN_PPI and image.size[1] > 100 * MIN_PPI
     assert width <= FIGURE_BOX[0] + 1e-9 and height <= FIGURE_BOX[1] + 1e-9
+
+
+# What running a sweep needs and reading one does not: the scenarios, the codecs, the engine and
+# numba's compiled loops (issue 49: their imports, through harness.sweep and harness.runner, were
+# seconds of the main job's report).
+RUN_ONLY_MODULES = ("scenarios", "schemes", "numba", "harness.cell", "harness.runner")
+
+
+def test_report_imports_nothing_that_only_a_run_needs(run_dir, tmp_path):
+    """`harness report` on a stored run, in a process of its own, imports no scenario, codec,
+    sweep engine or numba (torch it may: the verdicts' energy tests run on it)."""
+    import sys
+
+    for name in ("results.sqlite", "manifest.json"):   # a copy: the report writes into its directory
+        shutil.copy(run_dir / name, tmp_path / name)
+    probe = ("import sys; from harness.cli import main; status = main(['report', sys.argv[1], '--permutations', '20']); "
+             "print(status, *sorted(m for m in sys.modules if m in sys.argv[2:] or m.split('.')[0] in sys.argv[2:]))")
+    seen = subprocess.run([sys.executable, "-c", probe, str(tmp_path), *RUN_ONLY_MODULES],
+                          capture_output=True, text=True, check=True)
+    status, *imported = seen.stdout.split("\n")[-2].split()
+    assert status == "0", seen.stdout + seen.stderr
+    assert imported == []

@@ -19,7 +19,7 @@ import schemes
 from harness.sweep import SweepConfig
 from harness.runner import run_sweep
 from stats.dominance import amplification, crossovers, pareto_front
-from stats.metrics import SIX_D
+from kvcommon.rows import SIX_D
 from stats.inference import holm, tost
 from stats.validation import (PAIRED_TESTS, SPREAD_TESTS, TESTS, UNPAIRED_TESTS, VERDICTS, TrialSample, margin_p_values, compare_runs,
                               energy_effect, location_effect, same_data, spread_effect, validate_samples)

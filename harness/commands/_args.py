@@ -289,7 +289,7 @@ def check_test_options(args, command: str) -> None:
         raise UsageError(f"harness {command}: --margin {args.margin} must be a positive finite number")
     if args.permutations < 1:
         raise UsageError(f"harness {command}: --permutations {args.permutations} must be a positive integer")
-    from ..sweep import MAX_SEED   # here: harness.sweep imports torch, which `harness report` does not need
+    from ..sweep import MAX_SEED
     if not 0 <= args.seed <= MAX_SEED:
         raise UsageError(f"harness {command}: --seed {args.seed} must be an integer in 0..{MAX_SEED}")
     if getattr(args, "out", None) is not None:

@@ -63,7 +63,7 @@ def _n_testable(x, y) -> tuple[int, bool]:
     """(the trials of cell frames x and y a comparison can use, whether they are paired): paired
     (stats.validation.same_data) the trials finite in the six-D point in both, else the fewer of
     each side's finite trials."""
-    from stats.metrics import SIX_D
+    from kvcommon.rows import SIX_D
     from stats.validation import same_data
 
     def finite(frame):

@@ -64,8 +64,7 @@ def _run_time(store: RunStore, manifest: dict | None) -> str:
 
 def incomplete_notice(store: RunStore) -> str | None:
     """'incomplete: n of m cells ...' for a run whose cells are not all finished, else None."""
-    from ..runner import completion
-    counts = completion(store)
+    counts = store.completion()   # harness.runner.completion's, without importing the runner (torch)
     if counts is None or counts[0] >= counts[1]:
         return None
     done, expected = counts
@@ -168,8 +167,7 @@ def run(args) -> int:
                              "run": str(args.directory), "null": str(args.null) if args.null is not None else None}
         notice = incomplete_notice(store)
         if notice is not None:
-            from ..runner import completion
-            done, expected = completion(store)
+            done, expected = store.completion()
             out["incomplete"] = {"finished_cells": done, "cells": expected, "notice": notice}
         print(json.dumps(out, indent=2))
         return 0

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import scenarios
 import schemes
+from kvcommon.registry import IMPLS
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ..store import RESULTS_FILE, RunStore
-from ..sweep import GRIDS, IMPLS, SweepConfig, grid
+from ..sweep import GRIDS, SweepConfig, grid
 from ._args import OUTPUT_DIR, EveryName, check_path, comma_list, output_dir
 
 NAME = "run"

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import scenarios
 import schemes
+from kvcommon.registry import IMPLS
 from stats.margins import ALPHA
 
 from ..devices import DEVICES, DTYPES, resolve_device
 from ..errors import UsageError
 from ._args import add_margin_arguments, check_spread_margin, check_test_options, output_dir
-from ..sweep import IMPLS, MAX_SEED, SweepConfig
+from ..sweep import MAX_SEED, SweepConfig
 
 NAME = "validate"
 HELP = "is the difference between two configurations a codec difference or implementation variance?"
