@@ -13,6 +13,7 @@ JSON (written by --produce from a stored run or a study), and this script writes
     python scripts/render_tables.py --check    # exit 1 naming each stale block; writes nothing
     harness report RUN_DIR --json > r.json && python scripts/render_tables.py --produce reproduction r.json --size quick
     python scripts/render_tables.py --produce operating [--repetitions 96]
+    nice -n 10 python scripts/render_tables.py --produce power    # or scripts/power_table.py, then render
 
 Adding a table is one entry in TABLES: its marker name, its JSON file, a render function from the
 loaded JSON to Markdown, and (optionally) a producer that writes the JSON.
@@ -139,6 +140,35 @@ def render_known_answers_summary(data: dict) -> str:
     return summary_markdown(data)
 
 
+# --- the measured power of `validate --against` (scripts/power_table.py) -----------------------------------
+def _power_script():
+    """scripts/power_table.py as a module (scripts/ is no package)."""
+    import importlib.util
+
+    if "power_table" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("power_table", ROOT / "scripts" / "power_table.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["power_table"]
+
+
+def render_power(data: dict) -> str:
+    """The smallest bug found in 95 % of repetitions per design and n, and the rates per size."""
+    return _power_script().table_markdown(data)
+
+
+def produce_power(args) -> dict:
+    """Run scripts/power_table.py (about an hour on 2 cores) and return its JSON."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "power.json"
+        if _power_script().main(["--json", str(out)]) != 0:
+            raise SystemExit("scripts/power_table.py failed")
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
 # --- the registry -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Table:
@@ -153,6 +183,7 @@ TABLES: dict[str, Table] = {
     "operating": Table(DATA / "operating.json", render_operating, produce_operating),
     "known-answers": Table(DATA / "known_answers.json", render_known_answers),
     "known-answers-summary": Table(DATA / "known_answers.json", render_known_answers_summary),
+    "power": Table(DATA / "power.json", render_power, produce_power),
 }
 
 
