@@ -12,7 +12,7 @@ from harness.cell import run_serial
 from harness.sweep import SweepConfig
 from kvcommon import threads
 from kvcommon.threads import torch_threads
-from schemes.reference import available as reference_available
+from schemes.registry import reference_specs
 
 
 def _blas_threads() -> list[int]:
@@ -62,7 +62,7 @@ def test_rows_identical_with_and_without_small_linalg(impl):
     rows with the thread limits on and off. Torch runs on one thread in both runs: MKL's LAPACK
     (torch on the CPU) changes its last bits with the thread count, which is a separate matter
     (test_rows_do_not_depend_on_torch_threads); NumPy's OpenBLAS runs at its default in both."""
-    names = tuple(schemes.registry.all_schemes()) if impl == "torch" else tuple(reference_available())
+    names = tuple(schemes.registry.all_schemes()) if impl == "torch" else tuple(reference_specs())
     with torch_threads(1):
         with threads.enabled(False):
             before = _sweep_rows(impl, names)
