@@ -1,11 +1,16 @@
-"""python -m harness: the command line (harness/cli.py), with Ctrl-C and SIGTERM handled from the
-first instruction, before the imports: the first of either is raised where the program is, as
+"""python -m harness, and the `kvharness` console script (pyproject.toml [project.scripts] points
+at main here): the command line (harness/cli.py), with Ctrl-C and SIGTERM handled from the first
+instruction, before the imports: the first of either is raised where the program is, as
 Interrupted (a KeyboardInterrupt that carries the signal), and the CLI exits 128 + the signal's
-number, 130 or 143, with one line (a run keeps every stored chunk,
-its Dask workers stopped with it); any later one is ignored while the program stops, so that no
-second traceback follows the line."""
+number, 130 or 143, with one line (a run keeps every stored chunk, its Dask workers stopped with
+it: they never see Ctrl-C themselves, harness.distributed.cluster); any later one is ignored
+while the program stops, so that no second traceback follows the line. The handlers are
+installed when this module is imported, which the console script does before anything else."""
 import signal
 import sys
+import time
+
+_STARTED = time.perf_counter()   # what a run measures its own start-up from (harness.runner._startup_s)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -22,13 +27,58 @@ def _interrupted(signum, frame):
     raise Interrupted(signum)
 
 
+def _unraisable(unraisable, report=sys.unraisablehook):
+    """sys.unraisablehook: an Interrupted raised where Python cannot propagate an exception (a
+    garbage-collector callback, a __del__; Dask installs such a callback) would be reported
+    there and lost, the run going on with the signal spent; instead it is raised again at the
+    main thread's next instruction. Anything else is reported as before."""
+    if isinstance(unraisable.exc_value, Interrupted):
+        _raise_later(unraisable.exc_value.signum)
+        return
+    report(unraisable)
+
+
+def _raise_later(signum: int) -> None:
+    """The signal's handler back, and the signal delivered to the main thread again from another
+    thread a moment later, once the hook has returned: raised in the hook it would be lost again
+    (a signal tripped in the main thread is handled at once). Where it comes before, it is
+    caught and scheduled once more."""
+    import _thread
+    import threading
+
+    def later():
+        time.sleep(0.01)
+        _thread.interrupt_main(signum)
+    signal.signal(signum, _interrupted)
+    try:
+        threading.Thread(target=later, daemon=True).start()
+    except Interrupted:
+        _raise_later(signum)
+
+
 for _signal in (signal.SIGINT, signal.SIGTERM):
     signal.signal(_signal, _interrupted)
+sys.unraisablehook = _unraisable
 
-try:
-    from .cli import main
-    status = main()
-except KeyboardInterrupt as exc:   # while the CLI itself was being imported
-    print("interrupted", file=sys.stderr)
-    status = 128 + getattr(exc, "signum", signal.SIGINT)
-sys.exit(status)
+
+def main() -> int:
+    """The command line's exit status (harness.cli.main), 130 or 143 with one line where the
+    signal came while the CLI itself was importing. Once the command is over, both signals are
+    ignored: the interpreter's exit (unloading torch and the rest: 1.5-2 s on a loaded 2-core
+    machine) restores their default action, which would end the process silently, killed,
+    after its command had finished and said so."""
+    try:
+        try:
+            from . import cli
+            cli.STARTED_AT = _STARTED
+            return cli.main()
+        finally:
+            for each in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(each, signal.SIG_IGN)
+    except KeyboardInterrupt as exc:   # while the CLI itself was being imported, or just as it returned
+        print("interrupted", file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

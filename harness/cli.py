@@ -21,6 +21,9 @@ from .errors import UsageError
 from .store import StoreError
 
 ORDER = ("list", "run", "report", "export")  # shown first in --help; the rest follow alphabetically
+# time.perf_counter() at the process's first instruction, set by the early entry (harness/__main__.py:
+# python -m harness and the kvharness script); None where main is called otherwise
+STARTED_AT: float | None = None
 
 
 class _Parser(argparse.ArgumentParser):

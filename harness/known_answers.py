@@ -811,8 +811,10 @@ def changed_run(change: str | None, argv: list) -> None:
     elif change == "chunk":
         with _env(CHUNK_TRIALS_ENV, "7"):
             _command(argv)
-    elif change == "workers":
-        _command(argv + ["--workers", 2])
+    elif change == "workers":   # started at once: the run's own gate would keep a small sweep serial
+        from .runner import SERIAL_BELOW_ENV
+        with _env(SERIAL_BELOW_ENV, "0"):
+            _command(argv + ["--workers", 2])
     elif change == "resume":
         with _env(CHUNK_TRIALS_ENV, "7"):
             try:

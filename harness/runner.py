@@ -23,6 +23,8 @@ from .store import LOCK_FILE, MANIFEST_FILE, RunStore, StoreError
 from .sweep import Cell, SweepConfig
 
 HOLD_ENV = "KVHARNESS_TEST_HOLD"
+# run_sweep's serial_below_s where the caller gives none: 0 starts the workers of --workers N at once
+SERIAL_BELOW_ENV = "KVHARNESS_SERIAL_BELOW_S"
 
 
 class RunConflict(ValueError):
@@ -139,9 +141,12 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
               scheduler: str | None = None, serial_below_s: float | None = None) -> RunResult:
     """Run every trial of the sweep not yet in the store, committed a chunk at a time (a cell's
     chunk in one transaction; RunStore.write_chunk). With workers N > 1 chunks run as Dask tasks
-    on N - 1 local worker processes and in this one, unless the sweep is estimated at less than
-    serial_below_s seconds of serial work (default distributed.SERIAL_BELOW_S; 0: always on
-    workers), which runs serially and says so in one line; with scheduler, on an existing cluster.
+    in this process and on N - 1 local worker processes, started once what this process measures
+    as it runs the first tasks says they pay for their start (distributed.Gate; the run says in
+    one line when they did not), unless the sweep is estimated at less than serial_below_s
+    seconds of serial work (default $KVHARNESS_SERIAL_BELOW_S, else distributed.SERIAL_BELOW_S),
+    which runs serially from the start and says so in one line; serial_below_s 0: on workers
+    started at once. With scheduler, on an existing cluster.
 
     Refused, with nothing written, when one trial cannot fit in memory (RunTooLarge), another run
     holds the directory (StoreLocked), or the directory holds another run or a damaged store
@@ -160,18 +165,29 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
         if not todo:
             _complete_manifest(store)
             return RunResult(0, len(done), time.perf_counter() - start)
+        if serial_below_s is None:
+            from .distributed import SERIAL_BELOW_S
+            serial_below_s = float(os.environ.get(SERIAL_BELOW_ENV) or SERIAL_BELOW_S)
         if not scheduler and (workers or 1) > 1 and serial_below_s != 0:
             workers = _workers_worth_it(config, store, todo, workers, serial_below_s)
         try:
-            client = None
-            if scheduler or (workers or 1) > 1:  # --workers 1 is the serial run
-                from .distributed import cluster, shared_threads
-                if not scheduler:   # a local cluster: this process is one of the workers, sharing the cores
-                    stack.enter_context(shared_threads(workers))
-                client = stack.enter_context(cluster(workers, scheduler, spare=0 if scheduler else 1))
+            client = helpers = gate = None
+            if scheduler:
+                from .distributed import cluster
+                client = stack.enter_context(cluster(None, scheduler))
+            elif (workers or 1) > 1:  # --workers 1 is the serial run
+                import torch
+
+                from .distributed import Gate, Helpers
+                # a local cluster: this process is one of the N, their threads its own shared out
+                threads = torch.get_num_threads()
+                shared = max(1, threads // workers)
+                helpers = stack.enter_context(Helpers(workers, shared))
+                if serial_below_s != 0:
+                    gate = Gate(workers, threads, shared, _startup_s(start))
             prepare_store(config, store, resume=resume)
             kept = _run_cells(config, store, todo, device, dtype, progress, memory_budget, client,
-                              None if scheduler else workers)
+                              None if scheduler else workers, helpers, gate)
         except BaseException:
             if fresh:
                 _discard_if_empty(store)
@@ -190,6 +206,20 @@ def _complete_manifest(store: RunStore) -> None:
     manifest["finished_at"] = max(cells["finished_at"]) if len(cells) else now()
     manifest["peak_mem_mb_per_cell"] = store.peak_memory_mb()
     store.write_manifest(manifest)
+
+
+_STARTUP: list[float | None] = []
+
+
+def _startup_s(now: float) -> float | None:
+    """Seconds this process took from its first instruction to its first sweep's start, `now`
+    for the first (its imports and the run's checks: about what a worker pays before its first
+    task), where the command line recorded that moment (harness.cli.STARTED_AT); else None.
+    Later sweeps of the process (harness reproduce runs several) take the first's."""
+    if not _STARTUP:
+        started = getattr(sys.modules.get("harness.cli"), "STARTED_AT", None)
+        _STARTUP.append(now - started if started is not None and started <= now else None)
+    return _STARTUP[0]
 
 
 def _workers_worth_it(config: SweepConfig, store: RunStore, todo: list[Cell], workers: int,
@@ -256,10 +286,13 @@ def _cost_key(config: SweepConfig, device, dtype):
     return key
 
 
-def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None) -> int:
-    """The trials not yet stored, serially or as tasks on a Dask client, each chunk committed as
-    it arrives; the manifest's finished_at once all are in. Returns the trials of these cells
-    that were stored before. CellsFailed, after every other cell is stored, when some failed."""
+def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None, helpers=None,
+               gate=None) -> int:
+    """The trials not yet stored, serially, as tasks on a Dask client, or as tasks here and on
+    local workers (helpers, started as `gate` says: distributed.run_distributed), each chunk
+    committed as it arrives; the manifest's finished_at once all are in. Returns the trials of
+    these cells that were stored before. CellsFailed, after every other cell is stored, when
+    some failed."""
     from .progress import CostHistory, Progress
 
     stored = store.stored_trials()
@@ -292,18 +325,23 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
         _test_hold(n, "after")
         bar.advance(len(rows), int(finished), cell, wall, trials.start)
 
+    used = False   # whether a task ran on another process
     try:
         with store.writing():   # one connection for the run's commits
-            if client is not None:
+            if client is not None or helpers is not None:
                 from .distributed import run_distributed
-                run_distributed(client, config, todo, memory_budget=memory_budget, on_chunk=on_chunk, start=start,
-                                workers=workers, compute_here=workers is not None)
+                used = run_distributed(client, config, todo, memory_budget=memory_budget, on_chunk=on_chunk,
+                                       start=start, workers=workers, compute_here=workers is not None,
+                                       helpers=helpers, gate=gate)
             else:
                 run_serial(config, todo, device, dtype, memory_budget, start=start, on_chunk=on_chunk)
     finally:
         bar.close()
-        if client is None:   # serial costs only: a cell's chunks on workers overlap
+        if client is None and not used:   # serial costs only: a cell's chunks on workers overlap
             history.save({cost_key(cell): cost for cell, cost in bar.measured().items()})
+    if gate is not None and helpers.started_at is None:
+        print(f"harness run: ran serially, not on {workers} workers: starting them did not pay ({gate.reason})",
+              file=sys.stderr)
     manifest = store.read_manifest()
     if not failed:
         manifest["finished_at"] = now()

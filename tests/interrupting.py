@@ -43,16 +43,63 @@ def harness_env(**extra) -> dict:
 
 
 def start_held(args: list[str], marker: Path, commit: int, phase: str, chunk_trials: int | None = None,
-               cwd: Path | None = None) -> subprocess.Popen:
+               cwd: Path | None = None, env: dict | None = None, group: bool = False) -> subprocess.Popen:
     """`python -m harness ARGS` that holds at its commit-th chunk commit, `phase` 'before' (the
     chunk computed, not stored), 'during' (inside the transaction) or 'after' it; FILE = marker
-    appears when it holds."""
-    extra = {HOLD_ENV: f"{commit}:{phase}:{marker}"}
+    appears when it holds. env: more environment variables; group: in a process group of its
+    own (the run and its workers, as a terminal's Ctrl-C reaches them: signal_group)."""
+    extra = {HOLD_ENV: f"{commit}:{phase}:{marker}", **(env or {})}
     if chunk_trials:
         extra[CHUNK_TRIALS_ENV] = chunk_trials
     with _interruptible_children():
         return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cwd or ROOT, env=harness_env(**extra),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
+
+
+def start(argv: list[str], env: dict | None = None, group: bool = False) -> subprocess.Popen:
+    """ARGV (a command line) with this checkout first on the path, its stderr piped; group: in a
+    process group of its own."""
+    with _interruptible_children():
+        return subprocess.Popen(argv, cwd=ROOT, env=harness_env(**(env or {})), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=group)
+
+
+def wait_for_handlers(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the process has installed harness/__main__.py's signal handlers (its first
+    instruction; before it, the interpreter is still starting, and a Ctrl-C is Python's own:
+    a traceback of its start-up imports, under load 50 ms and more). Read from /proc (SIGTERM
+    caught: Python catches only SIGINT by itself); without /proc, at once."""
+    status = Path(f"/proc/{proc.pid}/status")
+    deadline = time.monotonic() + timeout
+    while status.exists() and proc.poll() is None and time.monotonic() < deadline:
+        caught = next((line.split()[1] for line in status.read_text().splitlines() if line.startswith("SigCgt:")), "0")
+        if int(caught, 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.005)
+
+
+def group_processes(pgid: int) -> list[int]:
+    """The processes of process group pgid still running (zombies, dead and waiting for their
+    parent or init to collect them, are not), from /proc; [] without it."""
+    alive = []
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+def wait_until_gone(pgid: int, timeout: float = 10) -> list[int]:
+    """The processes of group pgid left after up to `timeout` seconds ([] once none is)."""
+    deadline = time.monotonic() + timeout
+    while (left := group_processes(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 @contextlib.contextmanager

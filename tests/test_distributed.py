@@ -28,8 +28,8 @@ def test_distributed_rows_equal_serial_and_survive_a_dead_worker(tmp_path, monke
     serial, dask = RunStore(tmp_path / "serial").trials(), RunStore(tmp_path / "dask").trials()
     assert len(dask) == 2 * 2 * 2 * 5
     pd.testing.assert_frame_equal(serial, dask)
-    # the two processes shared this one's threads (at least one each), and it has its own back
-    assert RunStore(tmp_path / "dask").read_manifest()["provenance"]["torch_threads"] == max(1, threads // 2)
+    # this process started on its own threads (it shares them out only once a worker is ready) and has them back
+    assert RunStore(tmp_path / "dask").read_manifest()["provenance"]["torch_threads"] == threads
     assert torch.get_num_threads() == threads
 
     saved = dict(os.environ)
@@ -115,3 +115,57 @@ def test_a_task_is_one_chunk_of_a_data_group():
     small = SweepConfig(**{**config.__dict__, "trials": 10})
     assert [(t.start, t.stop) for t, _ in distributed.plan_tasks(small, small.cells(), {}, None, workers=2)] == \
         [(0, 5), (5, 10)] * 2
+
+
+def test_the_gate_starts_workers_only_where_the_measured_work_left_pays_for_them():
+    """distributed.Gate, on measured tasks (units, seconds, CPU s, idle CPU s): nothing before
+    two tasks; no probe where even a perfect speed-up could not pay the start; the probe's speed
+    on the shared threads and the idle CPU it saw give the speed-up; a busy machine (no idle
+    CPU) starts none, however well one thread keeps up."""
+    gate = distributed.Gate(workers=2, threads=2, shared=1, startup_s=3.0, cpus=2)
+    assert gate.decide(1000, 10) == "alone"
+    gate.ran(10, 6.0, 2, 11.0, 0.5)                 # the first task: 1 s of work, 5 s one-time
+    assert gate.decide(1000, 10) == "alone"
+    gate.ran(10, 1.0, 2, 1.8, 0.1)                  # 0.1 s a unit: W = 5 s, C = 8 s
+    assert gate.decide(100, 10) == "alone"          # 10 s left: even 2x saves 5 s < 8 + 1
+    assert gate.decide(1000, 10) == "probe"         # 100 s left: 2x would save 50 s
+    quiet = distributed.Gate(workers=2, threads=2, shared=1, startup_s=3.0, cpus=2)
+    busy = distributed.Gate(workers=2, threads=2, shared=1, startup_s=3.0, cpus=2)
+    for gate_, idle in ((quiet, 1.4), (busy, 0.0)):
+        gate_.ran(10, 6.0, 2, 11.0, 0.5)
+        gate_.ran(10, 1.0, 2, 1.8, 0.1)
+        gate_.ran(10, 1.4, 1, 1.4, idle)            # one thread: 1.4x slower; a core idle, or none
+    assert quiet.decide(1000, 10) == "start" and "speed-up of 1.43" in quiet.reason     # 2 / 1.4
+    assert quiet.decide(150, 10) == "alone"         # 15 s left save 4.5 s, less than C
+    assert busy.decide(1000, 10) == "alone" and "speed-up of 0.71" in busy.reason
+    one_thread = distributed.Gate(workers=2, threads=1, shared=1, startup_s=None, cpus=2)
+    one_thread.ran(10, 3.0, 1, 3.0, 1.0)
+    one_thread.ran(10, 1.0, 1, 1.0, 0.5)            # half a core idle: 1.5x; W = 2 s, C = 4 s
+    assert one_thread.decide(1000, 10) == "start" and "speed-up of 1.50" in one_thread.reason
+    assert distributed.Gate(workers=4, threads=2, shared=1, startup_s=0, cpus=1).decide(1000, 10) == "alone"
+
+
+def test_tasks_are_cut_for_the_workers_once_they_are_ready():
+    """The serial chunks this process runs alone are cut, when workers are ready, into at least
+    three tasks per worker where the trials allow (pieces of at least 8, in trial order, every
+    cell of the chunk on each)."""
+    cells = ["a", "b"]
+    tasks = [(range(0, 6), cells), (range(6, 30), cells), (range(0, 30), cells[:1])]
+    cut = distributed.split_tasks(tasks, workers=2)
+    assert [(t.start, t.stop) for t, _ in cut] == [(0, 6), (6, 14), (14, 22), (22, 30), (0, 10), (10, 20), (20, 30)]
+    assert [len(c) for _, c in cut] == [2, 2, 2, 2, 1, 1, 1]
+    assert distributed.split_tasks(tasks * 3, workers=2) == tasks * 3       # enough already
+
+
+def test_workers_that_would_not_pay_are_not_started_and_the_run_says_so(tmp_path, monkeypatch, capsys):
+    """Past the up-front estimate (here set to let any sweep through), a sweep whose first tasks
+    show that workers would not pay runs alone, says so in one line, and stores the serial rows."""
+    def no_start(self):
+        raise AssertionError("workers were started for a sweep they cannot speed up")
+    monkeypatch.setattr(distributed, "SERIAL_BELOW_S", 1e-9)
+    monkeypatch.setattr(distributed.Helpers, "start", no_start)
+    assert main(ARGS + ["--out", str(tmp_path / "w"), "--workers", "2"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("harness run: ran serially, not on 2 workers: starting them did not pay")
+    assert main(ARGS + ["--out", str(tmp_path / "s")]) == 0
+    pd.testing.assert_frame_equal(RunStore(tmp_path / "w").trials(), RunStore(tmp_path / "s").trials())

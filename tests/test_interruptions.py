@@ -6,9 +6,9 @@ The sweep is one data group (every cell shares its draws: the case where a cell 
 stored only when the whole group finished), cut into chunks of 3 trials; the runs hold at a
 chosen chunk commit (tests/interrupting.py), so each case is deterministic."""
 import json
+import os
 import random
 import re
-import subprocess
 import sys
 import time
 import signal
@@ -184,16 +184,24 @@ def test_resume_refuses_a_run_written_under_the_earlier_seed_rule(tmp_path, caps
         assert code == 0
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_in_the_first_second_is_one_line_and_its_exit_status(tmp_path, signum):
+# the kvharness console script's form: what pyproject.toml's [project.scripts] makes of "harness.__main__:main"
+SCRIPT = [sys.executable, "-c", "import sys; from harness.__main__ import main; sys.exit(main())"]
+
+
+@pytest.mark.parametrize("signum,entry", [(signal.SIGINT, "module"), (signal.SIGTERM, "module"),
+                                          (signal.SIGINT, "script")])
+def test_a_signal_in_the_first_second_is_one_line_and_its_exit_status(tmp_path, signum, entry):
     """Ctrl-C or SIGTERM while the command line is still importing (torch, the commands): exit
-    130 or 143 with one line, no traceback, nothing left in --out."""
-    from interrupting import harness_env
+    130 or 143 with one line, no traceback, nothing left in --out; from python -m harness and
+    from the console script alike. The moments are counted from the first instruction (the
+    handlers installed), before which the interpreter itself is starting."""
+    from interrupting import start, wait_for_handlers
     rng = random.Random(signum)
-    for delay in (0.05, rng.uniform(0.1, 1.0)):
+    command = [sys.executable, "-m", "harness"] if entry == "module" else SCRIPT
+    for delay in (0.0, 0.05, rng.uniform(0.1, 1.0)):
         out = tmp_path / f"run-{delay:.2f}"
-        proc = subprocess.Popen([sys.executable, "-m", "harness", "run", *ARGS, "--out", str(out)],
-                                stderr=subprocess.PIPE, text=True, env=harness_env())
+        proc = start([*command, "run", *ARGS, "--out", str(out)])
+        wait_for_handlers(proc)
         time.sleep(delay)
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
@@ -202,3 +210,55 @@ def test_a_signal_in_the_first_second_is_one_line_and_its_exit_status(tmp_path, 
         assert proc.returncode == 128 + signum, err
         assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted"), err
         assert not out.exists() or not any(out.iterdir())
+
+
+def test_the_console_script_is_the_early_entry():
+    """pyproject.toml's kvharness script runs harness/__main__.py's main, which installs the
+    handlers on import, as python -m harness does, not harness.cli.main (no handlers until its
+    imports are done)."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    scripts = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
+    assert re.search(r'^kvharness\s*=\s*"harness\.__main__:main"', scripts, re.M), scripts
+
+
+@pytest.mark.parametrize("moment", ["from the start", "after the first commit"])
+def test_ctrl_c_to_the_group_with_workers_is_one_line_and_leaves_no_process(tmp_path, moment):
+    """Ctrl-C as a terminal sends it, to the whole process group, with --workers: at a random
+    moment of the first 6 s (imports, the cluster's start, the worker's start: importing torch
+    and the harness takes it 3-5 s on a loaded 2-core machine) or of the 4 s after the first
+    commit (the run holding there, its worker starting or waiting). The run exits 130 with one
+    line, no traceback of its own or of a worker (they never see SIGINT), keeps what it stored,
+    and no process of the group is left. The moment is in the message of a failure."""
+    from harness.runner import SERIAL_BELOW_ENV
+    from interrupting import start, wait_for_handlers, wait_until_gone
+    pytest.importorskip("distributed")
+    out, marker = tmp_path / "run", tmp_path / "held"
+    argv = ["run", *ARGS, "--out", str(out), "--workers", "2"]
+    env = {SERIAL_BELOW_ENV: 0}    # the workers started at once
+    if moment == "from the start":
+        proc = start([sys.executable, "-m", "harness", *argv, "--trials", "40"], env=env, group=True)
+    else:
+        proc = start_held(argv, marker, 1, "after", chunk_trials=CHUNK, env=env, group=True)
+    try:
+        if moment == "from the start":
+            wait_for_handlers(proc)
+            delay = random.uniform(0, 6)
+        else:
+            wait_for_hold(proc, marker)
+            delay = random.uniform(0, 4)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert wait_until_gone(proc.pid) == [], f"processes left after Ctrl-C at {delay:.2f} s"
+    if proc.returncode == 0 and moment == "from the start":     # the run was faster than the signal
+        return
+    assert proc.returncode == 130, (delay, err)
+    assert len(err.strip().splitlines()) == 1 and err.startswith("interrupted"), (delay, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
+    if moment == "after the first commit":
+        assert stored_chunks(out, live=False) == 1

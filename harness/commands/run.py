@@ -64,7 +64,9 @@ def add_arguments(p):
     p.add_argument("--out", type=output_dir, default=None, help="run directory (default runs/<scenario>-<time>)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar and no summary table")
-    p.add_argument("--workers", type=int, default=None, help="run cells on a local Dask cluster of N workers")
+    p.add_argument("--workers", type=int, default=None, help="run cells in N processes, this one and a local Dask "
+                   "cluster of N - 1, started once this run's first chunks show that they save more than their start "
+                   "costs (else the run stays serial and says so; $KVHARNESS_SERIAL_BELOW_S=0 starts them at once)")
     p.add_argument("--scheduler", default=None, help="run cells on an existing Dask cluster at ADDRESS")
 
 
