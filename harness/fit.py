@@ -28,7 +28,7 @@ import scenarios
 from kvcommon.rng import generator
 from kvcommon.threads import small_linalg
 from scenarios.base import TrialShape, participation_ratio
-from scenarios.fitted import FORMAT, N_SCALE_QUANTILES, head_model, tril
+from scenarios.fitted import FORMAT, N_SCALE_QUANTILES, dct_basis, head_model, position_deviation, tril
 from scenarios.replay import Capture
 
 from .structure import segment_statistics
@@ -223,16 +223,11 @@ def transition(joint: np.ndarray, segments: np.ndarray, model) -> np.ndarray | N
     return (basis * np.sqrt(lam[keep])) @ gain @ (basis / np.sqrt(lam[keep])).T
 
 
-def dct_basis(positions: np.ndarray, length: int, n: int) -> np.ndarray:
-    """(len(positions), n) cosines cos(π (p + ½) j / length), j = 0..n−1: the DCT-II basis of
-    functions on positions 0..length−1 (j = 0 the constant)."""
-    return np.cos(np.pi * (np.asarray(positions, dtype=float)[:, None] + 0.5) * np.arange(n) / length)
-
-
-def position_profile(joint: np.ndarray, positions: np.ndarray, segments: np.ndarray) -> np.ndarray | None:
+def position_profile(joint: np.ndarray, positions: np.ndarray, segments: np.ndarray) -> tuple[int, np.ndarray] | None:
     """The deviation of a token's mean from the overall mean as a function of its position, on a
-    query head's tokens joint (n, 3d): coefficients W (c − 1, 3d) of the cosines j = 1..c−1
-    (`dct_basis`, length = the largest position + 1), fitted by least squares with the constant.
+    query head's tokens joint (n, 3d): (length, W), W (c − 1, 3d) the coefficients of the cosines
+    j = 1..c−1 (`dct_basis`, length = the largest position + 1), fitted by least squares with the
+    constant.
 
     c is chosen by leave-one-segment-out cross-validation over c = 1, 2, 4, ... up to a quarter of
     the positions: each segment's tokens are predicted from the profile fitted on the others,
@@ -260,7 +255,7 @@ def position_profile(joint: np.ndarray, positions: np.ndarray, segments: np.ndar
         return None
     with small_linalg():
         w = np.linalg.lstsq(dct_basis(positions, length, c), joint, rcond=None)[0]
-    return w[1:]
+    return length, w[1:]
 
 
 def tail_law(white: np.ndarray, dof: float | None, scale2: np.ndarray) -> str:
@@ -355,8 +350,7 @@ def fit_capture(cap: Capture, *, fit_fraction: float = 0.5, progress=None) -> di
             joint = np.hstack((k_pre[kv], v[kv], q_pre[qh]))
             profile = position_profile(joint, cap.positions[part], cap.segments[part])
             if profile is not None:   # the rest of the law is that of the tokens around their position's mean
-                length = int(cap.positions[part].max()) + 1
-                joint = joint - dct_basis(cap.positions[part], length, profile.shape[0] + 1)[:, 1:] @ profile
+                joint = joint - position_deviation(cap.positions[part], profile)
             white = whitened(joint)
             dof = fit_dof(white)
             scale2 = scale2_quantiles(white)
@@ -366,7 +360,7 @@ def fit_capture(cap: Capture, *, fit_fraction: float = 0.5, progress=None) -> di
             fitted = transition(joint, cap.segments[part], head_model(head))
             head["transition"] = None if fitted is None else _digits(fitted.ravel())
             if profile is not None:
-                head["position_mean"] = {"length": length, "coefficients": _digits(profile.ravel())}
+                head["position_mean"] = {"length": profile[0], "coefficients": _digits(profile[1].ravel())}
             heads.append(head)
             dofs.append(dof)
             spreads.append(norm_overdispersion(white))

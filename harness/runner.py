@@ -105,13 +105,9 @@ def prepare_store(config: SweepConfig, store: RunStore, *, resume: bool) -> None
                           "seed_rule": SEED_RULE, "started_at": now(), "finished_at": None})
 
 def completion(store: RunStore) -> tuple[int, int] | None:
-    """(finished cells, cells of the run's configuration) from the manifest and the store; None
-    when the directory has no manifest to say which cells the run has."""
-    stored = stored_config(store.read_manifest())
-    if stored is None:
-        return None
-    expected = {cell.key for cell in SweepConfig.from_json(stored).cells()}
-    return len(expected & store.finished_cells()), len(expected)
+    """(finished cells, cells of the run's configuration); None when the directory has no manifest
+    to say which cells the run has (RunStore.completion, which the report reads)."""
+    return store.completion()
 
 def check_memory(config: SweepConfig, device) -> None:
     """RunTooLarge (one line) when one trial of some cell cannot fit in the available memory."""

@@ -72,6 +72,18 @@ COVARIANCE_TOLERANCE = 1e-5
 TAILS = ("token", "coordinate", "gaussian")
 
 
+def dct_basis(positions: np.ndarray, length: int, n: int) -> np.ndarray:
+    """(len(positions), n) cosines cos(π (p + ½) j / length), j = 0..n−1: the DCT-II basis of
+    functions on positions 0..length−1 (j = 0 the constant)."""
+    return np.cos(np.pi * (np.asarray(positions, dtype=float)[:, None] + 0.5) * np.arange(n) / length)
+
+
+def position_deviation(positions: np.ndarray, profile: tuple[int, np.ndarray]) -> np.ndarray:
+    """(n, 3d) m(p) at positions (n,) of a profile (P, W (c − 1, 3d)): module docstring, "Position"."""
+    length, weights = profile
+    return dct_basis(positions, length, weights.shape[0] + 1)[:, 1:] @ weights
+
+
 @dataclass(frozen=True)
 class TokenModel:
     """One query head's joint token law: mean (3d,), covariance (3d, 3d), dof (None: Gaussian),
@@ -90,9 +102,7 @@ class TokenModel:
         """(n, 3d) m(p), the mean's deviation at each of the positions (n,) (zeros without a profile)."""
         if self.position_mean is None:
             return np.zeros((len(positions), self.mean.shape[0]))
-        length, weights = self.position_mean
-        j = np.arange(1, weights.shape[0] + 1)
-        return np.cos(np.pi * (np.asarray(positions, dtype=float)[:, None] + 0.5) * j / length) @ weights
+        return position_deviation(positions, self.position_mean)
 
     @functools.cached_property
     def basis(self) -> tuple[np.ndarray, np.ndarray]:
