@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -356,32 +358,75 @@ def _chunk_data(config, cells, trials, device, dtype, prefill_queries) -> dict:
 
 def sample_trial(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, trials: range) -> int | None:
     """The trial of this chunk whose encoding is checked to stand alone (check_sample), or None:
-    drawn from the seed, never always trial 0. This repository's codecs: one trial of the cell,
-    drawn from the stream (seed, "check", cell), checked in whichever chunk holds it (so the
-    check does not depend on chunking); a plug-in's: a trial of every chunk, drawn from the
-    stream (seed, "check", cell, first trial of the chunk), so a codec honest only on some chunks
-    is found on the others."""
+    drawn from the seed, never always trial 0. A plug-in: a trial of every chunk of every cell,
+    drawn from the stream (seed, "check", cell, first trial of the chunk), so a codec honest only
+    on some chunks or at some budgets is found on the others. This repository's codecs (tested at
+    every budget by the conformance suite): one cell of each codec among those sharing data, its
+    budget drawn from the stream (seed, "check", data_key, codec), and one trial, the same for
+    every codec, from (seed, "check", data_key), checked in whichever chunk holds it (so the check
+    does not depend on chunking); the checks share that trial's codings as the cells share the
+    chunk's (_check_memos)."""
     if in_project(scheme):
-        trial = int(generator(config.rng, config.seed, "check", *cell.key).integers(config.trials))
-        return trial if trial in trials else None
+        labels = ("check", *cell.data_key)
+        trial = int(generator(config.rng, config.seed, *labels).integers(config.trials))
+        budget = config.budgets[int(generator(config.rng, config.seed, *labels, cell.scheme).integers(len(config.budgets)))]
+        return trial if trial in trials and cell.budget == budget else None
     return trials[int(generator(config.rng, config.seed, "check", *cell.key, trials.start).integers(len(trials)))]
 
 
+# The memos' entries of the checks (check_sample), kept apart from the chunk's while no check runs
+_CHECK_ENTRIES: "weakref.WeakKeyDictionary[IdentityMemo, dict]" = weakref.WeakKeyDictionary()
+
+
 @contextlib.contextmanager
-def _memos_untouched():
-    """Every memo (kvcommon.memo.IdentityMemo) as it was before the block, its live entries kept:
-    the codings of a check's one trial (check_sample) evict nothing the chunk's cells share, which
-    on a chunk of 24 trials would be coded again."""
-    saved = {memo: dict(memo.entries) for memo in list(IdentityMemo._every)}
+def _check_memos():
+    """Every memo (kvcommon.memo.IdentityMemo) switched, for the block, to the entries of the
+    checks: the codings of a check's one trial evict nothing the chunk's cells share (on a chunk
+    of 24 trials that would be coded again), and the checks of the cells that share the trial
+    (sample_trial) share its codings (Shard's k-means of V, SpectralQuant's calibration) as the
+    cells share the chunk's. Entries whose tensors have died are dropped on each switch."""
+    live = lambda entries: {key: entry for key, entry in entries.items() if all(r() is not None for r in entry[0])}
+    chunk = {memo: memo.entries for memo in list(IdentityMemo._every)}
+    for memo in chunk:
+        memo.entries = live(_CHECK_ENTRIES.get(memo, {}))
     try:
         yield
     finally:
-        for memo, entries in saved.items():
-            memo.entries.clear()
-            memo.entries.update({key: entry for key, entry in entries.items() if all(r() is not None for r in entry[0])})
+        for memo, entries in chunk.items():
+            _CHECK_ENTRIES[memo] = memo.entries
+            memo.entries = live(entries)
 
 
-def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, trial: int) -> None:
+_TRIAL = {}   # the trial checked last: "data" (a weak reference to its chunk's K), "trial", "one" (its copy)
+
+
+def _one_trial(data: dict, trial: int) -> dict:
+    """The chunk's tensors of one trial, copied (a view would keep the whole chunk alive), the same
+    objects for every cell of the chunk that checks that trial, so the memos recognise them;
+    positions as the chunk has them."""
+    held = _TRIAL.get("data")
+    if held is None or held() is not data["k"] or _TRIAL["trial"] != trial:
+        i = int((data["trials"] == trial).nonzero()[0, 0])
+        one = {name: x[i:i + 1].clone() for name, x in data.items()
+               if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")}
+        one["positions"] = data["positions"]
+        _TRIAL.update(data=weakref.ref(data["k"]), trial=trial, one=one)
+    return _TRIAL["one"]
+
+
+# How far a trial's metric coded alone may lie from its row in the chunk (relative): float
+# arithmetic batched another way, not a codec coding a trial differently in company
+ALONE_RTOL = 1e-3
+
+
+def _unlike(alone: float, in_chunk: float) -> bool:
+    if not (math.isfinite(alone) and math.isfinite(in_chunk)):
+        return not (alone == in_chunk or (math.isnan(alone) and math.isnan(in_chunk)))
+    return abs(alone - in_chunk) > ALONE_RTOL * max(abs(alone), abs(in_chunk)) + 1e-12
+
+
+def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, trial: int,
+                 shared: bool = False, metrics: dict | None = None) -> None:
     """The conformance check of a stored encoding (schemes.conformance.require_standalone) on one
     trial of the chunk (sample_trial): coded alone by a new instance of the cell's codec, fitted as
     the sweep fits it, its ledger is what its tensors occupy and equals the trial's bits in the
@@ -389,12 +434,20 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
     in this process for this repository's codecs, in a separate one for a plug-in
     (schemes.conformance.decode_elsewhere: no module-level state of the encoder travels).
     ConformanceError where not. On new instances, so the cell's own scheme and its rows are
-    untouched; the prefill's encoding where the sweep has decode tokens."""
+    untouched; the prefill's encoding where the sweep has decode tokens. metrics: the chunk's
+    (run_cell_chunk), whose row of the trial must be what the trial coded alone measures (within
+    ALONE_RTOL): a codec that codes a trial one way alone and another in a batch (honest only when
+    checked) is found. shared: the trial's
+    tensors are the copy the checks of the chunk's cells share (_one_trial; this repository's
+    codecs), checked after the check to be as drawn."""
     from schemes.conformance import decode_elsewhere, decode_here, require_standalone
     i = int((data["trials"] == trial).nonzero()[0, 0])
-    one = {name: x[i:i + 1] for name, x in data.items()
-           if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")}
-    one["positions"] = data["positions"]
+    # this repository's codecs: a copy of the trial every cell checking it shares; a plug-in: views
+    # of the chunk, so a write in place reaches the chunk's data and is found there (_written)
+    one = _one_trial(data, trial) if shared else {
+        **{name: x[i:i + 1] for name, x in data.items()
+           if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")},
+        "positions": data["positions"]}
 
     def fitted():
         scheme = create_scheme(config, cell)
@@ -411,7 +464,22 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
                                         cell.dim))
         decodings = decode_elsewhere(schemes.registry.spec(cell.scheme).factory, options,
                                      (one["k_cal"], one["v_cal"], one["trials"]), enc, one["q"])
+    if shared:
+        wrote = [name for name, x in one.items() if name != "positions" and not _same(x, data[name][i:i + 1])]
+        if wrote:
+            _TRIAL.clear()
+            raise ConformanceError(f"coding trial {trial} alone, the codec wrote its input {', '.join(wrote)} in place")
     require_standalone(enc, reference, decodings)
+    if metrics is not None and not config.decode_tokens:
+        logits = reference[2] if first.capabilities.scores_on_codes else exact_logits(one["q"], reference[0])
+        measured = trial_metrics(one["k"], one["v"], one["q"], reference[0], reference[1], logits, first.kept(enc))
+        for name, value in measured.items():
+            alone_value, chunk_value = float(value[0]), float(metrics[name][i])
+            if _unlike(alone_value, chunk_value):
+                raise ConformanceError(f"trial {trial} coded alone measures {name} = {alone_value:.6g}, but "
+                                       f"{chunk_value:.6g} coded with the {len(data['k'])} trials of its chunk: the "
+                                       f"codec codes a trial differently in company (a trial's row must not depend "
+                                       f"on the others)")
     alone = BitLedger.per_trial(enc)
     if not config.decode_tokens and (float(bits.cache[i]) != float(alone.cache[0]) or
                                      float(bits.model[i]) != float(alone.model[0])):
@@ -447,8 +515,8 @@ def _run_one(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, data: dict
     trial = None if bad else sample_trial(config, cell, scheme, trials)
     if trial is not None:
         try:
-            with _memos_untouched():
-                check_sample(config, cell, data, bits, trial)
+            with _check_memos():
+                check_sample(config, cell, data, bits, trial, shared=in_project(scheme), metrics=metrics)
         except Exception as exc:  # noqa: BLE001
             failure = _failure(cell, exc, f"the codec's encoding of trial {trial} does not stand alone")
     written = _written(data, before)

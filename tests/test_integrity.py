@@ -312,6 +312,41 @@ def test_the_sweep_refuses_a_codec_whose_encoding_does_not_stand_alone(install, 
     assert set(rows(out).scheme) == {"int4"}
 
 
+def test_the_checks_of_codecs_sharing_data_share_the_checked_trials_codings(monkeypatch, tmp_path):
+    """This repository's codecs are checked in one cell each (sample_trial), on one trial for all:
+    Shard's k-means of V runs once for that trial, not once per check (the checks' memos,
+    cell._check_memos), and once per chunk; the rows are those of a sweep without the check."""
+    import schemes.shard
+    fits = []
+    real = schemes.shard.kmeans
+    monkeypatch.setattr(schemes.shard, "kmeans", lambda points, *a, **kw: fits.append(len(points)) or real(points, *a, **kw))
+    monkeypatch.setenv(CHUNK_TRIALS_ENV, "4")
+    sweep = ["run", "--scenario", "gaussian", "--scheme", "shard,shard-pca-decode", "--budget", "2,3,4", "--dim", "16",
+             "--seq-len", "128", "--queries", "4", "--trials", "4", "--quiet"]
+    assert main([*sweep, "--out", str(tmp_path / "checked")]) == 0
+    assert sorted(fits) == [1, 4]           # the chunk's 4 trials once; the checked trial once
+    monkeypatch.setattr(engine, "check_sample", lambda *args, **kwargs: None)
+    assert main([*sweep, "--out", str(tmp_path / "unchecked")]) == 0
+    pd.testing.assert_frame_equal(rows(tmp_path / "checked"), rows(tmp_path / "unchecked"), check_exact=True)
+
+
+def test_a_built_in_codec_writing_its_input_when_coding_one_trial_alone_is_found(monkeypatch, tmp_path, capsys):
+    """The checks of this repository's codecs share a copy of the checked trial: a write into it is
+    found after the check, named, and the copy is drawn afresh for the next check."""
+    real = GroupQuant.encode
+
+    def encode(self, k, v, *args, **kwargs):
+        if len(k) == 1:
+            k.mul_(0.5)
+        return real(self, k, v, *args, **kwargs)
+    monkeypatch.setattr(GroupQuant, "encode", encode)
+    code = main(["run", "--scenario", "gaussian", "--scheme", "int4,tq-kv", "--budget", "2", "--out",
+                 str(tmp_path / "run"), *SMALL])
+    err = capsys.readouterr().err
+    assert code == 1 and "scheme int4, budget 2" in err and "the codec wrote its input k in place" in err
+    assert set(rows(tmp_path / "run").scheme) == {"tq-kv"}
+
+
 # --- issue 47: a run is a function of its inputs, checked; the store knows its own integrity ------
 import hashlib  # noqa: E402
 import json  # noqa: E402

@@ -131,6 +131,18 @@ class HonestOnTrialZero(KeepsOriginalsInTheModule):
         return AbsMax.decode(self, enc) if "id" not in enc.codes else super().decode(enc)
 
 
+class HonestOnlyAlone(KeepsOriginalsInTheModule):
+    """Honest when coding one trial (as a check codes it); keeps the originals in the module when
+    coding a batch of them."""
+    name = "honest-only-alone"
+
+    def encode(self, k, v):
+        return AbsMax.encode(self, k, v) if len(k) == 1 else super().encode(k, v)
+
+    def decode(self, enc):
+        return AbsMax.decode(self, enc) if "id" not in enc.codes else super().decode(enc)
+
+
 class DithersEachDecode(AbsMax):
     """Dithers K from a generator of its own that advances at every decode: its first decode on
     an instance is the encoder's, its second is not."""
@@ -161,6 +173,7 @@ MISTAKES = {   # plug-in -> words of its cell's failure
     ClaimsFourTimesTheTokens: "1, 128, 16) and dtype torch.float32 for K and V of shape",
     KeepsOriginalsInTheModule: "cannot decode the stored encoding (KeyError",
     HonestOnTrialZero: "cannot decode the stored encoding (KeyError",
+    HonestOnlyAlone: "codes a trial differently in company",
     DithersEachDecode: "decoding 2 of 2",
     BroadcastsTrialZero: "decode returned K as torch.float32 of shape (1, 1, 32, 16)",
 }
