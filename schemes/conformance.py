@@ -30,8 +30,10 @@ import io
 import math
 import os
 import pickle
+import select
 import subprocess
 import sys
+import time
 from typing import Callable
 
 import torch
@@ -173,6 +175,43 @@ def _importable(factory: Factory) -> Factory:
     return factory
 
 
+# How long the separate decoding process may take to answer (seconds): a codec whose decode
+# hangs there fails its cell instead of stopping the sweep; a generous bound, far above any
+# decoding of one trial, that the variable raises for a slow device or codec.
+DECODE_TIMEOUT_ENV = "KVHARNESS_DECODE_TIMEOUT_S"
+DECODE_TIMEOUT_S = 600.0
+
+
+def decode_timeout_s() -> float:
+    try:
+        value = float(os.environ.get(DECODE_TIMEOUT_ENV, DECODE_TIMEOUT_S))
+    except ValueError:
+        return DECODE_TIMEOUT_S
+    return value if value > 0 else DECODE_TIMEOUT_S
+
+
+def _read_within(fd: int, n: int, deadline: float) -> bytes | None:
+    """n bytes from the file descriptor, None at its end; TimeoutError once time.monotonic()
+    passes deadline."""
+    chunks, left = [], n
+    while left:
+        wait = deadline - time.monotonic()
+        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _unframe_within(fd: int, deadline: float) -> bytes | None:
+    """_unframe from a raw descriptor, by a deadline (_read_within)."""
+    header = _read_within(fd, 8, deadline)
+    return None if header is None else _read_within(fd, int.from_bytes(header, "little"), deadline)
+
+
 def _frame(stream, payload: bytes) -> None:
     stream.write(len(payload).to_bytes(8, "little") + payload)
     stream.flush()
@@ -198,9 +237,17 @@ class _Decoder:
                 [sys.executable, "-P", "-c", _CHILD],      # -P: the modules on the path given, not the cwd's
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        limit = decode_timeout_s()
         try:
             _frame(self.process.stdin, pickle.dumps({"path": [p for p in sys.path if p], "request": request}))
-            answer = _unframe(self.process.stdout)
+            answer = _unframe_within(self.process.stdout.fileno(), time.monotonic() + limit)
+        except TimeoutError:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+            raise ConformanceError(f"the separate process decoding the stored encoding gave no answer in {limit:g} s "
+                                   f"(the codec's fit or decode does not return; {DECODE_TIMEOUT_ENV} sets the "
+                                   f"limit)") from None
         except OSError:
             answer = None
         if answer is None:

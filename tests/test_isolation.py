@@ -234,6 +234,36 @@ def test_plugins_mistakes_cost_their_own_cells_named_and_no_builtin_row_changes(
     assert (beside[beside.scheme == StoresAViewOfEverything.name].bits_per_element == 32).all()   # float32 K and V
 
 
+class HangsWhenDecodingElsewhere(AbsMax):
+    """Its decode never returns in the separate decoding process (a `-c` process)."""
+    name = "hangs-elsewhere"
+
+    def decode(self, enc):
+        import sys
+        import time
+        while sys.argv[:1] == ["-c"]:
+            time.sleep(1)
+        return super().decode(enc)
+
+
+def test_a_plugin_whose_decode_hangs_in_the_decoding_process_costs_its_cells(tmp_path, monkeypatch, capsys):
+    from schemes.conformance import DECODE_TIMEOUT_ENV
+    monkeypatch.setenv(DECODE_TIMEOUT_ENV, "3")
+    monkeypatch.setenv(plugins.ENV, "1")
+    monkeypatch.setattr(plugins.metadata, "entry_points",
+                        _codec_entry_points([_EntryPoint(HangsWhenDecodingElsewhere)]))
+    monkeypatch.setattr(registry, "_plugins", None)
+    sweep = [*SWEEP, "--out", str(tmp_path / "run")]
+    sweep[sweep.index("all")] = "hangs-elsewhere,int4"
+    try:
+        assert main(sweep) == 1
+    finally:
+        registry._plugins = None
+    err = capsys.readouterr().err
+    assert "codec hangs-elsewhere" in err and "gave no answer in 3 s" in err
+    assert set(_trials(tmp_path / "run").scheme) == {"int4"}
+
+
 def test_a_view_of_the_whole_cache_is_charged_the_whole_cache():
     """full[:, :1] occupies one element per trial but torch.save writes all of `full`: 32 bits per
     element of K and V, counted from the archive torch.save writes (brute force)."""
