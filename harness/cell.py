@@ -425,6 +425,24 @@ def _unlike(alone: float, in_chunk: float) -> bool:
     return abs(alone - in_chunk) > ALONE_RTOL * max(abs(alone), abs(in_chunk)) + 1e-12
 
 
+def _require_model_constants(scheme: schemes.Scheme, enc: schemes.Encoded, one: dict) -> None:
+    """What a plug-in tags per model (Encoded.model: charged once per model, not per cache) is the
+    same when the instance that coded the trial codes another cache (its tokens reversed and
+    negated, at the same positions): ConformanceError where it is not, as for a codec that
+    tags its codes per model to be charged less."""
+    other = _encoded(scheme, -one["k"].flip(2), -one["v"].flip(2), one["positions"], one.get("q_prefill"))
+    changed = sorted(enc.model ^ other.model)
+    for key in sorted(enc.model & other.model):
+        part = "codes" if key in enc.codes else "side"
+        mine, theirs = getattr(enc, part).get(key), getattr(other, part).get(key)
+        if not (isinstance(mine, torch.Tensor) and isinstance(theirs, torch.Tensor) and mine.shape == theirs.shape
+                and mine.dtype == theirs.dtype and torch.equal(mine, theirs)):
+            changed.append(f"{part}.{key}")
+    if changed:
+        raise ConformanceError(f"{', '.join(changed)} tagged per model (charged once per model, not per cache) "
+                               f"change with the cache coded: only what every cache shares may be tagged so")
+
+
 def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, trial: int,
                  shared: bool = False, metrics: dict | None = None) -> None:
     """The conformance check of a stored encoding (schemes.conformance.require_standalone) on one
@@ -464,6 +482,8 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
                                         cell.dim))
         decodings = decode_elsewhere(schemes.registry.spec(cell.scheme).factory, options,
                                      (one["k_cal"], one["v_cal"], one["trials"]), enc, one["q"])
+    if not shared:
+        _require_model_constants(first, enc, one)
     if shared:
         wrote = [name for name, x in one.items() if name != "positions" and not _same(x, data[name][i:i + 1])]
         if wrote:

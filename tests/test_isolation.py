@@ -131,6 +131,16 @@ class HonestOnTrialZero(KeepsOriginalsInTheModule):
         return AbsMax.decode(self, enc) if "id" not in enc.codes else super().decode(enc)
 
 
+class TagsItsCodesPerModel(AbsMax):
+    """Tags K's codes per model: charged once per model, not per cache."""
+    name = "tags-codes-per-model"
+
+    def encode(self, k, v):
+        enc = super().encode(k, v)
+        enc.model.add("k.codes")
+        return enc
+
+
 class HonestOnlyAlone(KeepsOriginalsInTheModule):
     """Honest when coding one trial (as a check codes it); keeps the originals in the module when
     coding a batch of them."""
@@ -174,6 +184,7 @@ MISTAKES = {   # plug-in -> words of its cell's failure
     KeepsOriginalsInTheModule: "cannot decode the stored encoding (KeyError",
     HonestOnTrialZero: "cannot decode the stored encoding (KeyError",
     HonestOnlyAlone: "codes a trial differently in company",
+    TagsItsCodesPerModel: "codes.k.codes tagged per model (charged once per model, not per cache) change",
     DithersEachDecode: "decoding 2 of 2",
     BroadcastsTrialZero: "decode returned K as torch.float32 of shape (1, 1, 32, 16)",
 }
