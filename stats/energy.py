@@ -1,4 +1,4 @@
-"""Multivariate energy distance with a permutation p-value, in torch (CPU or GPU).
+"""Multivariate energy distance with a permutation p-value, in NumPy (float64).
 
 The statistic is the SQUARED energy distance of the two empirical distributions
 (Székely & Rizzo 2004, V-statistic form: the i = j zero pairs are included in the means):
@@ -36,7 +36,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
 
 from .inference import as_generator
 from .margins import ALPHA
@@ -59,16 +58,30 @@ class EnergyResult:
         return asdict(self)
 
 
-def _points(x, device, dtype) -> torch.Tensor:
-    t = torch.as_tensor(np.asarray(x, dtype=np.float64) if not isinstance(x, torch.Tensor) else x)
-    t = t.to(device=device, dtype=dtype)
+def _points(x) -> np.ndarray:
+    t = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x, dtype=np.float64)
     if t.ndim == 1:
         t = t[:, None]
     if t.ndim != 2:
         raise ValueError(f"points must be (n,) or (n, dims), got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
+    if not np.isfinite(t).all():
         raise ValueError("points must be finite (drop NaN/inf rows first)")
     return t
+
+
+# rows of the first argument per block of _distances (bounds its (rows, n, dims) differences)
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a_i − b_j| for every pair, from the exact differences, not the |a|²+|b|²−2ab product form,
+    which loses digits for near points (and gives nonzero self-distances)."""
+    out = np.empty((len(a), len(b)))
+    step = max(1, _BLOCK_ELEMENTS // max(1, len(b) * a.shape[1]))
+    for start in range(0, len(a), step):
+        diff = a[start:start + step, None, :] - b[None, :, :]
+        out[start:start + step] = np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
+    return out
 
 
 def _energy_from_sums(s_xx, s_xy, s_yy, n_x: int, n_y: int):
@@ -77,55 +90,49 @@ def _energy_from_sums(s_xx, s_xy, s_yy, n_x: int, n_y: int):
 
 def energy_distance_squared(x, y) -> float:
     """E(x, y) of module doc for points x (n_x, dims), y (n_y, dims) (1-D arrays: dims = 1)."""
-    x, y = _points(x, "cpu", torch.float64), _points(y, "cpu", torch.float64)
+    x, y = _points(x), _points(y)
     if x.shape[1] != y.shape[1]:
         raise ValueError(f"x has {x.shape[1]} dimensions, y has {y.shape[1]}")
-    def pair_sum(a, b):
-        return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist").sum()
+    pair_sum = lambda a, b: _distances(a, b).sum()
     return float(_energy_from_sums(pair_sum(x, x), pair_sum(x, y), pair_sum(y, y), len(x), len(y)))
 
 
 def energy_test(x, y, n_permutations: int = 1000, seed: int | np.random.Generator = 0, *,
-                standardize: bool = False, alpha: float = ALPHA, device: str | torch.device = "cpu",
-                dtype: torch.dtype = torch.float64) -> EnergyResult:
+                standardize: bool = False, alpha: float = ALPHA) -> EnergyResult:
     """Energy-distance two-sample test of x (n_x, dims) vs y (n_y, dims).
 
     standardize=True divides every coordinate by its pooled standard deviation (a function of
     the pooled sample, so the permutation test stays exact); use it when coordinates have
     different scales. Permutations come from an explicit Generator (seed int or Generator);
-    the same seed gives the same p-value on any device."""
+    the same seed gives the same p-value."""
     if n_permutations < 1:
         raise ValueError(f"n_permutations {n_permutations!r} must be a positive integer")
-    xt, yt = _points(x, device, dtype), _points(y, device, dtype)
+    xt, yt = _points(x), _points(y)
     if xt.shape[1] != yt.shape[1]:
         raise ValueError(f"x has {xt.shape[1]} dimensions, y has {yt.shape[1]}")
     n_x, n_y = len(xt), len(yt)
     if n_x < 1 or n_y < 1:
         raise ValueError(f"both samples need points (got {n_x} and {n_y})")
-    z = torch.cat([xt, yt])
+    z = np.concatenate([xt, yt])
     if standardize:
-        scale = z.std(dim=0, correction=0)  # population standard deviation (ddof 0)
-        z = z / torch.where(scale > 0, scale, torch.ones_like(scale))
+        scale = z.std(axis=0)  # population standard deviation (ddof 0)
+        z = z / np.where(scale > 0, scale, 1.0)
     n = n_x + n_y
-    # the exact pairwise differences, not the |a|²+|b|²−2ab matmul form, which loses digits for
-    # near points (and gives nonzero self-distances)
-    dist = torch.cdist(z, z, compute_mode="donot_use_mm_for_euclid_dist")
-    row = dist.sum(dim=1)
+    dist = _distances(z, z)
+    row = dist.sum(axis=1)
     total = row.sum()
 
     gen = as_generator(seed, "energy-permutation")
     # row p is a uniformly random relabelling: the first n_x entries of a random permutation
     perms = gen.permuted(np.broadcast_to(np.arange(n), (n_permutations + 1, n)).copy(), axis=1)
-    labels = torch.from_numpy(perms < n_x).to(device=device, dtype=dtype)
-    labels[0] = torch.cat([torch.ones(n_x), torch.zeros(n_y)]).to(device=device, dtype=dtype)  # observed
-    ad = labels @ dist
-    s_xx = (ad * labels).sum(dim=1)
+    labels = (perms < n_x).astype(np.float64)
+    labels[0] = np.concatenate([np.ones(n_x), np.zeros(n_y)])  # observed
+    s_xx = ((labels @ dist) * labels).sum(axis=1)
     s_xy = labels @ row - s_xx
     s_yy = total - s_xx - 2 * s_xy
-    energies = _energy_from_sums(s_xx, s_xy, s_yy, n_x, n_y).cpu().numpy()
+    energies = _energy_from_sums(s_xx, s_xy, s_yy, n_x, n_y)
     # tolerance: a relabelling equal to the observed one must count as ≥ despite rounding
-    p_value, critical = _permutation_p(energies, 1e-9 * max(abs(float(energies[0])), float(total.cpu()) / n ** 2),
-                                       alpha)
+    p_value, critical = _permutation_p(energies, 1e-9 * max(abs(float(energies[0])), float(total) / n ** 2), alpha)
     return EnergyResult(float(energies[0]), p_value, critical, alpha, n_x, n_y, n_permutations)
 
 
@@ -141,38 +148,33 @@ PAIRED_STATISTICS = ("pairs", "differences")
 
 
 def paired_energy_test(x, y, n_permutations: int = 1000, seed: int | np.random.Generator = 0, *,
-                       statistic: str = "pairs", alpha: float = ALPHA, device: str | torch.device = "cpu",
-                       dtype: torch.dtype = torch.float64) -> EnergyResult:
+                       statistic: str = "pairs", alpha: float = ALPHA) -> EnergyResult:
     """Sign-flip energy test of paired points x (n, dims), y (n, dims), row i of x matched
     with row i of y (module doc): statistic "pairs" (E(x, y) under within-pair swaps) or
     "differences" (E(D, −D), D = x − y); p-value from n_permutations random sign vectors
     drawn from an explicit Generator (seed int or Generator; the same seed gives the same
-    p-value on any device). The result has n_x = n_y = n and test "sign-flip <statistic>"."""
+    p-value). The result has n_x = n_y = n and test "sign-flip <statistic>"."""
     if statistic not in PAIRED_STATISTICS:
         raise ValueError(f"unknown statistic {statistic!r}; valid: {', '.join(PAIRED_STATISTICS)}")
     if n_permutations < 1:
         raise ValueError(f"n_permutations {n_permutations!r} must be a positive integer")
-    xt, yt = _points(x, device, dtype), _points(y, device, dtype)
+    xt, yt = _points(x), _points(y)
     if xt.shape != yt.shape:
         raise ValueError(f"paired points need equal shapes, got {tuple(xt.shape)} and {tuple(yt.shape)}")
     n = len(xt)
     if n < 1:
         raise ValueError("paired samples need points (got 0 pairs)")
-
-    def dist(a, b):  # exact differences, as in energy_test
-        return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
     if statistic == "pairs":
-        cross = dist(xt, yt)
-        m = (cross + cross.T - dist(xt, xt) - dist(yt, yt)) / n ** 2
-        size = float(cross.sum().cpu()) / n ** 2  # mean |x_i − y_j|: the size of the entries of M
+        cross = _distances(xt, yt)
+        m = (cross + cross.T - _distances(xt, xt) - _distances(yt, yt)) / n ** 2
+        size = float(cross.sum()) / n ** 2  # mean |x_i − y_j|: the size of the entries of M
     else:
         d = xt - yt
-        m = 2 * (dist(d, -d) - dist(d, d)) / n ** 2
-        size = float(torch.linalg.vector_norm(d, dim=1).sum().cpu()) / n
+        m = 2 * (_distances(d, -d) - _distances(d, d)) / n ** 2
+        size = float(np.sqrt((d * d).sum(axis=1)).sum()) / n
     gen = as_generator(seed, "energy-sign-flip")
     signs = np.where(gen.integers(0, 2, size=(n_permutations + 1, n), dtype=np.int8) == 1, 1.0, -1.0)
     signs[0] = 1.0  # observed
-    s = torch.from_numpy(signs).to(device=device, dtype=dtype)
-    energies = ((s @ m) * s).sum(dim=1).cpu().numpy()
+    energies = ((signs @ m) * signs).sum(axis=1)
     p_value, critical = _permutation_p(energies, 1e-9 * max(abs(float(energies[0])), size), alpha)
     return EnergyResult(float(energies[0]), p_value, critical, alpha, n, n, n_permutations, f"sign-flip {statistic}")

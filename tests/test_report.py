@@ -756,14 +756,15 @@ def test_a_figure_too_tall_for_legible_text_on_its_page_is_drawn_and_fits_the_bo
 
 
 # What running a sweep needs and reading one does not: the scenarios, the codecs, the engine and
-# numba's compiled loops (issue 49: their imports, through harness.sweep and harness.runner, were
+# numba's compiled loops, and torch (issue 49: their imports, through harness.sweep, harness.runner and
+# the energy tests, were
 # seconds of the main job's report).
-RUN_ONLY_MODULES = ("scenarios", "schemes", "numba", "harness.cell", "harness.runner")
+RUN_ONLY_MODULES = ("scenarios", "schemes", "numba", "torch", "harness.cell", "harness.runner")
 
 
 def test_report_imports_nothing_that_only_a_run_needs(run_dir, tmp_path):
     """`harness report` on a stored run, in a process of its own, imports no scenario, codec,
-    sweep engine or numba (torch it may: the verdicts' energy tests run on it)."""
+    sweep engine, numba or torch (the verdicts' energy tests run on NumPy)."""
     import sys
 
     for name in ("results.sqlite", "manifest.json"):   # a copy: the report writes into its directory
