@@ -755,10 +755,9 @@ def test_a_figure_too_tall_for_legible_text_on_its_page_is_drawn_and_fits_the_bo
     assert width <= FIGURE_BOX[0] + 1e-9 and height <= FIGURE_BOX[1] + 1e-9
 
 
-# What running a sweep needs and reading one does not: the scenarios, the codecs, the engine and
-# numba's compiled loops, and torch (issue 49: their imports, through harness.sweep, harness.runner and
-# the energy tests, were
-# seconds of the main job's report).
+# What running a sweep needs and reading one does not: the scenarios, the codecs, the engine,
+# numba's compiled loops and torch (issue 49: their imports, through harness.sweep, harness.runner
+# and the energy tests, were seconds of the main job's report).
 RUN_ONLY_MODULES = ("scenarios", "schemes", "numba", "torch", "harness.cell", "harness.runner")
 
 
