@@ -5,9 +5,14 @@ an image at FIGURE_PPI, its title and caption as text. Fonts are embedded as Tru
 (pdf.fonttype 42) so the text can be searched and extracted."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import signal
+import tempfile
 import textwrap
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 
@@ -231,10 +236,19 @@ def _figure_page(pdf: PdfPages, f: ReportFigure) -> None:
     plt.close(page)
 
 
-def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFigure],
-              provenance: list[tuple[str, str]], notice: str | None = None) -> None:
-    """Write the whole report to `path` (the caller renames it into place); `notice` (an unfinished
-    run's 'incomplete: n of m cells ...') on the first page."""
+# the pages' rc settings: TrueType fonts embedded (searchable text), plain text (no math text)
+_PAGE_RC = {"pdf.fonttype": 42, "ps.fonttype": 42, "text.parse_math": False}
+
+
+def _info(title: str) -> dict[str, str]:
+    return {"Title": f"kvharness report: {title}", "Creator": "kvharness (python -m harness report)"}
+
+
+def _parts(title: str, findings: Findings, figures: list[ReportFigure], provenance: list[tuple[str, str]],
+           notice: str | None) -> list[tuple[bool, Callable[[PdfPages], None]]]:
+    """The report's pages in order, in parts: (whether the part shows figures, a function writing
+    its pages); `notice` (an unfinished run's 'incomplete: n of m cells ...') on the first page.
+    `figures` is read when a part that shows them is written (pdf_beside fills it later)."""
     lines = [("h1", f"kvharness report: {title}"), ("h2", "Summary"), ("p", verdict_note(findings))]
     fronts = []
     for settings in setting_summaries(findings).values():
@@ -243,29 +257,35 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
             if s.unplaced:
                 lines.append(("p", f"{s.label}: {s.unplaced}"))
     lines += [("h2", "Method"), ("p", method_sentence(findings))]
-    absent = [f for f in figures if f.figure is None]
-    if absent:
-        lines.append(("h2", "Figures not shown"))
-        lines += [("p", f"{f.title}: {f.absent_reason}.") for f in absent]
-    with plt.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42, "text.parse_math": False}), PdfPages(path) as pdf:
+    notice_shown = findings.claims is not None and notice is not None   # on the claims' first page
+    # a headline page per scenario of the cells (figures.front_figure draws one for each)
+    no_headline = findings.cells.scenario.nunique() == 0
+
+    def claims(pdf):
         if findings.claims is not None:
             _table_pages(pdf, f"kvharness report: {title} — the AMD paper, claim by claim", CLAIM_HEADER,
                          claim_rows(findings), notice=notice)
-            notice_shown = notice is not None
-        else:
-            notice_shown = False
-        first = _headline_pages(pdf, title, findings, figures, None if notice_shown else notice) == 0
+
+    def headline(pdf):
+        _headline_pages(pdf, title, findings, figures, None if notice_shown else notice)
+
+    def tables(pdf):
         for _, section_title, header, rows, _ in fit_sections(findings):
             _table_pages(pdf, section_title, header, rows)
         _table_pages(pdf, "Best codec at each storage level (d₂(T), mean [95% CI])", winner_header(findings),
-                     winner_rows(findings), notice=notice if first and not notice_shown else None)
+                     winner_rows(findings), notice=notice if no_headline and not notice_shown else None)
         _table_pages(pdf, "The Pareto front on measured storage, per setting", ("setting",) + FRONT_HEADER,
                      fronts)
-        _text_pages(pdf, lines)
+
+    def text_and_figure_pages(pdf):
+        absent = [f for f in figures if f.figure is None]
+        shown = [("h2", "Figures not shown"), *[("p", f"{f.title}: {f.absent_reason}.") for f in absent]] if absent else []
+        _text_pages(pdf, lines + shown)
         for f in figures:
-            if f.figure is None or f.key.startswith("front-"):
-                continue
-            _figure_page(pdf, f)
+            if f.figure is not None and not f.key.startswith("front-"):
+                _figure_page(pdf, f)
+
+    def details(pdf):
         _table_pages(pdf, "Every cell (mean [95% CI])", cell_header(findings), cell_rows(findings))
         if len(findings.crossovers):
             _table_pages(pdf, "Crossovers along the storage axis (Δ = mean d₂(T) of A − B)", crossover_header(findings),
@@ -273,6 +293,73 @@ def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFi
         if findings.claims is not None:
             _table_pages(pdf, "Claim details", CLAIM_DETAIL_HEADER, claim_detail_rows(findings))
         _table_pages(pdf, "Provenance", ("item", "value"), provenance)
-        info = pdf.infodict()
-        info["Title"] = f"kvharness report: {title}"
-        info["Creator"] = "kvharness (python -m harness report)"
+    return [(False, claims), (True, headline), (False, tables), (True, text_and_figure_pages), (False, details)]
+
+
+def write_pdf(path: Path, title: str, findings: Findings, figures: list[ReportFigure],
+              provenance: list[tuple[str, str]], notice: str | None = None) -> None:
+    """Write the whole report to `path` (the caller renames it into place), in this process;
+    `notice` (an unfinished run's 'incomplete: n of m cells ...') on the first page."""
+    with plt.rc_context(_PAGE_RC), PdfPages(path) as pdf:
+        for _, write in _parts(title, findings, figures, provenance, notice):
+            write(pdf)
+        pdf.infodict().update(_info(title))
+
+
+def _write_parts(parts, files, with_figures: bool) -> None:
+    """Each part that shows figures (with_figures) or none into its own file; a part without
+    pages writes none."""
+    with plt.rc_context(_PAGE_RC):
+        for (shows_figures, write), file in zip(parts, files):
+            if shows_figures == with_figures:
+                with PdfPages(file) as pdf:
+                    write(pdf)
+
+
+def _join(files, path: Path, info: dict[str, str]) -> None:
+    from pypdf import PdfWriter
+    writer = PdfWriter()
+    for file in files:
+        if file.exists():
+            writer.append(str(file))
+    writer.add_metadata({f"/{key}": value for key, value in info.items()})
+    with open(path, "wb") as out:
+        writer.write(out)
+
+
+@contextlib.contextmanager
+def pdf_beside(path: Path, title: str, findings: Findings, provenance: list[tuple[str, str]],
+               notice: str | None = None):
+    """write_pdf's file, written while the block runs; the block builds the figures, puts them
+    in the list it is given and writes the HTML (which draws them). The parts that show no figure
+    (tables: most of the PDF's time) are written in a forked process from the start, the figure
+    and text pages in this one after the block, each figure's one drawing (reports.raster) shared
+    with the HTML; the parts are then joined in order (pypdf). Where the platform cannot fork, or
+    the forked process fails, its parts are written here."""
+    figures: list[ReportFigure] = []
+    if not hasattr(os, "fork"):
+        yield figures
+        write_pdf(path, title, findings, figures, provenance, notice)
+        return
+    parts = _parts(title, findings, figures, provenance, notice)
+    with tempfile.TemporaryDirectory(prefix="kvharness-report-") as tmp:
+        files = [Path(tmp) / f"part-{i}.pdf" for i in range(len(parts))]
+        pid = os.fork()
+        if pid == 0:   # the forked process: its parts, then out, never back into the caller
+            status = 1
+            try:
+                _write_parts(parts, files, with_figures=False)
+                status = 0
+            finally:
+                os._exit(status)
+        try:
+            yield figures
+            _write_parts(parts, files, with_figures=True)
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            _write_parts(parts, files, with_figures=False)
+        _join(files, path, _info(title))

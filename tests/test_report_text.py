@@ -117,6 +117,36 @@ def test_figures_stay_typeset_after_the_pdf_draws_them(tmp_path):
                 plt.close(f.figure)
 
 
+@pytest.mark.parametrize("notice", [None, "incomplete: 3 of 4 cells"])
+def test_the_pdf_written_beside_the_html_is_the_pdf_written_alone(tmp_path, notice):
+    """pdf_beside (the tables in a forked process while the figures are built and the HTML drawn,
+    the parts joined) gives the pages, their text and the document's metadata of write_pdf (one
+    process, one PdfPages)."""
+    import matplotlib.pyplot as plt
+    from pypdf import PdfReader
+
+    from reports.figures import build_figures
+    from reports.pdf import pdf_beside, write_pdf
+
+    findings = synthetic_findings(names=CODECS[:4])
+    built = build_figures(findings)
+    provenance = [("item", "value")]
+    try:
+        write_pdf(tmp_path / "alone.pdf", "t", findings, built, provenance, notice)
+        with pdf_beside(tmp_path / "beside.pdf", "t", findings, provenance, notice) as shown:
+            shown.extend(built)
+    finally:
+        for f in built:
+            if f.figure is not None:
+                plt.close(f.figure)
+    alone, beside = PdfReader(tmp_path / "alone.pdf"), PdfReader(tmp_path / "beside.pdf")
+    assert len(alone.pages) == len(beside.pages) > 5
+    assert [p.extract_text() for p in alone.pages] == [p.extract_text() for p in beside.pages]
+    assert [p.mediabox for p in alone.pages] == [p.mediabox for p in beside.pages]
+    assert alone.metadata.title == beside.metadata.title == "kvharness report: t"
+    assert alone.metadata.creator == beside.metadata.creator
+
+
 def test_no_legend_lists_more_than_a_panel_draws(figures):
     """Every legend names at most MAX_SERIES entries (one legend of all 15 codecs was 24 entries at
     5 px on a 1366-px screen for the main job), and each codec drawn is named in some legend."""

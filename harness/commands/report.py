@@ -104,20 +104,24 @@ def write_report(directory: Path, null_directory: Path | None = None, n_permutat
 
     from reports.figures import build_figures
     from reports.html import provenance_rows, render_html
-    from reports.pdf import write_pdf
+    from reports.pdf import pdf_beside
 
     store = RunStore(directory)
     findings = _findings(directory, null_directory, n_permutations, levels)
     manifest = store.read_manifest()
     notice = "; ".join(filter(None, [incomplete_notice(store), *findings.left_out])) or None
-    figures = build_figures(findings)
     title = directory.resolve().name
     run_time = _run_time(store, manifest)
     html_path, pdf_path = directory / "report.html", directory / "report.pdf"
     tmp_html, tmp_pdf = directory / ".report.html.tmp", directory / ".report.pdf.tmp"
+    figures = []
     try:
-        tmp_html.write_text(render_html(title, findings, figures, manifest, run_time, notice=notice), encoding="utf-8")
-        write_pdf(tmp_pdf, title, findings, figures, provenance_rows(manifest, findings, run_time), notice=notice)
+        # the PDF's tables are written beside the figures' building and the HTML (pdf_beside)
+        with pdf_beside(tmp_pdf, title, findings, provenance_rows(manifest, findings, run_time), notice=notice) as shown:
+            figures = build_figures(findings)
+            shown.extend(figures)
+            tmp_html.write_text(render_html(title, findings, figures, manifest, run_time, notice=notice),
+                                encoding="utf-8")
         os.replace(tmp_html, html_path)
         os.replace(tmp_pdf, pdf_path)
     finally:
