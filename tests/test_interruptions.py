@@ -184,8 +184,8 @@ def test_resume_refuses_a_run_written_under_the_earlier_seed_rule(tmp_path, caps
         assert code == 0
 
 
-# the kvharness console script's form: what pyproject.toml's [project.scripts] makes of "harness.__main__:main"
-SCRIPT = [sys.executable, "-c", "import sys; from harness.__main__ import main; sys.exit(main())"]
+# the kvharness console script's form: what pyproject.toml's [project.scripts] makes of "harness.__main__:script"
+SCRIPT = [sys.executable, "-c", "import sys; from harness.__main__ import script; sys.exit(script())"]
 
 
 @pytest.mark.parametrize("signum,entry", [(signal.SIGINT, "module"), (signal.SIGTERM, "module"),
@@ -213,13 +213,13 @@ def test_a_signal_in_the_first_second_is_one_line_and_its_exit_status(tmp_path, 
 
 
 def test_the_console_script_is_the_early_entry():
-    """pyproject.toml's kvharness script runs harness/__main__.py's main, which installs the
+    """pyproject.toml's kvharness script runs harness/__main__.py's script, which installs the
     handlers on import, as python -m harness does, not harness.cli.main (no handlers until its
     imports are done)."""
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     scripts = text.split("[project.scripts]", 1)[1].split("\n[", 1)[0]
-    assert re.search(r'^kvharness\s*=\s*"harness\.__main__:main"', scripts, re.M), scripts
+    assert re.search(r'^kvharness\s*=\s*"harness\.__main__:script"', scripts, re.M), scripts
 
 
 @pytest.mark.parametrize("moment", ["from the start", "after the first commit"])
