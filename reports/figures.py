@@ -682,39 +682,22 @@ def names_literal(fig: Figure) -> None:
                     formatter.seq = [literal(str(s)) for s in formatter.seq]
 
 
-# how every report figure is built: with math text off (a name with $ signs is no formula) and
-# drawn with it on (reports.raster), its names escaped (names_literal), so the log axes' 10^k tick
-# labels are typeset
-_BUILD_RC = {"text.parse_math": False, "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8,
-             "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3}
-
-
-def figure_makers(findings: Findings) -> list:
-    """Every figure of the report as a list of makers in reading order: each a function of no
-    argument returning its figures (a list; absent ones carry their reason), independent of the
-    others, so they may be built apart (reports.drawn)."""
+def build_figures(findings: Findings) -> list[ReportFigure]:
+    """Every figure of the report, in reading order; absent ones carry their reason. A figure is
+    laid out with math text off (a name with $ signs is no formula) and drawn with it on, its names
+    escaped (names_literal), so the log axes' 10^k tick labels are typeset."""
     styles = scheme_styles(findings.trials.scheme.unique())
-    one = lambda make, *args: lambda: [make(findings, styles, *args)]
-    return [*(one(front_figure, sc) for sc in sorted(findings.cells.scenario.unique())),
-            one(dimension_figure), lambda: rate_distortion_figures(findings, styles), one(error_space_figure),
-            one(significance_figure), one(isolation_figure), one(amplification_figure), one(d_eff_figure),
-            one(calibration_figure)]
-
-
-def make(maker) -> list[ReportFigure]:
-    """A maker's figures (figure_makers), built as every report figure is."""
-    with plt.rc_context(_BUILD_RC):
-        figures = maker()
+    with plt.rc_context({"text.parse_math": False, "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8,
+                         "legend.fontsize": 8, "axes.grid": True, "grid.alpha": 0.3}):
+        figures = [*(front_figure(findings, styles, sc) for sc in sorted(findings.cells.scenario.unique())),
+                   dimension_figure(findings, styles), *rate_distortion_figures(findings, styles),
+                   error_space_figure(findings, styles), significance_figure(findings, styles),
+                   isolation_figure(findings, styles), amplification_figure(findings, styles),
+                   d_eff_figure(findings, styles), calibration_figure(findings, styles)]
     for f in figures:
         if f.figure is not None:
             names_literal(f.figure)
     return figures
 
 
-def build_figures(findings: Findings) -> list[ReportFigure]:
-    """Every figure of the report, in reading order; absent ones carry their reason."""
-    return [f for maker in figure_makers(findings) for f in make(maker)]
-
-
-__all__ = ["ReportFigure", "SchemeStyle", "build_figures", "d_eff_figure", "figure_makers", "front_figure", "make",
-           "scheme_styles"]
+__all__ = ["ReportFigure", "SchemeStyle", "build_figures", "d_eff_figure", "front_figure", "scheme_styles"]
