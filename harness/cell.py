@@ -41,7 +41,7 @@ from scenarios.conformance import expected_shapes
 from schemes.conformance import (ConformanceError, in_project, require_decoded, require_encoding_of,
                                  require_scored)
 from kvcommon.memo import IdentityMemo
-from kvcommon.rng import generator, seed_sequence
+from kvcommon.rng import generator
 from kvcommon.rows import CELL_COLUMNS, DIAGNOSTIC_COLUMNS, EVICTION_METRIC_NAMES, METRIC_NAMES, TRIAL_COLUMNS
 from stats.metrics import exact_attention, exact_logits, trial_metrics
 
@@ -50,7 +50,7 @@ from .memory import peak_bytes, reset_peak
 from .sweep import Cell, SweepConfig
 
 CHUNK_TRIALS_ENV = "KVHARNESS_CHUNK_TRIALS"
-DEFAULT_MEMORY_BUDGET = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
+DEFAULT_MEMORY_BYTES = 1 << 28  # bytes of working tensors per chunk; 256 MiB measured fastest on 2 cores (cache, allocator reuse)
 
 
 # How scheme seeds are derived, recorded in a run's manifest: 1, keyed by the scheme's name; 2, by its
@@ -62,10 +62,6 @@ def family_seeded(schemes_: tuple[str, ...]) -> list[str]:
     """The schemes whose seed the two rules derive differently (a seed family of their own name)."""
     return [name for name in schemes_ if schemes.registry.seed_family(name) != name]
 
-
-def scheme_seed(root_seed: int, name: str, budget: int, dim: int) -> int:
-    """The seed of a scheme's own draws; name: its seed family (schemes.registry.seed_family)."""
-    return int(seed_sequence(root_seed, "scheme", name, budget, dim).generate_state(1)[0])
 
 def bytes_per_trial(config: SweepConfig, cell: Cell) -> int:
     """A generous estimate of the working memory one trial needs (tensors and temporaries)."""
@@ -83,9 +79,9 @@ def trial_memory_bytes(config: SweepConfig, cell: Cell) -> int:
 
 def chunk_size(config: SweepConfig, cell: Cell, device: torch.device, memory_bytes: int | None = None) -> int:
     """Trials per chunk: as many as fit memory_bytes of working tensors (default: the smaller of
-    DEFAULT_MEMORY_BUDGET and a quarter of the device's memory); at most $KVHARNESS_CHUNK_TRIALS
+    DEFAULT_MEMORY_BYTES and a quarter of the device's memory); at most $KVHARNESS_CHUNK_TRIALS
     where that is set (tests interrupt runs between small chunks; rows do not depend on chunking)."""
-    memory_bytes = memory_bytes or min(DEFAULT_MEMORY_BUDGET, available_memory_bytes(device) // 4)
+    memory_bytes = memory_bytes or min(DEFAULT_MEMORY_BYTES, available_memory_bytes(device) // 4)
     size = max(1, min(config.trials, memory_bytes // bytes_per_trial(config, cell)))
     forced = os.environ.get(CHUNK_TRIALS_ENV)
     return min(size, max(1, int(forced))) if forced else size
@@ -239,7 +235,7 @@ def _diagnostics(scheme: schemes.Scheme, n_trials: int) -> dict[str, torch.Tenso
 
 def create_scheme(config: SweepConfig, cell: Cell) -> schemes.Scheme:
     """The cell's scheme from the chosen implementation (torch, or the independent reference)."""
-    seed = scheme_seed(config.codec_seed, schemes.registry.seed_family(cell.scheme), cell.budget, cell.dim)
+    seed = schemes.registry.codec_seed(config.codec_seed, cell.scheme, cell.budget, cell.dim)
     return schemes.create(cell.scheme, budget=cell.budget, dim=cell.dim, seed=seed, rng=config.codec_rng,
                           impl=config.impl)
 
@@ -478,8 +474,7 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
         decodings = decode_here(fitted(), enc, one["q"])
     else:
         options = dict(budget=cell.budget, dim=cell.dim, rng=config.codec_rng, label=cell.scheme,
-                       seed=scheme_seed(config.codec_seed, schemes.registry.seed_family(cell.scheme), cell.budget,
-                                        cell.dim))
+                       seed=schemes.registry.codec_seed(config.codec_seed, cell.scheme, cell.budget, cell.dim))
         decodings = decode_elsewhere(schemes.registry.spec(cell.scheme).factory, options,
                                      (one["k_cal"], one["v_cal"], one["trials"]), enc, one["q"])
     if not shared:
@@ -602,7 +597,7 @@ def run_chunk(config: SweepConfig, cells: list[Cell], trials: range, device, dty
             before = _snapshot(data)
         yield cell, rows, time.perf_counter() - t0, peak / 2 ** 20
 
-def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budget, on_cell=None, *,
+def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_bytes, on_cell=None, *,
                 start: dict[Cell, int] | None = None, on_chunk=None) -> None:
     """Cells that share data are run together on each chunk of drawn trials. Each cell's chunk is
     handed to on_chunk(cell, trials, rows, wall_s, peak_mem_mb) as soon as it is done (rows a
@@ -612,7 +607,7 @@ def run_serial(config: SweepConfig, todo: list[Cell], device, dtype, memory_budg
     missing trial (chunk_plan)."""
     for _, group in itertools.groupby(todo, key=lambda c: c.data_key):
         group = list(group)
-        size = chunk_size(config, group[0], device, memory_budget)
+        size = chunk_size(config, group[0], device, memory_bytes)
         cell_schemes = {cell: create_scheme(config, cell) for cell in group}
         rows = {cell: [] for cell in group}
         wall = dict.fromkeys(group, 0.0)

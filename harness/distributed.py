@@ -245,7 +245,7 @@ def n_workers(client) -> int:
     return len(client.nthreads())
 
 
-def plan_tasks(config: SweepConfig, cells: list[Cell], start: dict[Cell, int], memory_budget: int | None,
+def plan_tasks(config: SweepConfig, cells: list[Cell], start: dict[Cell, int], memory_bytes: int | None,
                workers: int) -> list[tuple[range, list[Cell]]]:
     """The serial runner's chunks (cell.chunk_plan), made smaller where the sweep has too few
     of them to keep every worker busy: at least TASKS_PER_WORKER tasks per worker where the
@@ -257,7 +257,7 @@ def plan_tasks(config: SweepConfig, cells: list[Cell], start: dict[Cell, int], m
     tasks = []
     for group in groups:
         remaining = config.trials - min(start.get(c, 0) for c in group)
-        size = chunk_size(config, group[0], device, memory_budget)
+        size = chunk_size(config, group[0], device, memory_bytes)
         size = min(size, max(MIN_TASK_TRIALS, math.ceil(remaining / pieces)))
         size = math.ceil(remaining / math.ceil(remaining / size))  # as many tasks, of equal size
         tasks += chunk_plan(config, group, size, start)
@@ -265,7 +265,7 @@ def plan_tasks(config: SweepConfig, cells: list[Cell], start: dict[Cell, int], m
 
 
 def serial_plan(config: SweepConfig, cells: list[Cell], start: dict[Cell, int],
-                memory_budget: int | None) -> list[tuple[range, list[Cell]]]:
+                memory_bytes: int | None) -> list[tuple[range, list[Cell]]]:
     """The serial runner's chunks (cell.run_serial's), as tasks: what this process runs alone
     until workers are ready (a chunk cut in three costs about a fifth more than whole: each
     chunk's draws, per-chunk fits and commit)."""
@@ -274,7 +274,7 @@ def serial_plan(config: SweepConfig, cells: list[Cell], start: dict[Cell, int],
     tasks = []
     for _, group in itertools.groupby(cells, key=lambda c: c.data_key):
         group = list(group)
-        tasks += chunk_plan(config, group, chunk_size(config, group[0], device, memory_budget), start)
+        tasks += chunk_plan(config, group, chunk_size(config, group[0], device, memory_bytes), start)
     return tasks
 
 
@@ -468,7 +468,7 @@ def task_units(config: SweepConfig, trials: range, cells: list[Cell]) -> float:
     return len(trials) * sum(bytes_per_trial(config, c) for c in cells) / 1e6
 
 
-def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_budget: int | None,
+def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_bytes: int | None,
                     on_chunk: Callable[[Cell, range, list, float, float], None],
                     start: dict[Cell, int] | None = None, workers: int | None = None,
                     compute_here: bool = False, helpers: Helpers | None = None, gate: Gate | None = None) -> bool:
@@ -501,9 +501,9 @@ def run_distributed(client, config: SweepConfig, cells: list[Cell], *, memory_bu
     else:
         workers = workers or max(1, n_workers(client))
     if gate is not None:   # alone until the workers are ready: the serial chunks, cut when they are
-        tasks = deque(serial_plan(config, cells, start, memory_budget))
+        tasks = deque(serial_plan(config, cells, start, memory_bytes))
     else:
-        tasks = deque(plan_tasks(config, cells, start, memory_budget, workers))
+        tasks = deque(plan_tasks(config, cells, start, memory_bytes, workers))
     cut = gate is None
     units = {id(task): task_units(config, *task) for task in tasks}
     remote = workers - 1 if compute_here else workers

@@ -133,7 +133,7 @@ def check_data(config: SweepConfig) -> None:
         raise DataOutOfRange(f"harness run: {exc}") from None
 
 def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, progress: bool | None = None,
-              memory_budget: int | None = None, workers: int | None = None,
+              memory_bytes: int | None = None, workers: int | None = None,
               scheduler: str | None = None, serial_below_s: float | None = None) -> RunResult:
     """Run every trial of the sweep not yet in the store, committed a chunk at a time (a cell's
     chunk in one transaction; RunStore.write_chunk). With workers N > 1 chunks run as Dask tasks
@@ -182,7 +182,7 @@ def run_sweep(config: SweepConfig, store: RunStore, *, resume: bool = False, pro
                 if serial_below_s != 0:
                     gate = Gate(workers, threads, shared, _startup_s(start))
             prepare_store(config, store, resume=resume)
-            kept = _run_cells(config, store, todo, device, dtype, progress, memory_budget, client,
+            kept = _run_cells(config, store, todo, device, dtype, progress, memory_bytes, client,
                               None if scheduler else workers, helpers, gate)
         except BaseException:
             if fresh:
@@ -282,7 +282,7 @@ def _cost_key(config: SweepConfig, device, dtype):
     return key
 
 
-def _run_cells(config, store, todo, device, dtype, progress, memory_budget, client, workers=None, helpers=None,
+def _run_cells(config, store, todo, device, dtype, progress, memory_bytes, client, workers=None, helpers=None,
                gate=None) -> int:
     """The trials not yet stored, serially, as tasks on a Dask client, or as tasks here and on
     local workers (helpers, started as `gate` says: distributed.run_distributed), each chunk
@@ -326,11 +326,11 @@ def _run_cells(config, store, todo, device, dtype, progress, memory_budget, clie
         with store.writing():   # one connection for the run's commits
             if client is not None or helpers is not None:
                 from .distributed import run_distributed
-                used = run_distributed(client, config, todo, memory_budget=memory_budget, on_chunk=on_chunk,
+                used = run_distributed(client, config, todo, memory_bytes=memory_bytes, on_chunk=on_chunk,
                                        start=start, workers=workers, compute_here=workers is not None,
                                        helpers=helpers, gate=gate)
             else:
-                run_serial(config, todo, device, dtype, memory_budget, start=start, on_chunk=on_chunk)
+                run_serial(config, todo, device, dtype, memory_bytes, start=start, on_chunk=on_chunk)
     finally:
         bar.close()
         if client is None and not used:   # serial costs only: a cell's chunks on workers overlap

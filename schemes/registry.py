@@ -22,6 +22,7 @@ from typing import Callable
 
 from kvcommon import plugins
 from kvcommon.registry import IMPLS, Registry
+from kvcommon.rng import seed_sequence
 
 from .base import Scheme
 
@@ -221,13 +222,20 @@ def spec(name: str) -> SchemeSpec | None:
 
 
 def seed_family(name: str) -> str:
-    """The name the runner derives a scheme's seed from (harness.cell.scheme_seed): its family
+    """The name the runner derives a scheme's seed from (codec_seed): its family
     where it declares one (a built-in's `family`, a plug-in's `seed_family`), else the name itself. The variants of a family at one budget and d
     then draw the same randomness for a tensor they code alike (common random numbers): tq-kv
     and tq-kqv rotate K with the same signs, so K's codes, and every K-only metric, are equal,
     and the pair differs only in what the variants do differently (V's sketch)."""
     found = spec(name)
     return (found.family if found is not None else "") or name
+
+
+def codec_seed(root_seed: int, name: str, budget: int, dim: int) -> int:
+    """The seed of the codec `name`'s own draws in a sweep of root seed `root_seed` (the sweep's
+    codec seed) at this budget and head dimension: derived from its seed family (seed_family), so
+    the variants of a family draw alike."""
+    return int(seed_sequence(root_seed, "scheme", seed_family(name), budget, dim).generate_state(1)[0])
 
 
 def is_registered(name: str) -> bool:

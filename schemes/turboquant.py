@@ -171,7 +171,7 @@ class TurboQuant(PerTensorScheme):
 
     def coding_key(self, prefix: str) -> tuple:
         """What a tensor's coding depends on besides the tensor: variants with the same seed (one
-        family, budget and d: harness.cell.scheme_seed) that code it alike share it."""
+        family, budget and d: registry.codec_seed) that code it alike share it."""
         trials = None if self.trials is None else tuple(self.trials.tolist())
         return self.rng, self.seed, self.budget, self.dim, self.rotate, self._sketch_of(prefix), trials
 

@@ -80,7 +80,7 @@ def test_bench_grid_models_fixed_chunk_and_trial_parts(capsys, monkeypatch):
         "scenarios": ("gaussian", "lowrank_aligned"), "schemes": ("tq-kv", "sq-kv"), "budgets": (2, 3),
         "dims": (16,), "seq_lens": (32,), "queries": (4,), "trials": 12, "calib_tokens": (32,)})
     config12 = sweep.SweepConfig(**sweep.grid("tiny"))
-    monkeypatch.setattr(cell_engine, "DEFAULT_MEMORY_BUDGET", 5 * cell_engine.bytes_per_trial(config12, config12.cells()[0]))
+    monkeypatch.setattr(cell_engine, "DEFAULT_MEMORY_BYTES", 5 * cell_engine.bytes_per_trial(config12, config12.cells()[0]))
     real = bench._time_cells
     seen, order, written = {}, [], []
     real_write = RunStore.write_chunk

@@ -52,10 +52,10 @@ def test_the_seed_family_of_a_codec_without_one_is_its_name():
     config = SweepConfig(scenarios=("gaussian",), schemes=("kivi",), budgets=(3,), dims=(32,), seq_lens=(64,),
                          queries=(8,), trials=1, calib_tokens=(64,))
     scheme = engine.create_scheme(config, config.cells()[0])
-    assert scheme.seed == engine.scheme_seed(config.seed, "kivi", 3, 32)
+    assert scheme.seed == schemes.registry.codec_seed(config.seed, "kivi", 3, 32)
 
 
 def test_budgets_keep_draws_of_their_own():
-    made = [schemes.create("tq-kv", budget=b, dim=32, seed=engine.scheme_seed(0, seed_family("tq-kv"), b, 32))
+    made = [schemes.create("tq-kv", budget=b, dim=32, seed=schemes.registry.codec_seed(0, "tq-kv", b, 32))
             for b in (3, 4)]
     assert made[0].seed != made[1].seed

@@ -207,7 +207,7 @@ def test_rows_with_decode_tokens_do_not_depend_on_chunking(tmp_path):
                      scenario_params={"rope_lowrank": {"drift": 0.7}})
     one, many = RunStore(tmp_path / "one"), RunStore(tmp_path / "many")
     runner.run_sweep(config, one, progress=False)
-    runner.run_sweep(config, many, progress=False, memory_budget=1)   # one trial per chunk
+    runner.run_sweep(config, many, progress=False, memory_bytes=1)   # one trial per chunk
     a, b = one.trials(), many.trials()
     assert len(a) == 9
     pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-5, atol=1e-7)

@@ -69,7 +69,7 @@ def test_rows_do_not_depend_on_chunking(tmp_path):
                          calib_tokens=(96,))
     one, many = RunStore(tmp_path / "one"), RunStore(tmp_path / "many")
     runner.run_sweep(config, one, progress=False)
-    runner.run_sweep(config, many, progress=False, memory_budget=1)   # one trial per chunk
+    runner.run_sweep(config, many, progress=False, memory_bytes=1)   # one trial per chunk
     a, b = one.trials(), many.trials()
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     for name in ("squ-kv", "sq-qkv"):                                  # the cases the ledger must get right
