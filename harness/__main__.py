@@ -25,9 +25,18 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+# main has entered the block that turns Interrupted into the one line; before, a signal is kept
+# here for main to raise there (raised at the module's own level it would be a traceback, exit 1)
+_IN_MAIN = False
+_PENDING: list[int] = []
+
+
 def _interrupted(signum, frame):
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, signal.SIG_IGN)
+    if not _IN_MAIN:
+        _PENDING.append(signum)
+        return
     raise Interrupted(signum)
 
 
@@ -71,8 +80,12 @@ def main() -> int:
     ignored: the interpreter's exit (unloading torch and the rest: 1.5-2 s on a loaded 2-core
     machine) restores their default action, which would end the process silently, killed,
     after its command had finished and said so."""
+    global _IN_MAIN
     try:
         try:
+            _IN_MAIN = True
+            if _PENDING:   # a signal while this module was still being run
+                raise Interrupted(_PENDING[0])
             from . import cli
             cli.STARTED_AT = _STARTED
             return cli.main()
