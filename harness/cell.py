@@ -487,7 +487,10 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
     require_standalone(enc, reference, decodings)
     if metrics is not None and not config.decode_tokens:
         logits = reference[2] if first.capabilities.scores_on_codes else exact_logits(one["q"], reference[0])
-        measured = trial_metrics(one["k"], one["v"], one["q"], reference[0], reference[1], logits, first.kept(enc))
+        exact = data.get("exact")   # the chunk's exact side, where its cells share it: the trial's slice
+        exact = tuple(x[i:i + 1] for x in exact) if exact is not None else None
+        measured = trial_metrics(one["k"], one["v"], one["q"], reference[0], reference[1], logits, first.kept(enc),
+                                 exact=exact)
         for name, value in measured.items():
             alone_value, chunk_value = float(value[0]), float(metrics[name][i])
             if _unlike(alone_value, chunk_value):
