@@ -46,7 +46,7 @@ d = int(sys.argv[1])
 rng = np.random.default_rng(d)
 x = rng.standard_normal((5, d)).astype(np.float32)
 signs = np.where(rng.random((1, d)) < 0.5, -1.0, 1.0).astype(np.float32)
-args = (1, signs, signs, 5, np.float32(np.sqrt(d)), np.float32(1.0), np.empty(0, np.float32))
+args = (0, signs, signs, 5, np.float32(np.sqrt(d)), np.float32(1.0), np.empty(0, np.float32))   # rows 0..4: sign row 0
 by_length, plain = np.empty_like(x), np.empty_like(x)
 hadamard_cpu._hadamard_rows_by_length(x, d, *args, by_length)
 hadamard_cpu._hadamard_rows(x, d, *args, plain)
