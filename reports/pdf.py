@@ -11,6 +11,7 @@ import os
 import signal
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -352,14 +353,35 @@ def pdf_beside(path: Path, title: str, findings: Findings, provenance: list[tupl
                 status = 0
             finally:
                 os._exit(status)
+        started = time.monotonic()
         try:
             yield figures
             _write_parts(parts, files, with_figures=True)
+            status = _wait(pid, max(_WAIT_LEAST_S, _WAIT_FACTOR * (time.monotonic() - started)))
         except BaseException:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             raise
-        _, status = os.waitpid(pid, 0)
         if status != 0:
             _write_parts(parts, files, with_figures=False)
         _join(files, path, _info(title))
+
+
+# How long the forked process may take beyond this one's share: a fork from a process whose other
+# threads held a lock it then needs (a sweep's pools, in harness reproduce) could wait forever;
+# its parts are then written here. Generous against its normal share (a third of the work).
+_WAIT_LEAST_S, _WAIT_FACTOR = 60.0, 10.0
+
+
+def _wait(pid: int, limit_s: float) -> int:
+    """The forked process's exit status, or −1 (killed) once `limit_s` seconds have passed."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1
+        time.sleep(0.02)

@@ -147,6 +147,34 @@ def test_the_pdf_written_beside_the_html_is_the_pdf_written_alone(tmp_path, noti
     assert alone.metadata.creator == beside.metadata.creator
 
 
+def test_a_forked_pdf_process_that_hangs_is_stopped_and_its_pages_written_here(tmp_path, monkeypatch):
+    """A forked process that never finishes (a lock held at the fork by another thread) is killed
+    after its time and its parts are written in this process: the PDF is whole."""
+    import os
+    import time
+
+    from pypdf import PdfReader
+
+    import reports.pdf as pdf
+
+    parent, real = os.getpid(), pdf._write_parts
+
+    def hangs_in_the_fork(parts, files, with_figures):
+        while os.getpid() != parent:
+            time.sleep(1)
+        real(parts, files, with_figures)
+    monkeypatch.setattr(pdf, "_write_parts", hangs_in_the_fork)
+    monkeypatch.setattr(pdf, "_WAIT_LEAST_S", 1.0)
+    monkeypatch.setattr(pdf, "_WAIT_FACTOR", 0.0)
+    findings = synthetic_findings(names=CODECS[:2])
+    started = time.monotonic()
+    with pdf.pdf_beside(tmp_path / "report.pdf", "t", findings, [("item", "value")]):
+        pass   # no figures
+    pages = [p.extract_text() for p in PdfReader(tmp_path / "report.pdf").pages]
+    assert any("Provenance" in p for p in pages) and any("Every cell" in p for p in pages)
+    assert time.monotonic() - started < 60
+
+
 def test_no_legend_lists_more_than_a_panel_draws(figures):
     """Every legend names at most MAX_SERIES entries (one legend of all 15 codecs was 24 entries at
     5 px on a 1366-px screen for the main job), and each codec drawn is named in some legend."""
