@@ -446,22 +446,47 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
     the sweep fits it, its ledger is what its tensors occupy and equals the trial's bits in the
     chunk, and another new instance decodes its stored bytes, twice, exactly as the encoder does:
     in this process for this repository's codecs, in a separate one for a plug-in
-    (schemes.conformance.decode_elsewhere: no module-level state of the encoder travels).
+    (schemes.conformance.decode_elsewhere: no module-level state of the encoder travels); a
+    plug-in's per-model entries do not change with the cache (_require_model_constants).
     ConformanceError where not. On new instances, so the cell's own scheme and its rows are
     untouched; the prefill's encoding where the sweep has decode tokens. metrics: the chunk's
     (run_cell_chunk), whose row of the trial must be what the trial coded alone measures (within
-    ALONE_RTOL): a codec that codes a trial one way alone and another in a batch (honest only when
-    checked) is found. shared: the trial's
-    tensors are the copy the checks of the chunk's cells share (_one_trial; this repository's
-    codecs), checked after the check to be as drawn."""
+    ALONE_RTOL; not with decode tokens, whose rows measure the prefill and the tokens after it):
+    a codec that codes a trial one way alone and another in a batch (honest only when checked) is
+    found. shared: the trial's tensors are the copy the checks of the chunk's cells share
+    (_one_trial; this repository's codecs), compared with the chunk's after the check, passed or
+    failed (_require_unwritten)."""
+    i = int((data["trials"] == trial).nonzero()[0, 0])
+    if not shared:   # a plug-in: views of the chunk, so a write in place reaches its data (_written)
+        one = {**{name: x[i:i + 1] for name, x in data.items()
+                  if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")},
+               "positions": data["positions"]}
+        _check_standalone(config, cell, data, bits, trial, one, metrics)
+        return
+    one = _one_trial(data, trial)
+    try:
+        _check_standalone(config, cell, data, bits, trial, one, metrics)
+    except Exception:
+        _require_unwritten(one, data, i, trial)
+        raise
+    _require_unwritten(one, data, i, trial)
+
+
+def _require_unwritten(one: dict, data: dict, i: int, trial: int) -> None:
+    """The shared copy of the checked trial (_one_trial) as the chunk holds it; where the codec
+    wrote it, the copy is dropped (the next check takes a fresh one) and the write is the failure."""
+    wrote = [name for name, x in one.items() if name != "positions" and not _same(x, data[name][i:i + 1])]
+    if wrote:
+        _TRIAL.clear()
+        raise ConformanceError(f"coding trial {trial} alone, the codec wrote its input {', '.join(wrote)} "
+                               f"in place") from None
+
+
+def _check_standalone(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, trial: int, one: dict,
+                      metrics: dict | None) -> None:
+    """check_sample's checks on `one`, the trial's tensors."""
     from schemes.conformance import decode_elsewhere, decode_here, require_standalone
     i = int((data["trials"] == trial).nonzero()[0, 0])
-    # this repository's codecs: a copy of the trial every cell checking it shares; a plug-in: views
-    # of the chunk, so a write in place reaches the chunk's data and is found there (_written)
-    one = _one_trial(data, trial) if shared else {
-        **{name: x[i:i + 1] for name, x in data.items()
-           if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")},
-        "positions": data["positions"]}
 
     def fitted():
         scheme = create_scheme(config, cell)
@@ -477,13 +502,7 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
                        seed=schemes.registry.codec_seed(config.codec_seed, cell.scheme, cell.budget, cell.dim))
         decodings = decode_elsewhere(schemes.registry.spec(cell.scheme).factory, options,
                                      (one["k_cal"], one["v_cal"], one["trials"]), enc, one["q"])
-    if not shared:
         _require_model_constants(first, enc, one)
-    if shared:
-        wrote = [name for name, x in one.items() if name != "positions" and not _same(x, data[name][i:i + 1])]
-        if wrote:
-            _TRIAL.clear()
-            raise ConformanceError(f"coding trial {trial} alone, the codec wrote its input {', '.join(wrote)} in place")
     require_standalone(enc, reference, decodings)
     if metrics is not None and not config.decode_tokens:
         logits = reference[2] if first.capabilities.scores_on_codes else exact_logits(one["q"], reference[0])
@@ -522,8 +541,9 @@ def _run_one(config: SweepConfig, cell: Cell, scheme: schemes.Scheme, data: dict
              before: dict[str, torch.Tensor]):
     """The cell's rows on the chunk's data, or a CellFailure; and the data the codec wrote (the
     tensors differing from `before`, the chunk's snapshot, compared once the codec is done: the
-    data are then drawn again). One trial of the chunk drawn from the seed (sample_trial) is
-    checked as a stored encoding (check_sample)."""
+    data are then drawn again). Where sample_trial draws one of this chunk's trials for the cell
+    (a plug-in: every chunk; this repository's codecs: one cell each), it is checked as a stored
+    encoding (check_sample)."""
     try:
         metrics, bits = run_cell_chunk(scheme, data)
     except Exception as exc:  # noqa: BLE001 - a codec's failure costs its own cell, named, not the sweep

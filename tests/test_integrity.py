@@ -330,21 +330,27 @@ def test_the_checks_of_codecs_sharing_data_share_the_checked_trials_codings(monk
     pd.testing.assert_frame_equal(rows(tmp_path / "checked"), rows(tmp_path / "unchecked"), check_exact=True)
 
 
-def test_a_built_in_codec_writing_its_input_when_coding_one_trial_alone_is_found(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("then_raises", [False, True])
+def test_a_built_in_codec_writing_its_input_when_coding_one_trial_alone_is_found(monkeypatch, tmp_path, capsys,
+                                                                                 then_raises):
     """The checks of this repository's codecs share a copy of the checked trial: a write into it is
-    found after the check, named, and the copy is drawn afresh for the next check."""
+    found after the check, whether the check passed or failed after it, named as the writer's, and
+    the copy is taken afresh for the next codec's check, which passes."""
     real = GroupQuant.encode
 
     def encode(self, k, v, *args, **kwargs):
         if len(k) == 1:
             k.mul_(0.5)
+            if then_raises:
+                raise RuntimeError("after the write")
         return real(self, k, v, *args, **kwargs)
     monkeypatch.setattr(GroupQuant, "encode", encode)
-    code = main(["run", "--scenario", "gaussian", "--scheme", "int4,tq-kv", "--budget", "2", "--out",
+    code = main(["run", "--scenario", "gaussian", "--scheme", "int4,tq-kv,kivi", "--budget", "2", "--out",
                  str(tmp_path / "run"), *SMALL])
     err = capsys.readouterr().err
     assert code == 1 and "scheme int4, budget 2" in err and "the codec wrote its input k in place" in err
-    assert set(rows(tmp_path / "run").scheme) == {"tq-kv"}
+    assert "tq-kv" not in err and "kivi" not in err
+    assert set(rows(tmp_path / "run").scheme) == {"tq-kv", "kivi"}
 
 
 # --- issue 47: a run is a function of its inputs, checked; the store knows its own integrity ------
