@@ -25,12 +25,13 @@ a codec takes beyond the plain protocol it gets where it declares it (Scheme.cap
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
 import os
 import pickle
-import select
+import selectors
 import subprocess
 import sys
 import time
@@ -183,6 +184,7 @@ DECODE_TIMEOUT_S = 600.0
 
 
 def decode_timeout_s() -> float:
+    """The limit in seconds: the variable's positive value (inf: none), else DECODE_TIMEOUT_S."""
     try:
         value = float(os.environ.get(DECODE_TIMEOUT_ENV, DECODE_TIMEOUT_S))
     except ValueError:
@@ -192,17 +194,19 @@ def decode_timeout_s() -> float:
 
 def _read_within(fd: int, n: int, deadline: float) -> bytes | None:
     """n bytes from the file descriptor, None at its end; TimeoutError once time.monotonic()
-    passes deadline."""
+    passes deadline (inf: never)."""
     chunks, left = [], n
-    while left:
-        wait = deadline - time.monotonic()
-        if wait <= 0 or not select.select([fd], [], [], wait)[0]:
-            raise TimeoutError
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while left:
+            wait = None if math.isinf(deadline) else deadline - time.monotonic()
+            if (wait is not None and wait <= 0) or not selector.select(wait):
+                raise TimeoutError
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            left -= len(chunk)
     return b"".join(chunks)
 
 
@@ -242,18 +246,29 @@ class _Decoder:
             _frame(self.process.stdin, pickle.dumps({"path": [p for p in sys.path if p], "request": request}))
             answer = _unframe_within(self.process.stdout.fileno(), time.monotonic() + limit)
         except TimeoutError:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
+            self._stop()
             raise ConformanceError(f"the separate process decoding the stored encoding gave no answer in {limit:g} s "
                                    f"(the codec's fit or decode does not return; {DECODE_TIMEOUT_ENV} sets the "
                                    f"limit)") from None
         except OSError:
             answer = None
+        except BaseException:   # its answer unread: never read as the next request's
+            self._stop()
+            raise
         if answer is None:
-            self.process = None
+            self._stop()
             raise ConformanceError("the separate process decoding the stored encoding died (the codec crashed it)")
         return answer
+
+    def _stop(self) -> None:
+        """The process ended and its pipes closed; the next request starts another."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            for stream in (self.process.stdin, self.process.stdout):
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self.process = None
 
 
 _DECODER = _Decoder()
