@@ -25,16 +25,20 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-# main has entered the block that turns Interrupted into the one line; before, a signal is kept
-# here for main to raise there (raised at the module's own level it would be a traceback, exit 1)
+# main has entered the block that turns Interrupted into the one line; before, in a process
+# started to run the command line (its main module is __main__: python -m harness, the console
+# script), a signal is kept here for main to raise there (raised at the module's own level it
+# would be a traceback, exit 1). A process that only imports this module (a worker spawned from
+# the console script, whose main module is __mp_main__) never runs main: there it is raised.
 _IN_MAIN = False
+_DEFERS = getattr(sys.modules.get("__main__"), "__name__", None) == "__main__"
 _PENDING: list[int] = []
 
 
 def _interrupted(signum, frame):
     for each in (signal.SIGINT, signal.SIGTERM):
         signal.signal(each, signal.SIG_IGN)
-    if not _IN_MAIN:
+    if _DEFERS and not _IN_MAIN:
         _PENDING.append(signum)
         return
     raise Interrupted(signum)
@@ -77,9 +81,9 @@ sys.unraisablehook = _unraisable
 def main() -> int:
     """The command line's exit status (harness.cli.main), 130 or 143 with one line where the
     signal came while the CLI itself was importing. Once the command is over, both signals are
-    ignored: the interpreter's exit (unloading torch and the rest: 1.5-2 s on a loaded 2-core
-    machine) restores their default action, which would end the process silently, killed,
-    after its command had finished and said so."""
+    ignored: whatever ends the process after it (script's exit, or an interpreter's teardown
+    where main is called otherwise) must not end it silently, killed, after its command had
+    finished and said so."""
     global _IN_MAIN
     try:
         try:
