@@ -336,7 +336,8 @@ def pdf_beside(path: Path, title: str, findings: Findings, provenance: list[tupl
     (tables: most of the PDF's time) are written in a forked process from the start, the figure
     and text pages in this one after the block, each figure's one drawing (reports.raster) shared
     with the HTML; the parts are then joined in order (pypdf). Where the platform cannot fork, or
-    the forked process fails, its parts are written here."""
+    the forked process fails or runs past its time (_wait; it is then killed), its parts are
+    written here."""
     figures: list[ReportFigure] = []
     if not hasattr(os, "fork"):
         yield figures
@@ -353,14 +354,15 @@ def pdf_beside(path: Path, title: str, findings: Findings, provenance: list[tupl
                 status = 0
             finally:
                 os._exit(status)
-        started = time.monotonic()
+        started, status = time.monotonic(), None
         try:
             yield figures
             _write_parts(parts, files, with_figures=True)
             status = _wait(pid, max(_WAIT_LEAST_S, _WAIT_FACTOR * (time.monotonic() - started)))
         except BaseException:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            if status is None:   # not yet collected (once it is, its number may be another's)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
             raise
         if status != 0:
             _write_parts(parts, files, with_figures=False)
