@@ -402,12 +402,18 @@ def _one_trial(data: dict, trial: int) -> dict:
     positions as the chunk has them."""
     held = _TRIAL.get("data")
     if held is None or held() is not data["k"] or _TRIAL["trial"] != trial:
-        i = int((data["trials"] == trial).nonzero()[0, 0])
-        one = {name: x[i:i + 1].clone() for name, x in data.items()
-               if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")}
-        one["positions"] = data["positions"]
-        _TRIAL.update(data=weakref.ref(data["k"]), trial=trial, one=one)
+        _TRIAL.update(data=weakref.ref(data["k"]), trial=trial, one=_trial_of(data, trial, copy=True))
     return _TRIAL["one"]
+
+
+def _trial_of(data: dict, trial: int, copy: bool = False) -> dict:
+    """The chunk's tensors of one trial as a batch of one: views of the chunk, or copies; its
+    positions as the chunk has them (every trial's)."""
+    i = int((data["trials"] == trial).nonzero()[0, 0])
+    one = {name: x[i:i + 1].clone() if copy else x[i:i + 1] for name, x in data.items()
+           if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")}
+    one["positions"] = data["positions"]
+    return one
 
 
 # How far a trial's metric coded alone may lie from its row in the chunk (relative): float
@@ -456,26 +462,23 @@ def check_sample(config: SweepConfig, cell: Cell, data: dict, bits: TrialBits, t
     found. shared: the trial's tensors are the copy the checks of the chunk's cells share
     (_one_trial; this repository's codecs), compared with the chunk's after the check, passed or
     failed (_require_unwritten)."""
-    i = int((data["trials"] == trial).nonzero()[0, 0])
     if not shared:   # a plug-in: views of the chunk, so a write in place reaches its data (_written)
-        one = {**{name: x[i:i + 1] for name, x in data.items()
-                  if isinstance(x, torch.Tensor) and name not in ("positions", "positions_decode")},
-               "positions": data["positions"]}
-        _check_standalone(config, cell, data, bits, trial, one, metrics)
+        _check_standalone(config, cell, data, bits, trial, _trial_of(data, trial), metrics)
         return
     one = _one_trial(data, trial)
     try:
         _check_standalone(config, cell, data, bits, trial, one, metrics)
     except Exception:
-        _require_unwritten(one, data, i, trial)
+        _require_unwritten(one, data, trial)
         raise
-    _require_unwritten(one, data, i, trial)
+    _require_unwritten(one, data, trial)
 
 
-def _require_unwritten(one: dict, data: dict, i: int, trial: int) -> None:
+def _require_unwritten(one: dict, data: dict, trial: int) -> None:
     """The shared copy of the checked trial (_one_trial) as the chunk holds it; where the codec
     wrote it, the copy is dropped (the next check takes a fresh one) and the write is the failure."""
-    wrote = [name for name, x in one.items() if name != "positions" and not _same(x, data[name][i:i + 1])]
+    as_drawn = _trial_of(data, trial)
+    wrote = [name for name, x in one.items() if name != "positions" and not _same(x, as_drawn[name])]
     if wrote:
         _TRIAL.clear()
         raise ConformanceError(f"coding trial {trial} alone, the codec wrote its input {', '.join(wrote)} "
